@@ -1,0 +1,1 @@
+"""The ``cloudtrain`` command. Importing it loads argparse only; each command imports what it needs."""

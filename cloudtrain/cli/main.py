@@ -1,0 +1,292 @@
+"""``cloudtrain`` command line. Bad input exits 2 with one message naming the field and the fix."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from cloudtrain import __version__
+from cloudtrain.errors import EXIT_INTERRUPTED, CloudtrainError, SpecError, UserError
+
+PROVIDERS_HELP = "local, aws, azure or gcp (default: local)"
+
+
+def _job_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("script", nargs="?", help="training script (its folder is packaged unless --source-dir is given)")
+    p.add_argument("-f", "--file", help="job spec YAML (default: ./cloudtrain.yaml when no SCRIPT is given)")
+    p.add_argument("-m", "--module", help="run a module (python -m) instead of a script")
+    p.add_argument("-p", "--provider", default="local", help=PROVIDERS_HELP)
+    p.add_argument("--name")
+    p.add_argument("--source-dir")
+    p.add_argument("--nodes", type=int)
+    p.add_argument("--procs-per-node", help="processes per node, or 'auto' (one per GPU)")
+    p.add_argument("--strategy", choices=["ddp", "fsdp"])
+    p.add_argument("--gpus", help="accelerator per node, e.g. A100:8")
+    p.add_argument("--checkpoint-uri")
+    p.add_argument("--output-uri")
+    p.add_argument("--image", help="custom container image URI")
+    p.add_argument("--spot", action="store_true", default=None, help="use spot/preemptible capacity")
+    p.add_argument("--max-restarts", type=int)
+    p.add_argument("--max-runtime", help="e.g. 3600, 90m, 2h")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
+    p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cloudtrain",
+        description="Run a PyTorch training script as a multi-node DDP/FSDP job on SageMaker, Azure ML, "
+        "Vertex AI or locally.",
+        epilog="Arguments after '--' go to the training script. Docs: cloudtrain <command> --help",
+    )
+    parser.add_argument("--version", action="version", version=f"cloudtrain {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    submit = sub.add_parser("submit", help="package, stage and run a job")
+    _job_flags(submit)
+    submit.add_argument("--dry-run", action="store_true", help="print the plan; send and stage nothing")
+    mode = submit.add_mutually_exclusive_group()
+    mode.add_argument("--detach", action="store_true", help="return once the job is submitted")
+    mode.add_argument("--follow", action="store_true", default=True, help="stream logs until the job ends (default)")
+
+    plan = sub.add_parser("plan", help="show what submit would send (= submit --dry-run)")
+    _job_flags(plan)
+
+    for name, text in (("status", "show a job's state"), ("cancel", "stop a job (idempotent)")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("handle")
+        p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
+    logs = sub.add_parser("logs", help="print a job's logs")
+    logs.add_argument("handle")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    wait = sub.add_parser("wait", help="block until a job ends; exit 0 only if it succeeded")
+    wait.add_argument("handle")
+    wait.add_argument("--timeout", type=float, help="seconds")
+    wait.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
+    lst = sub.add_parser("list", help="list jobs")
+    lst.add_argument("-p", "--provider", default="local", help=PROVIDERS_HELP)
+    lst.add_argument("--limit", type=int, default=50)
+    lst.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
+    init = sub.add_parser("init", help="write a starter cloudtrain.yaml (and a reference trainer if none exists)")
+    init.add_argument("--template", default="ddp", help="ddp or fsdp (see templates/)")
+    init.add_argument("--dir", default=".", help="folder to write into")
+    init.add_argument("--force", action="store_true", help="overwrite an existing cloudtrain.yaml")
+    sub.add_parser("schema", help="print the job spec's JSON Schema")
+    return parser
+
+
+# -- spec from flags ---------------------------------------------------------------------------------------
+
+
+def _env_pairs(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecError(f"{item!r} is not KEY=VALUE", field="--env", remedy="write --env NAME=value")
+        env[key] = value
+    return env
+
+
+def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> Any:
+    from cloudtrain.spec import SPEC_FILENAME, read_spec_file, validate_spec, apply_overrides
+
+    spec_file = args.file
+    if spec_file is None and args.script is None and args.module is None:
+        if not Path(SPEC_FILENAME).is_file():
+            raise UserError("no training script given", field="SCRIPT",
+                            remedy="pass a script (cloudtrain submit train.py), -f cloudtrain.yaml, "
+                            "or run `cloudtrain init` to write a spec")
+        spec_file = SPEC_FILENAME
+    raw = read_spec_file(spec_file) if spec_file else {}
+    overrides: dict[str, Any] = {
+        "name": args.name, "nodes": args.nodes, "procs_per_node": args.procs_per_node,
+        "strategy": args.strategy, "accelerator": args.gpus, "checkpoint.uri": args.checkpoint_uri,
+        "output_uri": args.output_uri, "image.uri": args.image, "spot": args.spot,
+        "max_restarts": args.max_restarts, "max_runtime": args.max_runtime,
+    }
+    if args.source_dir:
+        overrides["source_dir"] = str(Path(args.source_dir).resolve())
+    if args.script:
+        script = Path(args.script).resolve()
+        source = Path(overrides.get("source_dir") or raw.get("source_dir") or script.parent) \
+            if (args.source_dir or spec_file) else script.parent
+        if not script.is_file():
+            raise SpecError(f"{args.script!r} does not exist", field="SCRIPT",
+                            remedy="give the path of your training script")
+        if not script.is_relative_to(Path(source).resolve()):
+            raise SpecError(f"{args.script!r} is outside the source folder {source}", field="SCRIPT",
+                            remedy="move the script into source_dir, or pass --source-dir")
+        overrides.update(source_dir=str(Path(source).resolve()), script=str(script.relative_to(Path(source).resolve())),
+                         module=None)
+        raw.pop("module", None)
+    if args.module:
+        overrides["module"] = args.module
+        raw.pop("script", None)
+    if script_args:
+        overrides["args"] = script_args
+    merged = apply_overrides(raw, overrides)
+    if args.env:
+        merged["env"] = {**(merged.get("env") or {}), **_env_pairs(args.env)}
+    return validate_spec(merged, source=spec_file)
+
+
+# -- commands ----------------------------------------------------------------------------------------------
+
+
+def cmd_plan(args: argparse.Namespace, script_args: list[str]) -> int:
+    from cloudtrain.cli.render import emit, plan_text
+    from cloudtrain.sdk import plan_job
+
+    spec = spec_from_args(args, script_args)
+    with plan_job(spec, args.provider) as plan:
+        if args.output == "text":
+            print(plan_text(plan))
+        else:
+            emit(plan.to_dict(), args.output)
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
+    if args.dry_run:
+        return cmd_plan(args, script_args)
+    from cloudtrain.cli.render import emit
+    from cloudtrain.providers import get_provider
+    from cloudtrain.sdk import plan_job
+
+    spec = spec_from_args(args, script_args)
+    provider = get_provider(args.provider)
+    with plan_job(spec, provider) as plan:
+        handle = provider.submit(plan)
+    if args.detach or args.output != "text":
+        if args.output == "text":
+            print(handle)
+        else:
+            emit(provider.describe(handle).to_dict(), args.output)
+        return 0
+    print(f"submitted {handle}", file=sys.stderr)
+    return _follow(provider, handle)
+
+
+def _follow(provider: Any, handle: Any) -> int:
+    from cloudtrain.cli.render import status_text
+
+    try:
+        for line in provider.logs(handle, follow=True):
+            print(line, flush=True)
+        status = provider.wait(handle, poll=0.2)
+    except KeyboardInterrupt:
+        print(f"\ncancelling {handle} ...", file=sys.stderr)
+        provider.cancel(handle)
+        status = provider.wait(handle, poll=0.2)
+        print(status_text(status), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(status_text(status), file=sys.stderr)
+    return 0 if status.state.value == "succeeded" else 1
+
+
+def _provider_for(handle_text: str) -> tuple[Any, Any]:
+    from cloudtrain.handles import JobHandle
+    from cloudtrain.providers import get_provider
+
+    handle = JobHandle.parse(handle_text)
+    return get_provider(handle.provider), handle
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from cloudtrain.cli.render import emit, status_text
+
+    provider, handle = _provider_for(args.handle)
+    status = provider.describe(handle)
+    print(status_text(status)) if args.output == "text" else emit(status.to_dict(), args.output)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from cloudtrain.cli.render import emit, status_text
+
+    provider, handle = _provider_for(args.handle)
+    status = provider.cancel(handle)
+    print(status_text(status)) if args.output == "text" else emit(status.to_dict(), args.output)
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    provider, handle = _provider_for(args.handle)
+    for line in provider.logs(handle, follow=args.follow):
+        print(line, flush=True)
+    return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    from cloudtrain.cli.render import emit, status_text
+
+    provider, handle = _provider_for(args.handle)
+    status = provider.wait(handle, timeout=args.timeout, poll=0.5)
+    print(status_text(status)) if args.output == "text" else emit(status.to_dict(), args.output)
+    return 0 if status.state.value == "succeeded" else 1
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from cloudtrain.cli.render import emit, table
+    from cloudtrain.providers import get_provider
+
+    statuses = get_provider(args.provider).list(args.limit)
+    print(table(statuses)) if args.output == "text" else emit([s.to_dict() for s in statuses], args.output)
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from cloudtrain.templates import write_starter
+
+    for path in write_starter(args.template, Path(args.dir), force=args.force):
+        print(f"wrote {path}")
+    print("next: cloudtrain plan   (then: cloudtrain submit)")
+    return 0
+
+
+def cmd_schema(_args: argparse.Namespace) -> int:
+    import json
+
+    from cloudtrain.spec import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args: list[str] = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, script_args = argv[:split], argv[split + 1:]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        if args.command in ("submit", "plan"):
+            return (cmd_submit if args.command == "submit" else cmd_plan)(args, script_args)
+        if script_args:
+            raise UserError(f"'--' arguments are only for submit/plan, not {args.command}")
+        handler = globals()[f"cmd_{args.command}"]
+        return int(handler(args))
+    except CloudtrainError as exc:
+        print(f"error: {exc.render()}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `cloudtrain logs ... | head`
+        return 0
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,60 @@
+"""One error root for cloudtrain. Every message says what is wrong and how to fix it."""
+
+from __future__ import annotations
+
+# Exit codes shared by the CLI and the in-node bootstrap.
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class CloudtrainError(Exception):
+    """Root of every error cloudtrain raises on purpose.
+
+    ``remedy`` is the fix a user should apply; ``field`` names the spec field or flag at fault.
+    """
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, *, remedy: str | None = None, field: str | None = None) -> None:
+        self.message = message
+        self.remedy = remedy
+        self.field = field
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        text = f"{self.field}: {self.message}" if self.field else self.message
+        if self.remedy:
+            text += f"\n  fix: {self.remedy}"
+        return text
+
+
+class UserError(CloudtrainError):
+    """Bad input: printed without a traceback, exit code 2, nothing started or staged."""
+
+    exit_code = EXIT_USAGE
+
+
+class SpecError(UserError):
+    """The job spec (YAML, flags or Python objects) is invalid."""
+
+
+class ProviderNotFound(UserError):
+    """No provider is registered under the requested name."""
+
+
+class ProviderNotInstalled(UserError):
+    """The provider exists but its optional dependencies (extra) are missing."""
+
+
+class HandleError(UserError):
+    """A job handle could not be parsed or names no known job."""
+
+
+class PackagingError(UserError):
+    """The source directory cannot be packaged (missing, too large, secrets ...)."""
+
+
+class JobFailed(CloudtrainError):
+    """A job ended in a non-successful state (used for the CLI exit code of wait/submit --follow)."""

@@ -1,0 +1,53 @@
+"""A Plan is pure data: what a provider would send, and what each node would run. Printable, JSON-serialisable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cloudtrain.packaging import Package
+    from cloudtrain.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """What one node runs: the bootstrap command and environment, and the torchrun line it will derive."""
+
+    rank: int
+    argv: list[str]
+    env: dict[str, str]
+    torchrun: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "argv": self.argv, "env": self.env, "torchrun": self.torchrun}
+
+
+@dataclass
+class Plan:
+    provider: str
+    job_id: str
+    spec: JobSpec
+    package: Package
+    request: dict[str, Any]
+    nodes: list[NodeCommand]
+    staging: dict[str, str] = field(default_factory=dict)  # where the bundle and bootstrap go
+    notes: list[str] = field(default_factory=list)
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.package.close()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "job_id": self.job_id,
+            "request": self.request,
+            "package": self.package.manifest(),
+            "staging": self.staging,
+            "nodes": [n.to_dict() for n in self.nodes],
+            "spec": self.spec.model_dump(mode="json", exclude_defaults=True),
+            "notes": self.notes,
+        }

@@ -1,0 +1,136 @@
+"""The provider interface, shaped plan-first.
+
+``plan`` is pure (no network, no credentials, no mutation); ``submit`` only executes a plan. Public methods live
+here and call small ``_hooks`` in each provider, so checks and derived operations (``wait``) are written once.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from cloudtrain.errors import CloudtrainError, UserError
+from cloudtrain.handles import JobHandle
+
+if TYPE_CHECKING:
+    from cloudtrain.packaging import Package
+    from cloudtrain.plan import Plan
+    from cloudtrain.spec import JobSpec
+
+
+class JobState(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+
+    @property
+    def terminal(self) -> bool:
+        return self in {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED}
+
+
+@dataclass
+class JobStatus:
+    handle: JobHandle
+    name: str
+    state: JobState
+    message: str = ""
+    created_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "handle": str(self.handle),
+            "name": self.name,
+            "state": self.state.value,
+            "message": self.message,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            **self.details,
+        }
+
+
+class Provider(ABC):
+    name: ClassVar[str]
+    # Declared up front and checked at plan time, so a spec never reaches a platform that cannot honour it.
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+
+    # -- public template methods ------------------------------------------------------------------------
+    def plan(self, spec: JobSpec, package: Package) -> Plan:
+        self._check_capabilities(spec)
+        return self._plan(spec, package)
+
+    def submit(self, plan: Plan) -> JobHandle:
+        if plan.provider != self.name:
+            raise UserError(f"this plan is for provider {plan.provider!r}, not {self.name!r}",
+                            remedy=f"plan the job again with provider {self.name!r}")
+        return self._submit(plan)
+
+    def describe(self, handle: JobHandle) -> JobStatus:
+        return self._describe(self._own(handle))
+
+    def logs(self, handle: JobHandle, follow: bool = False) -> Iterator[str]:
+        return self._logs(self._own(handle), follow)
+
+    def cancel(self, handle: JobHandle) -> JobStatus:
+        """Ask the job to stop. Cancelling a job that already ended changes nothing."""
+        status = self.describe(handle)
+        if status.state.terminal:
+            return status
+        self._cancel(handle)
+        return self.describe(handle)
+
+    def list(self, limit: int = 50) -> list[JobStatus]:
+        return self._list(limit)
+
+    def wait(self, handle: JobHandle, timeout: float | None = None, poll: float = 1.0) -> JobStatus:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.describe(handle)
+            if status.state.terminal:
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                raise CloudtrainError(f"{handle} still {status.state.value} after {timeout:.0f}s",
+                                      remedy="wait longer (--timeout) or check `cloudtrain logs`")
+            time.sleep(poll)
+
+    # -- hooks -----------------------------------------------------------------------------------------
+    def _check_capabilities(self, spec: JobSpec) -> None:
+        needs = {"spot": spec.spot, "multi_node": spec.nodes > 1, "accelerators": bool(spec.accelerator)}
+        missing = [feature for feature, wanted in needs.items() if wanted and feature not in self.capabilities]
+        if missing:
+            raise UserError(f"provider {self.name!r} does not support: {', '.join(missing)}",
+                            remedy="remove those settings or choose another provider")
+
+    def _own(self, handle: JobHandle) -> JobHandle:
+        if handle.provider != self.name:
+            raise UserError(f"{handle} belongs to provider {handle.provider!r}, not {self.name!r}")
+        return handle
+
+    @abstractmethod
+    def _plan(self, spec: JobSpec, package: Package) -> Plan: ...
+
+    @abstractmethod
+    def _submit(self, plan: Plan) -> JobHandle: ...
+
+    @abstractmethod
+    def _describe(self, handle: JobHandle) -> JobStatus: ...
+
+    @abstractmethod
+    def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]: ...
+
+    @abstractmethod
+    def _cancel(self, handle: JobHandle) -> None: ...
+
+    @abstractmethod
+    def _list(self, limit: int) -> list[JobStatus]: ...

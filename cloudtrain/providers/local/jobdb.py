@@ -1,0 +1,114 @@
+"""The local job record: an embedded SQLite database, so any CLI process (and a later boot) sees every job."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    message TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    started_at REAL,
+    ended_at REAL,
+    job_dir TEXT NOT NULL,
+    grace_period REAL NOT NULL DEFAULT 30,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    supervisor_pid INTEGER,
+    supervisor_start INTEGER,
+    nodes TEXT NOT NULL DEFAULT '[]',
+    plan TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at);
+"""
+_JSON_COLUMNS = {"nodes", "plan"}
+
+
+@dataclass
+class JobRecord:
+    id: str
+    name: str
+    state: str
+    job_dir: str
+    created_at: float = field(default_factory=time.time)
+    message: str = ""
+    started_at: float | None = None
+    ended_at: float | None = None
+    grace_period: float = 30.0
+    cancel_requested: int = 0
+    supervisor_pid: int | None = None
+    supervisor_start: int | None = None
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # per node: rank, pid, pgid, start, log, exit_code ...
+    plan: dict[str, Any] = field(default_factory=dict)  # the plan as submitted (node commands included)
+
+
+_COLUMNS = [f.name for f in fields(JobRecord)]
+
+
+class JobDB:
+    """Short transactions in WAL mode: many CLI processes read and write at once without corrupting anything."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.executescript(_SCHEMA)
+            yield conn
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _row(row: sqlite3.Row | tuple[Any, ...]) -> JobRecord:
+        values = dict(zip(_COLUMNS, row, strict=True))
+        for key in _JSON_COLUMNS:
+            values[key] = json.loads(values[key])
+        return JobRecord(**values)
+
+    def insert(self, record: JobRecord) -> bool:
+        """Insert a new job; False (and no change) if the id exists already, which makes submit idempotent."""
+        values = [json.dumps(getattr(record, c)) if c in _JSON_COLUMNS else getattr(record, c) for c in _COLUMNS]
+        with self._connect() as conn:
+            cur = conn.execute(
+                f"INSERT OR IGNORE INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+                values,
+            )
+            return cur.rowcount == 1
+
+    def get(self, job_id: str) -> JobRecord | None:
+        with self._connect() as conn:
+            row = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return self._row(row) if row else None
+
+    def update(self, job_id: str, *, only_if_state: tuple[str, ...] = (), **changes: Any) -> bool:
+        """Update fields; with ``only_if_state`` the change applies only while the job is in one of those states."""
+        assignments = ", ".join(f"{k} = ?" for k in changes)
+        values = [json.dumps(v) if k in _JSON_COLUMNS else v for k, v in changes.items()]
+        sql = f"UPDATE jobs SET {assignments} WHERE id = ?"
+        params = [*values, job_id]
+        if only_if_state:
+            sql += f" AND state IN ({', '.join('?' * len(only_if_state))})"
+            params += list(only_if_state)
+        with self._connect() as conn:
+            return conn.execute(sql, params).rowcount == 1
+
+    def list(self, limit: int = 50) -> list[JobRecord]:
+        with self._connect() as conn:
+            rows = conn.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,)
+            ).fetchall()
+        return [self._row(r) for r in rows]

@@ -1,0 +1,241 @@
+"""Local provider: the cloud path with processes instead of VMs.
+
+submit = stage the bundle in the local object store (content-addressed), record the job in SQLite, and start a
+detached supervisor that launches each node as ``python bootstrap.py ...`` exactly as a cloud node would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from cloudtrain import storage
+from cloudtrain.errors import HandleError
+from cloudtrain.handles import JobHandle
+from cloudtrain.home import cloudtrain_home, default_store_uri
+from cloudtrain.nodes import bootstrap_args, job_env, node_command
+from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.plan import Plan
+from cloudtrain.providers.base import JobState, JobStatus, Provider
+from cloudtrain.providers.local.jobdb import JobDB, JobRecord
+from cloudtrain.providers.local.procs import is_alive, signal_group, start_ticks
+from cloudtrain.spec import JobSpec
+
+_ACTIVE = ("pending", "running", "stopping")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def new_job_id(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def stage_bundle(package: Package, prefix: str) -> bool:
+    """Upload bootstrap and bundle under a digest-named prefix; the manifest goes last and marks it complete.
+    Returns False (uploading nothing) when that digest is already staged."""
+    manifest_uri = storage.join(prefix, "manifest.json")
+    if storage.exists(manifest_uri):
+        return False
+    storage.put_file(package.bootstrap, storage.join(prefix, BOOTSTRAP_NAME))
+    storage.put_file(package.path, storage.join(prefix, BUNDLE_NAME))
+    storage.write_bytes(manifest_uri, json.dumps(package.manifest(), indent=1).encode())
+    return True
+
+
+class LocalProvider(Provider):
+    name = "local"
+    capabilities = frozenset({"multi_node", "spot", "accelerators"})
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home or cloudtrain_home()
+        self.db = JobDB(self.home / "jobs.db")
+
+    # -- plan ------------------------------------------------------------------------------------------
+    def _plan(self, spec: JobSpec, package: Package) -> Plan:
+        assert spec.name
+        job_id = new_job_id(spec.name)
+        store = spec.providers.local.store_uri or default_store_uri()
+        prefix = storage.join(store, "bundles", package.digest.split(":", 1)[1])
+        bundle_uri = storage.join(prefix, BUNDLE_NAME)
+        bootstrap_path = str(storage.local_path(storage.join(prefix, BOOTSTRAP_NAME)))
+        job_dir = self.home / "jobs" / job_id
+        port = free_port()
+        python = sys.executable
+        nodes = []
+        for rank in range(spec.nodes):
+            env = {
+                "OMP_NUM_THREADS": "1",  # several CPU ranks share this machine's cores
+                **job_env(spec),
+                "CLOUDTRAIN_NNODES": str(spec.nodes),
+                "CLOUDTRAIN_NODE_RANK": str(rank),
+                "CLOUDTRAIN_MASTER_ADDR": "127.0.0.1",
+                "CLOUDTRAIN_MASTER_PORT": str(port),
+                "CLOUDTRAIN_RDZV": "c10d",
+            }
+            args = bootstrap_args(spec, bundle=bundle_uri, digest=package.digest, workdir=str(job_dir / f"node-{rank}"),
+                                  job_id=job_id, status_file=str(job_dir / f"node-{rank}.status.json"),
+                                  nproc=str(spec.procs_per_node))
+            nodes.append(node_command(rank, python, bootstrap_path, args, env, job_id))
+        nproc = int(nodes[0].torchrun[nodes[0].torchrun.index("--nproc-per-node") + 1])
+        request = {
+            "job_id": job_id,
+            "name": spec.name,
+            "nodes": spec.nodes,
+            "procs_per_node": nproc,
+            "world_size": spec.nodes * nproc,
+            "backend": "gloo (nccl where the node has GPUs)",
+            "rendezvous": f"c10d at 127.0.0.1:{port}",
+            "job_dir": str(job_dir),
+            "grace_period": spec.providers.local.grace_period,
+        }
+        notes = []
+        if spec.spot:
+            notes.append("local: spot is emulated; a preempted job is restarted up to max_restarts times")
+        return Plan(provider=self.name, job_id=job_id, spec=spec, package=package, request=request, nodes=nodes,
+                    staging={"prefix": prefix, "bundle": bundle_uri, "store": store}, notes=notes)
+
+    # -- submit ----------------------------------------------------------------------------------------
+    def _submit(self, plan: Plan) -> JobHandle:
+        handle = JobHandle(self.name, plan.job_id)
+        if self.db.get(plan.job_id) is not None:
+            return handle  # the same plan submitted twice is one job
+        stage_bundle(plan.package, plan.staging["prefix"])
+        job_dir = Path(plan.request["job_dir"])
+        job_dir.mkdir(parents=True, exist_ok=True)
+        record = JobRecord(id=plan.job_id, name=str(plan.spec.name), state="pending", job_dir=str(job_dir),
+                           grace_period=float(plan.request["grace_period"]), plan=plan.to_dict())
+        if not self.db.insert(record):
+            return handle
+        self._start_supervisor(plan.job_id, job_dir)
+        return handle
+
+    def _start_supervisor(self, job_id: str, job_dir: Path) -> None:
+        env = dict(os.environ)
+        env["CLOUDTRAIN_HOME"] = str(self.home)
+        # The supervisor imports this very cloudtrain, installed or not.
+        package_parent = str(Path(__file__).resolve().parents[3])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
+        with open(job_dir / "supervisor.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "cloudtrain.providers.local.supervisor", job_id],
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True,
+            )
+        self.db.update(job_id, supervisor_pid=proc.pid, supervisor_start=start_ticks(proc.pid))
+
+    # -- describe / list -------------------------------------------------------------------------------
+    def _record(self, handle: JobHandle) -> JobRecord:
+        record = self.db.get(handle.job_id)
+        if record is None:
+            raise HandleError(f"no local job {handle.job_id!r} in {self.db.path}",
+                              remedy="`cloudtrain list --provider local` shows the known jobs")
+        return self._reconcile(record)
+
+    def _reconcile(self, record: JobRecord) -> JobRecord:
+        """A job whose supervisor vanished (killed, or the machine rebooted) is failed, not running forever."""
+        if record.state not in _ACTIVE or record.supervisor_pid is None:
+            return record
+        if is_alive(record.supervisor_pid, record.supervisor_start):
+            return record
+        fresh = self.db.get(record.id)  # it may have finished between our two reads
+        if fresh is None or fresh.state not in _ACTIVE:
+            return fresh or record
+        for node in fresh.nodes:  # do not leave orphaned nodes behind
+            signal_group(node.get("pgid"), signal.SIGKILL)
+        state = "cancelled" if fresh.cancel_requested else "failed"
+        message = "cancelled by user" if fresh.cancel_requested else \
+            "the job's processes vanished (supervisor killed or machine restarted)"
+        self.db.update(fresh.id, state=state, message=message, ended_at=time.time(), only_if_state=_ACTIVE)
+        return self.db.get(fresh.id) or fresh
+
+    def _status(self, record: JobRecord) -> JobStatus:
+        nodes = [{k: n.get(k) for k in ("rank", "pid", "exit_code", "outcome", "log")} for n in record.nodes]
+        plan = record.plan.get("request", {})
+        return JobStatus(
+            handle=JobHandle(self.name, record.id), name=record.name, state=JobState(record.state),
+            message=record.message, created_at=record.created_at, started_at=record.started_at,
+            ended_at=record.ended_at,
+            details={"nodes": nodes, "world_size": plan.get("world_size"), "job_dir": record.job_dir},
+        )
+
+    def _describe(self, handle: JobHandle) -> JobStatus:
+        return self._status(self._record(handle))
+
+    def _list(self, limit: int) -> list[JobStatus]:
+        return [self._status(self._reconcile(r)) for r in self.db.list(limit)]
+
+    # -- cancel ----------------------------------------------------------------------------------------
+    def _cancel(self, handle: JobHandle) -> None:
+        record = self._record(handle)
+        self.db.update(record.id, cancel_requested=1)
+        if record.state in _ACTIVE and is_alive(record.supervisor_pid, record.supervisor_start):
+            assert record.supervisor_pid
+            os.kill(record.supervisor_pid, signal.SIGTERM)
+        else:
+            self._reconcile(self.db.get(record.id) or record)
+
+    # -- logs ------------------------------------------------------------------------------------------
+    def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]:
+        record = self._record(handle)
+        job_dir = Path(record.job_dir)
+        ranks = [n["rank"] for n in record.plan.get("nodes", [])]
+        files: dict[int, IO[str]] = {}
+        pending: dict[int, str] = {r: "" for r in ranks}
+        try:
+            while True:
+                got = False
+                for rank in ranks:
+                    if rank not in files:
+                        path = job_dir / f"node-{rank}.log"
+                        if not path.exists():
+                            continue
+                        files[rank] = open(path, encoding="utf-8", errors="replace")
+                    chunk = files[rank].read()
+                    if not chunk:
+                        continue
+                    got = True
+                    lines = (pending[rank] + chunk).split("\n")
+                    pending[rank] = lines.pop()
+                    for line in lines:
+                        yield f"[node{rank}] {line}"
+                if got:
+                    continue
+                if not follow or self._record(handle).state not in _ACTIVE:
+                    # one last read after the job ended, then whatever partial lines remain
+                    if follow and self._drain_pending(files):
+                        continue
+                    for rank in ranks:
+                        if pending[rank]:
+                            yield f"[node{rank}] {pending[rank]}"
+                    return
+                time.sleep(0.2)
+        finally:
+            for f in files.values():
+                f.close()
+
+    @staticmethod
+    def _drain_pending(files: dict[int, IO[str]]) -> bool:
+        """True if any log grew since the last read (so the loop reads once more before stopping)."""
+        for f in files.values():
+            pos = f.tell()
+            if f.read(1):
+                f.seek(pos)
+                return True
+        return False
+
+    def job_record(self, handle: JobHandle) -> dict[str, Any]:
+        """The raw job record (for `cloudtrain status --output json` and debugging)."""
+        return self._record(handle).__dict__

@@ -1,0 +1,92 @@
+"""The Python SDK: ``Job`` describes a job, ``Run`` is one submitted job on some provider.
+
+    job = Job(script="train.py", source_dir=".", nodes=2, procs_per_node=2)
+    print(job.plan("gcp").request)     # what would be sent, offline
+    run = job.submit("local")
+    for line in run.logs(follow=True): print(line)
+    run.wait()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from cloudtrain.handles import JobHandle
+from cloudtrain.plan import Plan
+from cloudtrain.providers import get_provider
+from cloudtrain.providers.base import JobStatus, Provider
+from cloudtrain.spec import JobSpec, apply_overrides, check_local_paths, load_spec, validate_spec
+
+
+def plan_job(spec: JobSpec, provider: str | Provider) -> Plan:
+    """Validate paths, package the source and ask the provider for its request. Nothing is staged or sent."""
+    from cloudtrain.packaging import build_package
+
+    impl = get_provider(provider) if isinstance(provider, str) else provider
+    source = check_local_paths(spec)
+    package = build_package(source)
+    try:
+        return impl.plan(spec, package)
+    except BaseException:
+        package.close()
+        raise
+
+
+class Job:
+    """A provider-agnostic job. Keyword arguments are the spec's fields (see ``cloudtrain schema``)."""
+
+    def __init__(self, spec: JobSpec | None = None, **fields: Any) -> None:
+        if spec is not None and fields:
+            spec = validate_spec(apply_overrides(spec.model_dump(exclude_unset=True), fields))
+        self.spec = spec if spec is not None else validate_spec(fields)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> Job:
+        return cls(load_spec(path, overrides))
+
+    def plan(self, provider: str = "local") -> Plan:
+        return plan_job(self.spec, provider)
+
+    def submit(self, provider: str = "local") -> Run:
+        impl = get_provider(provider)
+        plan = plan_job(self.spec, impl)
+        with plan.package:
+            handle = impl.submit(plan)
+        return Run(handle, impl)
+
+    def __repr__(self) -> str:
+        s = self.spec
+        return f"Job(name={s.name!r}, nodes={s.nodes}, procs_per_node={s.nproc_per_node}, strategy={s.strategy!r})"
+
+
+class Run:
+    """One submitted job. ``Run.attach("local://...")`` reconnects to a job from another process."""
+
+    def __init__(self, handle: JobHandle, provider: Provider | None = None) -> None:
+        self.handle = handle
+        self.provider = provider or get_provider(handle.provider)
+
+    @classmethod
+    def attach(cls, handle: str | JobHandle) -> Run:
+        return cls(JobHandle.parse(handle) if isinstance(handle, str) else handle)
+
+    def status(self) -> JobStatus:
+        return self.provider.describe(self.handle)
+
+    def logs(self, follow: bool = False) -> Iterator[str]:
+        return self.provider.logs(self.handle, follow=follow)
+
+    def wait(self, timeout: float | None = None, poll: float = 1.0) -> JobStatus:
+        return self.provider.wait(self.handle, timeout=timeout, poll=poll)
+
+    def cancel(self) -> JobStatus:
+        return self.provider.cancel(self.handle)
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.handle)!r})"
+
+
+def list_runs(provider: str = "local", limit: int = 50) -> list[JobStatus]:
+    return get_provider(provider).list(limit)

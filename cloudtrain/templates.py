@@ -1,0 +1,37 @@
+"""``cloudtrain init``: starter specs from templates/, plus the matching reference trainer when none exists."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from cloudtrain.errors import UserError
+from cloudtrain.home import resource_dir
+from cloudtrain.spec import SPEC_FILENAME, load_spec
+
+TRAINERS = {"ddp": "train_ddp.py", "fsdp": "train_fsdp.py"}
+
+
+def template_names() -> list[str]:
+    return sorted(p.stem for p in resource_dir("templates").glob("*.yaml"))
+
+
+def write_starter(template: str, target_dir: Path, force: bool = False) -> list[Path]:
+    source = resource_dir("templates") / f"{template}.yaml"
+    if not source.is_file():
+        raise UserError(f"no template {template!r}", field="--template",
+                        remedy="choose one of: " + ", ".join(template_names()))
+    if not target_dir.is_dir():
+        raise UserError(f"folder {str(target_dir)!r} does not exist", field="--dir", remedy="create it first")
+    spec_path = target_dir / SPEC_FILENAME
+    if spec_path.exists() and not force:
+        raise UserError(f"{spec_path} already exists", field="--force",
+                        remedy="pass --force to overwrite it, or --dir to write elsewhere")
+    written = [spec_path]
+    shutil.copyfile(source, spec_path)
+    spec = load_spec(spec_path)  # a template that does not validate is a bug here, not the user's problem
+    trainer = target_dir / str(spec.script)
+    if template in TRAINERS and not trainer.exists():
+        shutil.copyfile(resource_dir("entrypoints") / TRAINERS[template], trainer)
+        written.append(trainer)
+    return written

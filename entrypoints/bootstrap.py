@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""cloudtrain's in-node bootstrap: the first thing every node of every job runs, locally and in the cloud.
+
+It must run on any image with Python 3.10+ and torch, so it uses the standard library only. Steps:
+derive this node's place in the cluster from the environment, unpack the source bundle safely, install the job's
+requirements, run ``torchrun`` with the derived arguments, forward signals to it, and report the outcome
+(succeeded, failed or preempted) as an exit code, a last log line and, when asked, a JSON status file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: what a container stopped by SIGTERM reports
+MAX_MEMBER_BYTES = 8 * 1024**3
+MAX_TOTAL_BYTES = 32 * 1024**3
+
+
+class BootstrapError(Exception):
+    """A node cannot start: bad bundle, bad environment. Printed without a traceback."""
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    nproc_per_node: int
+    rdzv: str  # "c10d" (ranks by arrival) or "static" (the provider fixes node ranks)
+    platform: str
+    local_addr: str | None = None
+
+
+def _int_env(env: dict[str, str], name: str, default: int | None = None) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise BootstrapError(f"environment variable {name} is not set")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise BootstrapError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def visible_gpus(env: dict[str, str]) -> int:
+    """GPUs this node may use, without importing torch: CUDA_VISIBLE_DEVICES, else the driver's device list."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    proc = Path("/proc/driver/nvidia/gpus")
+    return len(list(proc.iterdir())) if proc.is_dir() else 0
+
+
+def resolve_nproc(requested: str, env: dict[str, str]) -> int:
+    if requested == "auto":
+        return visible_gpus(env) or 1
+    try:
+        value = int(requested)
+    except ValueError:
+        raise BootstrapError(f"--nproc-per-node must be 'auto' or an integer, got {requested!r}") from None
+    if value < 1:
+        raise BootstrapError("--nproc-per-node must be >= 1")
+    return value
+
+
+def detect_local(env: dict[str, str], nproc: int) -> ClusterInfo:
+    """cloudtrain's local contract: the local provider sets CLOUDTRAIN_* for each simulated node."""
+    return ClusterInfo(
+        nnodes=_int_env(env, "CLOUDTRAIN_NNODES", 1),
+        node_rank=_int_env(env, "CLOUDTRAIN_NODE_RANK", 0),
+        master_addr=env.get("CLOUDTRAIN_MASTER_ADDR", "127.0.0.1"),
+        master_port=_int_env(env, "CLOUDTRAIN_MASTER_PORT", 29500),
+        nproc_per_node=nproc,
+        rdzv=env.get("CLOUDTRAIN_RDZV", "c10d"),
+        platform="local",
+        local_addr=env.get("CLOUDTRAIN_LOCAL_ADDR", "127.0.0.1"),
+    )
+
+
+def detect_cluster(env: dict[str, str], nproc_request: str = "auto") -> ClusterInfo:
+    nproc = resolve_nproc(nproc_request, env)
+    cluster = detect_local(env, nproc)
+    if not 0 <= cluster.node_rank < cluster.nnodes:
+        raise BootstrapError(f"node rank {cluster.node_rank} is outside 0..{cluster.nnodes - 1}")
+    return cluster
+
+
+def torchrun_argv(cluster: ClusterInfo, target: list[str], job_id: str, python: str = "python3") -> list[str]:
+    """The torchrun command line for this node. ``target`` is ``[script, *args]`` or ``['-m', module, *args]``."""
+    argv = [python, "-m", "torch.distributed.run", "--nnodes", str(cluster.nnodes),
+            "--nproc-per-node", str(cluster.nproc_per_node), "--max-restarts", "0"]
+    if cluster.rdzv == "static":
+        argv += ["--node-rank", str(cluster.node_rank), "--master-addr", cluster.master_addr,
+                 "--master-port", str(cluster.master_port)]
+    else:
+        # c10d: node 0 hosts the rendezvous store; ranks follow arrival order.
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{cluster.master_addr}:{cluster.master_port}",
+                 "--rdzv-id", job_id, "--rdzv-conf", f"is_host={1 if cluster.node_rank == 0 else 0}"]
+    if cluster.local_addr:
+        argv += ["--local-addr", cluster.local_addr]
+    if target[:1] == ["-m"]:
+        argv += ["--module", *target[1:]]
+    else:
+        argv += target
+    return argv
+
+
+# -- the bundle ----------------------------------------------------------------------------------------
+
+
+def fetch_bundle(bundle: str) -> Path:
+    """A node only ever reads its bundle from a local path: providers mount or download it before we start."""
+    path = Path(bundle[len("file://"):]) if bundle.startswith("file://") else Path(bundle)
+    if path.is_dir():
+        path = path / "bundle.tar.gz"
+    if not path.is_file():
+        raise BootstrapError(f"bundle {bundle} not found")
+    return path
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1024 * 1024), b""):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+def safe_extract(archive: Path, dest: Path) -> int:
+    """Extract only regular files and folders that stay inside ``dest``; refuse anything else before writing."""
+    dest = dest.resolve()
+    total = 0
+    with tarfile.open(archive, "r:*") as tar:
+        members = tar.getmembers()
+        for m in members:
+            name = m.name
+            target = (dest / name).resolve()
+            if name.startswith("/") or ".." in Path(name).parts or not target.is_relative_to(dest):
+                raise BootstrapError(f"bundle member {name!r} would be written outside {dest}")
+            if not (m.isfile() or m.isdir()):
+                raise BootstrapError(f"bundle member {name!r} is a link or device; bundles hold plain files only")
+            if m.size > MAX_MEMBER_BYTES:
+                raise BootstrapError(f"bundle member {name!r} is {m.size} bytes, over the {MAX_MEMBER_BYTES} limit")
+            total += m.size
+            if total > MAX_TOTAL_BYTES:
+                raise BootstrapError(f"bundle expands to more than {MAX_TOTAL_BYTES} bytes")
+        dest.mkdir(parents=True, exist_ok=True)
+        for m in members:
+            target = dest / m.name
+            if m.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src = tar.extractfile(m)
+            assert src is not None
+            with src, open(target, "wb") as out:
+                shutil.copyfileobj(src, out, 1024 * 1024)
+            os.chmod(target, 0o755 if m.mode & 0o100 else 0o644)
+    return total
+
+
+def install_requirements(src: Path, site: Path, file: str | None, specs: list[str]) -> None:
+    """Install into a job-private folder, never into the image's (or the user's) environment."""
+    if not file and not specs:
+        return
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target", str(site)]
+    cmd += ["-r", str(src / file)] if file else []
+    cmd += specs
+    log(f"installing requirements: {' '.join(cmd[4:])}")
+    result = subprocess.run(cmd, cwd=src)
+    if result.returncode != 0:
+        raise BootstrapError(f"pip install failed with exit code {result.returncode}")
+
+
+# -- running -------------------------------------------------------------------------------------------
+
+
+def log(message: str) -> None:
+    print(f"[cloudtrain] {message}", flush=True)
+
+
+def run_torchrun(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, bool]:
+    """Run torchrun, forwarding SIGTERM/SIGINT to it. Returns (exit code, whether we were asked to stop)."""
+    child = subprocess.Popen(argv, cwd=cwd, env=env)
+    stopping = {"signal": None}
+
+    def forward(signum: int, _frame: object) -> None:
+        stopping["signal"] = signum  # type: ignore[assignment]
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            try:
+                code = child.wait()
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for old Pythons
+                continue
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return code, stopping["signal"] is not None
+
+
+def write_status(path: str | None, status: dict[str, object]) -> None:
+    if not path:
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(status, indent=2))
+    os.replace(tmp, target)
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    user_args: list[str] = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, user_args = argv[:split], argv[split + 1:]
+    p = argparse.ArgumentParser(prog="bootstrap.py", description="cloudtrain in-node bootstrap")
+    p.add_argument("--bundle", required=True, help="bundle.tar.gz path or file:// URI (or its folder)")
+    p.add_argument("--digest", help="expected sha256:<hex> of the bundle")
+    p.add_argument("--workdir", required=True, help="where the bundle is unpacked")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--script")
+    target.add_argument("--module")
+    p.add_argument("--nproc-per-node", default="auto")
+    p.add_argument("--job-id", default="cloudtrain")
+    p.add_argument("--requirements-file")
+    p.add_argument("--requirement", action="append", default=[])
+    p.add_argument("--status-file", help="write the node's outcome here as JSON")
+    p.add_argument("--dry-run", action="store_true", help="print the ClusterInfo and torchrun line, run nothing")
+    return p.parse_args(argv), user_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, user_args = parse_args(sys.argv[1:] if argv is None else argv)
+    env = dict(os.environ)
+    started = time.time()
+    status: dict[str, object] = {"outcome": "failed", "returncode": None, "started": started}
+    try:
+        cluster = detect_cluster(env, args.nproc_per_node)
+        target = [args.script, *user_args] if args.script else ["-m", args.module, *user_args]
+        argv_ = torchrun_argv(cluster, target, args.job_id, python=sys.executable)
+        status["cluster"] = asdict(cluster)
+        if args.dry_run:
+            print(json.dumps({"cluster": asdict(cluster), "torchrun": argv_}, indent=2))
+            return 0
+        log(f"node {cluster.node_rank}/{cluster.nnodes} on {cluster.platform}: {cluster.nproc_per_node} processes, "
+            f"rendezvous {cluster.rdzv} at {cluster.master_addr}:{cluster.master_port}")
+        workdir = Path(args.workdir).resolve()
+        bundle = fetch_bundle(args.bundle)
+        if args.digest and sha256_of(bundle) != args.digest:
+            raise BootstrapError(f"bundle {bundle} does not match its digest {args.digest}; it was altered or truncated")
+        unpacked = workdir / "bundle"
+        if unpacked.exists():
+            shutil.rmtree(unpacked)
+        safe_extract(bundle, unpacked)
+        src, site = unpacked / "src", workdir / "site-packages"
+        install_requirements(src, site, args.requirements_file, args.requirement)
+        python_path = [str(unpacked / "lib"), str(src), str(site)]
+        if env.get("PYTHONPATH"):
+            python_path.append(env["PYTHONPATH"])
+        env.update(
+            PYTHONPATH=os.pathsep.join(python_path),
+            PYTHONUNBUFFERED="1",
+            CLOUDTRAIN_NNODES=str(cluster.nnodes),
+            CLOUDTRAIN_NODE_RANK=str(cluster.node_rank),
+            CLOUDTRAIN_PLATFORM=cluster.platform,
+            CLOUDTRAIN_JOB_ID=args.job_id,
+        )
+        log("torchrun: " + " ".join(argv_[1:]))
+        code, stopped = run_torchrun(argv_, src, env)
+    except BootstrapError as exc:
+        log(f"error: {exc}")
+        status.update(outcome="failed", error=str(exc), returncode=EXIT_USAGE, ended=time.time())
+        write_status(args.status_file, status)
+        return EXIT_USAGE
+    # torchrun exits 1 after forwarding SIGTERM even when every worker saved and exited cleanly:
+    # a stop we were asked for is "preempted", whatever its exit code.
+    outcome = "preempted" if stopped else ("succeeded" if code == 0 else "failed")
+    status.update(outcome=outcome, returncode=code, ended=time.time())
+    write_status(args.status_file, status)
+    log(f"node {cluster.node_rank} {outcome} (torchrun exit {code}) after {time.time() - started:.1f}s")
+    return {"succeeded": 0, "preempted": EXIT_PREEMPTED}.get(outcome, EXIT_FAILED)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
