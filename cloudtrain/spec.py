@@ -268,6 +268,18 @@ def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return list(getattr(current, "model_fields", {}))
 
 
+def _friendly(err: Any) -> str:
+    ctx = err.get("ctx") or {}
+    kind = err["type"]
+    if kind == "greater_than_equal":
+        return f"must be >= {ctx['ge']}"
+    if kind == "less_than_equal":
+        return f"must be <= {ctx['le']}"
+    if kind == "string_pattern_mismatch":
+        return f"must match {ctx['pattern']}"
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
 def spec_error_from(exc: ValidationError, source: str | None = None) -> SpecError:
     """Turn pydantic's errors into one message that names each field and its fix."""
     lines: list[str] = []
@@ -280,14 +292,17 @@ def spec_error_from(exc: ValidationError, source: str | None = None) -> SpecErro
             close = difflib.get_close_matches(key, _known_fields(JobSpec, loc), n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             lines.append(f"{where}: unknown key{hint}")
-            remedies.append(f"remove or rename '{key}' (see `cloudtrain schema` for valid keys)")
+            remedies.append(f"remove or rename '{key}'")
         else:
-            msg = err["msg"].removeprefix("Value error, ")
+            msg = _friendly(err)
             got = err.get("input")
             shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
             lines.append(f"{where}: {msg}{shown}" if where != "spec" else f"{msg}")
+            if where != "spec":
+                remedies.append(f"set {where} to a valid value")
     prefix = f"invalid job spec in {source}:\n  " if source else "invalid job spec:\n  "
-    remedy = "; ".join(dict.fromkeys(remedies)) or "correct the field(s) above; `cloudtrain schema` lists every field"
+    remedy = "; ".join(dict.fromkeys(remedies)) or "correct the spec as described above"
+    remedy += " (`cloudtrain schema` lists every field)"
     return SpecError(prefix + "\n  ".join(lines), remedy=remedy)
 
 

@@ -42,7 +42,7 @@ def is_alive(pid: int | None, ticks: int | None = None) -> bool:
     return ticks is None or current is None or current == ticks
 
 
-def signal_group(pgid: int | None, sig: signal.Signals) -> bool:
+def signal_group(pgid: int | None, sig: int) -> bool:
     """Signal a whole process group (a node: bootstrap, torchrun and its workers). False if it is gone."""
     if not pgid:
         return False
@@ -54,4 +54,4 @@ def signal_group(pgid: int | None, sig: signal.Signals) -> bool:
 
 
 def group_alive(pgid: int | None) -> bool:
-    return signal_group(pgid, signal.Signals(0)) if pgid else False
+    return signal_group(pgid, 0) if pgid else False

@@ -181,6 +181,7 @@ class LocalProvider(Provider):
     def _cancel(self, handle: JobHandle) -> None:
         record = self._record(handle)
         self.db.update(record.id, cancel_requested=1)
+        self.db.update(record.id, state="stopping", message="cancel requested", only_if_state=("pending", "running"))
         if record.state in _ACTIVE and is_alive(record.supervisor_pid, record.supervisor_start):
             assert record.supervisor_pid
             os.kill(record.supervisor_pid, signal.SIGTERM)

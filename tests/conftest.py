@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+@pytest.fixture
+def ct_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An isolated cloudtrain home (job database, local store, logs) for one test."""
+    home = tmp_path / "ct-home"
+    monkeypatch.setenv("CLOUDTRAIN_HOME", str(home))
+    return home
+
+
+def cli_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["CLOUDTRAIN_HOME"] = str(home)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+@pytest.fixture
+def cli(ct_home: Path, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run ``cloudtrain`` as a separate process, the way a user does."""
+
+    def run(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=cwd or tmp_path, env=cli_env(ct_home),
+                              capture_output=True, text=True, timeout=timeout)
+
+    return run
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 60, interval: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def status_json(cli: Callable[..., subprocess.CompletedProcess[str]], handle: str) -> dict:
+    out = cli("status", handle, "-o", "json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)

@@ -1,0 +1,150 @@
+"""The local provider end to end: real torchrun agents, real gloo processes, a job record in SQLite."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from cloudtrain import Job, Run, list_runs
+from cloudtrain.providers.local.procs import group_alive
+from cloudtrain.providers.local.provider import LocalProvider, stage_bundle
+from tests.conftest import REPO, SCRIPTS, status_json, wait_for
+
+pytestmark = pytest.mark.slow
+ENTRYPOINTS = REPO / "entrypoints"
+
+
+def copy_script(src: Path, dest_dir: Path) -> Path:
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    target = dest_dir / src.name
+    target.write_text(src.read_text())
+    return target
+
+
+def node_pgids(cli, handle: str) -> list[int]:
+    return [n["pid"] for n in status_json(cli, handle)["nodes"]]
+
+
+def test_two_nodes_two_procs_detached_then_managed_from_other_processes(cli, tmp_path: Path) -> None:
+    script = copy_script(ENTRYPOINTS / "plain_torchrun.py", tmp_path / "proj")
+    submitted = cli("submit", str(script), "--nodes", "2", "--procs-per-node", "2", "--detach")
+    assert submitted.returncode == 0, submitted.stderr
+    handle = submitted.stdout.strip()
+    assert handle.startswith("local://plain-torchrun-")
+
+    # every later command is a new process: the job record lives in the database, not in the CLI
+    waited = cli("wait", handle, "--timeout", "180")
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    status = status_json(cli, handle)
+    assert status["state"] == "succeeded"
+    assert status["world_size"] == 4
+    assert [n["exit_code"] for n in status["nodes"]] == [0, 0]
+
+    logs = cli("logs", handle).stdout
+    assert "all_reduce ok: True world_size=4" in logs
+    group_ranks = set(re.findall(r"group_rank=(\d)", logs))
+    assert group_ranks == {"0", "1"}, "two real torchrun agents took part"
+    assert "[node0]" in logs and "[node1]" in logs
+
+    listed = cli("list", "-o", "json")
+    assert handle in [j["handle"] for j in json.loads(listed.stdout)]
+    assert handle in cli("list").stdout
+    # cancelling a finished job changes nothing
+    again = cli("cancel", handle, "-o", "json")
+    assert again.returncode == 0 and json.loads(again.stdout)["state"] == "succeeded"
+
+
+def test_ddp_reference_trainer_in_the_foreground(cli, tmp_path: Path) -> None:
+    result = cli("submit", str(ENTRYPOINTS / "train_ddp.py"), "--nodes", "2", "--procs-per-node", "2",
+                 "--", "--epochs", "3")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    match = re.search(r"done: world_size=4 first_loss=([\d.]+) final_loss=([\d.]+)", result.stdout)
+    assert match, result.stdout[-3000:]
+    assert float(match.group(2)) < float(match.group(1)) / 2
+    assert "succeeded" in result.stderr
+
+
+def test_fsdp_reference_trainer_through_the_sdk(ct_home: Path) -> None:
+    job = Job(script="train_fsdp.py", source_dir=str(ENTRYPOINTS), strategy="fsdp", nodes=1, procs_per_node=2,
+              args=["--epochs", "2", "--bf16"])
+    run = job.submit("local")
+    status = run.wait(timeout=240, poll=0.5)
+    logs = "\n".join(run.logs())
+    assert status.state.value == "succeeded", logs[-3000:]
+    assert "training: fsdp world_size=2 backend=gloo bf16=True" in logs
+    assert str(run.handle) in [str(s.handle) for s in list_runs("local")]
+    assert Run.attach(str(run.handle)).status().state.value == "succeeded"
+
+
+def test_failure_in_user_code_fails_the_job(cli, tmp_path: Path) -> None:
+    script = copy_script(SCRIPTS / "fails.py", tmp_path / "proj")
+    handle = cli("submit", str(script), "--procs-per-node", "2", "--detach").stdout.strip()
+    waited = cli("wait", handle, "--timeout", "180")
+    assert waited.returncode == 1
+    status = status_json(cli, handle)
+    assert status["state"] == "failed"
+    assert "node 0 failed" in status["message"]
+    assert "rank 1: simulated bug" in cli("logs", handle).stdout
+
+
+def test_cancel_from_another_process_stops_every_process(cli, tmp_path: Path) -> None:
+    script = copy_script(SCRIPTS / "sleeper.py", tmp_path / "proj")
+    handle = cli("submit", str(script), "--nodes", "2", "--procs-per-node", "2", "--detach").stdout.strip()
+    wait_for(lambda: cli("logs", handle).stdout.count("ready rank=") == 4, timeout=120, interval=1)
+    pgids = node_pgids(cli, handle)
+    assert all(group_alive(p) for p in pgids)
+
+    cancelled = cli("cancel", handle, "-o", "json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["state"] in ("stopping", "cancelled")
+    final = cli("wait", handle, "--timeout", "120")
+    assert final.returncode == 1
+    assert status_json(cli, handle)["state"] == "cancelled"
+    wait_for(lambda: not any(group_alive(p) for p in pgids), timeout=10)
+    assert cli("cancel", handle).returncode == 0  # idempotent
+
+
+def test_a_job_whose_processes_vanished_shows_failed(cli, ct_home: Path, tmp_path: Path) -> None:
+    script = copy_script(SCRIPTS / "sleeper.py", tmp_path / "proj")
+    handle = cli("submit", str(script), "--procs-per-node", "2", "--detach").stdout.strip()
+    wait_for(lambda: cli("logs", handle).stdout.count("ready rank=") == 2, timeout=120, interval=1)
+    record = LocalProvider(ct_home).db.get(handle.split("://")[1])
+    assert record and record.supervisor_pid
+    pgids = [n["pgid"] for n in record.nodes]
+    os.kill(record.supervisor_pid, signal.SIGKILL)  # what a reboot or an OOM kill looks like
+    wait_for(lambda: status_json(cli, handle)["state"] == "failed", timeout=30)
+    assert "vanished" in status_json(cli, handle)["message"]
+    wait_for(lambda: not any(group_alive(p) for p in pgids), timeout=10)
+
+
+def test_submit_is_idempotent_and_staging_content_addressed(ct_home: Path, tmp_path: Path) -> None:
+    script = copy_script(SCRIPTS / "fails.py", tmp_path / "proj")
+    job = Job(script=script.name, source_dir=str(script.parent))
+    provider = LocalProvider(ct_home)
+    with job.plan("local") as plan:
+        assert stage_bundle(plan.package, plan.staging["prefix"]) is True
+        assert stage_bundle(plan.package, plan.staging["prefix"]) is False  # unchanged source: nothing uploaded
+        first = provider.submit(plan)
+        second = provider.submit(plan)
+    assert first == second
+    assert [s.handle for s in provider.list()].count(first) == 1
+    provider.wait(first, timeout=120, poll=0.5)
+
+
+def test_dry_run_json_has_provider_request_package_nodes(cli, ct_home: Path, tmp_path: Path) -> None:
+    script = copy_script(ENTRYPOINTS / "train_ddp.py", tmp_path / "proj")
+    result = cli("submit", str(script), "--nodes", "2", "--procs-per-node", "2", "--dry-run", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["provider"] == "local"
+    assert plan["request"]["world_size"] == 4
+    assert plan["package"]["digest"].startswith("sha256:") and plan["package"]["files"] == [
+        {"path": "train_ddp.py", "size": script.stat().st_size}]
+    assert [n["rank"] for n in plan["nodes"]] == [0, 1]
+    assert "--rdzv-conf" in plan["nodes"][0]["torchrun"] and plan["nodes"][0]["argv"][1].endswith("bootstrap.py")
+    assert not (ct_home / "store").exists() and not (ct_home / "jobs.db").exists(), "a dry run stages nothing"

@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.errors import PackagingError
+from cloudtrain.nodes import bootstrap_module
+from cloudtrain.packaging import PackageLimits, build_package
+
+
+def make_tree(root: Path) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    (root / "train.py").write_text("print('hi')\n")
+    (root / "pkg" / "model.py").write_text("X = 1\n")
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / "__pycache__").mkdir()
+    (root / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0")
+    (root / ".env.example").write_text("TOKEN=\n")
+    return root
+
+
+def test_bundle_is_deterministic_across_mtimes(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "src")
+    with build_package(root) as first:
+        digest = first.digest
+        data = first.path.read_bytes()
+    for path in root.rglob("*"):
+        os.utime(path, (1, 1))
+    with build_package(root) as second:
+        assert second.digest == digest
+        assert second.path.read_bytes() == data
+
+
+def test_bundle_layout_and_excludes(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "src")
+    with build_package(root) as package, tarfile.open(package.path) as tar:
+        names = tar.getnames()
+        assert [f["path"] for f in package.files] == [".env.example", "pkg/model.py", "train.py"]
+        assert "bootstrap.py" in names and "src/train.py" in names and "lib/cloudtrain/runtime/distributed.py" in names
+        assert not any(".git" in n.split("/") or "__pycache__" in n for n in names)
+        assert all(m.mtime == 0 and m.uid == 0 and m.uname == "" for m in tar.getmembers())
+    assert not package.path.exists()  # closed: the temp bundle is gone
+
+
+def test_content_change_changes_digest(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "src")
+    with build_package(root) as a:
+        before = a.digest
+    (root / "train.py").write_text("print('changed')\n")
+    with build_package(root) as b:
+        assert b.digest != before
+
+
+@pytest.mark.parametrize("secret", [".env", "key.pem", "id_rsa", ".aws/credentials", "gcp-service-account.json"])
+def test_secrets_are_refused(tmp_path: Path, secret: str) -> None:
+    root = make_tree(tmp_path / "src")
+    (root / secret).parent.mkdir(parents=True, exist_ok=True)
+    (root / secret).write_text("s3cr3t")
+    with pytest.raises(PackagingError, match="usually hold credentials") as info:
+        build_package(root)
+    assert secret.split("/")[0] in str(info.value)
+    assert info.value.exit_code == 2
+
+
+def test_secret_allowed_explicitly(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "src")
+    (root / "server.pem").write_text("public cert")
+    with build_package(root, PackageLimits(allow_secrets=("server.pem",))) as package:
+        assert "server.pem" in [f["path"] for f in package.files]
+
+
+def test_size_limit_names_the_largest(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "src")
+    (root / "data").mkdir()
+    (root / "data" / "big.bin").write_bytes(b"\0" * 200_000)
+    with pytest.raises(PackagingError, match=r"largest: data/ \(0\.2 MB\)"):
+        build_package(root, PackageLimits(max_bytes=100_000))
+
+
+def test_link_out_of_the_source_is_refused(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "src")
+    (tmp_path / "outside.txt").write_text("x")
+    (root / "link.txt").symlink_to(tmp_path / "outside.txt")
+    with pytest.raises(PackagingError, match="outside the source folder"):
+        build_package(root)
+
+
+def _tar_with(tmp_path: Path, member: tarfile.TarInfo, data: bytes = b"x") -> Path:
+    path = tmp_path / "hostile.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        member.size = len(data) if member.isfile() else 0
+        tar.addfile(member, io.BytesIO(data) if member.isfile() else None)
+    return path
+
+
+@pytest.mark.parametrize("name", ["../escape.txt", "/abs/escape.txt", "src/../../escape.txt"])
+def test_bootstrap_refuses_paths_outside(tmp_path: Path, name: str) -> None:
+    boot = bootstrap_module()
+    archive = _tar_with(tmp_path, tarfile.TarInfo(name))
+    dest = tmp_path / "out" / "bundle"
+    with pytest.raises(boot.BootstrapError, match="outside"):
+        boot.safe_extract(archive, dest)
+    assert not (tmp_path / "escape.txt").exists() and not dest.exists()
+
+
+def test_bootstrap_refuses_links(tmp_path: Path) -> None:
+    boot = bootstrap_module()
+    link = tarfile.TarInfo("src/evil")
+    link.type = tarfile.SYMTYPE
+    link.linkname = "/etc/passwd"
+    with pytest.raises(boot.BootstrapError, match="link"):
+        boot.safe_extract(_tar_with(tmp_path, link), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_bootstrap_extracts_a_real_bundle(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "src")
+    boot = bootstrap_module()
+    with build_package(root) as package:
+        boot.safe_extract(package.path, tmp_path / "out")
+        assert boot.sha256_of(package.path) == package.digest
+    assert (tmp_path / "out" / "src" / "pkg" / "model.py").read_text() == "X = 1\n"
