@@ -115,7 +115,8 @@ class GcpOptions(_Model):
 
 
 class LocalOptions(_Model):
-    store_uri: Uri | None = Field(None, description="Object store for staged bundles (default: file:// under the cloudtrain home)")
+    store_uri: Uri | None = Field(
+        None, description="Object store for staged bundles (default: file:// under the cloudtrain home)")
     grace_period: Duration = Field(30, description="Seconds between SIGTERM and SIGKILL on cancel")
 
     _check_uri = field_validator("store_uri")(check_storage_uri)
@@ -138,8 +139,8 @@ class JobSpec(_Model):
     """Everything cloudtrain needs to run one training job on any provider."""
 
     name: str | None = Field(
-        None, pattern=_NAME_RE, description="Lowercase letters, digits and '-', at most 40 characters; default: the script name"
-    )
+        None, pattern=_NAME_RE,
+        description="Lowercase letters, digits and '-', at most 40 characters; default: the script name")
     source_dir: str = Field(".", description="Folder packaged and shipped to every node (relative to the spec file)")
     script: str | None = Field(None, description="Training script, relative to source_dir")
     module: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*$", description="Or: a module run as 'python -m'")
@@ -372,7 +373,8 @@ def check_local_paths(spec: JobSpec) -> Path:
         script = source / spec.script
         if not script.is_file():
             raise SpecError(f"script {spec.script!r} not found in {source}", field="script",
-                            remedy="give the script's path relative to source_dir (or pass SCRIPT to `cloudtrain submit`)")
+                            remedy="give the script's path relative to source_dir "
+                            "(or pass SCRIPT to `cloudtrain submit`)")
     if isinstance(spec.requirements, str) and not (source / spec.requirements).is_file():
         raise SpecError(f"requirements file {spec.requirements!r} not found in {source}", field="requirements",
                         remedy="give a path relative to source_dir, or a list of requirement strings")

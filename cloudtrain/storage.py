@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import unquote, urlparse
 
 from cloudtrain.errors import UserError
@@ -43,7 +45,7 @@ def read_bytes(uri: str) -> bytes:
     return local_path(uri).read_bytes()
 
 
-def _atomic_write(target: Path, writer) -> None:  # type: ignore[no-untyped-def]
+def _atomic_write(target: Path, writer: Callable[[BinaryIO], object]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     try:
@@ -64,7 +66,7 @@ def write_bytes(uri: str, data: bytes) -> None:
 def put_file(source: Path, uri: str) -> int:
     """Upload a local file; returns the bytes written."""
 
-    def copy(out) -> None:  # type: ignore[no-untyped-def]
+    def copy(out: BinaryIO) -> None:
         with open(source, "rb") as src:
             shutil.copyfileobj(src, out, 1024 * 1024)
 

@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(args.workdir).resolve()
         bundle = fetch_bundle(args.bundle)
         if args.digest and sha256_of(bundle) != args.digest:
-            raise BootstrapError(f"bundle {bundle} does not match its digest {args.digest}; it was altered or truncated")
+            raise BootstrapError(f"bundle {bundle} does not match its digest {args.digest}: altered or truncated")
         unpacked = workdir / "bundle"
         if unpacked.exists():
             shutil.rmtree(unpacked)

@@ -19,7 +19,8 @@ from cloudtrain.runtime import init_distributed, shutdown
 class Block(nn.Module):
     def __init__(self, width: int) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width * 2), nn.GELU(), nn.Linear(width * 2, width))
+        self.net = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width * 2), nn.GELU(),
+                                 nn.Linear(width * 2, width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.net(x)

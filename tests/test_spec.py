@@ -64,7 +64,8 @@ def test_yaml_file_resolves_source_dir_relative_to_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("nodes: [1,\n", "is not valid YAML at line"), ("- a\n- b\n", "must hold a mapping"), ("a: b: c\n", "not valid YAML")],
+    [("nodes: [1,\n", "is not valid YAML at line"), ("- a\n- b\n", "must hold a mapping"),
+     ("a: b: c\n", "not valid YAML")],
 )
 def test_malformed_yaml(tmp_path: Path, text: str, expected: str) -> None:
     path = tmp_path / "cloudtrain.yaml"

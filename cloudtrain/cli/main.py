@@ -91,7 +91,7 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 
 
 def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> Any:
-    from cloudtrain.spec import SPEC_FILENAME, read_spec_file, validate_spec, apply_overrides
+    from cloudtrain.spec import SPEC_FILENAME, apply_overrides, read_spec_file, validate_spec
 
     spec_file = args.file
     if spec_file is None and args.script is None and args.module is None:

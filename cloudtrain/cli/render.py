@@ -60,7 +60,8 @@ def _when(ts: float | None) -> str:
 
 def status_text(status: JobStatus) -> str:
     lines = [f"{status.handle}  {status.state.value}" + (f"  ({status.message})" if status.message else "")]
-    lines.append(f"  created {_when(status.created_at)}  started {_when(status.started_at)}  ended {_when(status.ended_at)}")
+    lines.append(f"  created {_when(status.created_at)}  started {_when(status.started_at)}  "
+                 f"ended {_when(status.ended_at)}")
     for node in status.details.get("nodes", []):
         code = node.get("exit_code")
         lines.append(f"  node {node['rank']}: pid {node.get('pid')}  "

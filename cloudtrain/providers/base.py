@@ -6,6 +6,7 @@ here and call small ``_hooks`` in each provider, so checks and derived operation
 
 from __future__ import annotations
 
+import builtins
 import enum
 import time
 from abc import ABC, abstractmethod
@@ -90,7 +91,7 @@ class Provider(ABC):
         self._cancel(handle)
         return self.describe(handle)
 
-    def list(self, limit: int = 50) -> list[JobStatus]:
+    def list(self, limit: int = 50) -> builtins.list[JobStatus]:
         return self._list(limit)
 
     def wait(self, handle: JobHandle, timeout: float | None = None, poll: float = 1.0) -> JobStatus:
@@ -133,4 +134,4 @@ class Provider(ABC):
     def _cancel(self, handle: JobHandle) -> None: ...
 
     @abstractmethod
-    def _list(self, limit: int) -> list[JobStatus]: ...
+    def _list(self, limit: int) -> builtins.list[JobStatus]: ...

@@ -1,6 +1,5 @@
 """Fails in user code on rank 1 only."""
 
-import os
 import sys
 
 import torch.distributed as dist

@@ -203,7 +203,7 @@ class LocalProvider(Provider):
                         path = job_dir / f"node-{rank}.log"
                         if not path.exists():
                             continue
-                        files[rank] = open(path, encoding="utf-8", errors="replace")
+                        files[rank] = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
                     chunk = files[rank].read()
                     if not chunk:
                         continue

@@ -7,6 +7,7 @@ the whole node after the grace period.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -94,10 +95,8 @@ class Supervisor:
         self.stop_sent_at = time.monotonic()
         for node in nodes:
             if node["exit_code"] is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(node["pid"], signal.SIGTERM)  # the bootstrap forwards it to torchrun
-                except ProcessLookupError:
-                    pass
 
     @staticmethod
     def _outcome(node: dict[str, Any]) -> str:

@@ -1,0 +1,41 @@
+"""Sessions: tests, lint, typecheck, demo. Every install goes through constraints/test.txt, which pins the CPU
+build of torch so pip never swaps in a multi-GB CUDA wheel."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+CONSTRAINTS = ("-c", "constraints/test.txt")
+
+
+def install(session: nox.Session, *args: str) -> None:
+    session.install(*CONSTRAINTS, *args)
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    install(session, "-e", ".[dev]")
+    session.run("pytest", *(session.posargs or ["-q"]))
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    install(session, "ruff")
+    session.run("ruff", "check", "cloudtrain", "entrypoints", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session(python="3.11")
+def typecheck(session: nox.Session) -> None:
+    install(session, "-e", ".[dev]")
+    session.run("mypy")
+
+
+@nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """A real local job: 2 nodes x 2 gloo processes training the reference DDP model."""
+    install(session, "-e", ".[local]")
+    session.run("cloudtrain", "plan", "entrypoints/train_ddp.py", "--nodes", "2", "--procs-per-node", "2")
+    session.run("cloudtrain", "submit", "entrypoints/train_ddp.py", "--nodes", "2", "--procs-per-node", "2",
+                "--", "--epochs", "3")
