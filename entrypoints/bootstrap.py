@@ -100,10 +100,17 @@ def detect_cluster(env: dict[str, str], nproc_request: str = "auto") -> ClusterI
     return cluster
 
 
-def torchrun_argv(cluster: ClusterInfo, target: list[str], job_id: str, python: str = "python3") -> list[str]:
-    """The torchrun command line for this node. ``target`` is ``[script, *args]`` or ``['-m', module, *args]``."""
+def torchrun_argv(cluster: ClusterInfo, target: list[str], job_id: str, python: str = "python3",
+                  workdir: str | None = None) -> list[str]:
+    """The torchrun command line for this node. ``target`` is ``[script, *args]`` or ``['-m', module, *args]``.
+
+    With a ``workdir``, each worker's output goes to its own file there and is echoed line by line with a
+    ``[rank-on-node]:`` prefix, so the lines of several processes never run into each other.
+    """
     argv = [python, "-m", "torch.distributed.run", "--nnodes", str(cluster.nnodes),
             "--nproc-per-node", str(cluster.nproc_per_node), "--max-restarts", "0"]
+    if workdir:
+        argv += ["--tee", "3", "--log-dir", f"{workdir}/worker-logs"]
     if cluster.rdzv == "static":
         argv += ["--node-rank", str(cluster.node_rank), "--master-addr", cluster.master_addr,
                  "--master-port", str(cluster.master_port)]
@@ -257,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster = detect_cluster(env, args.nproc_per_node)
         target = [args.script, *user_args] if args.script else ["-m", args.module, *user_args]
-        argv_ = torchrun_argv(cluster, target, args.job_id, python=sys.executable)
+        argv_ = torchrun_argv(cluster, target, args.job_id, python=sys.executable,
+                              workdir=str(Path(args.workdir).resolve()))
         status["cluster"] = asdict(cluster)
         if args.dry_run:
             print(json.dumps({"cluster": asdict(cluster), "torchrun": argv_}, indent=2))

@@ -6,6 +6,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from cloudtrain import Job, Run, list_runs
 from cloudtrain.providers.local.procs import group_alive
 from cloudtrain.providers.local.provider import LocalProvider, stage_bundle
-from tests.conftest import REPO, SCRIPTS, status_json, wait_for
+from tests.conftest import REPO, SCRIPTS, cli_env, status_json, wait_for
 
 pytestmark = pytest.mark.slow
 ENTRYPOINTS = REPO / "entrypoints"
@@ -148,3 +150,23 @@ def test_dry_run_json_has_provider_request_package_nodes(cli, ct_home: Path, tmp
     assert [n["rank"] for n in plan["nodes"]] == [0, 1]
     assert "--rdzv-conf" in plan["nodes"][0]["torchrun"] and plan["nodes"][0]["argv"][1].endswith("bootstrap.py")
     assert not (ct_home / "store").exists() and not (ct_home / "jobs.db").exists(), "a dry run stages nothing"
+
+
+def test_ctrl_c_in_the_foreground_cancels_cleanly(ct_home: Path, tmp_path: Path) -> None:
+    script = copy_script(SCRIPTS / "sleeper.py", tmp_path / "proj")
+    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "submit", str(script), "--procs-per-node", "2"],
+                            cwd=tmp_path, env=cli_env(ct_home), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    seen = 0
+    for line in proc.stdout:  # logs stream while the job runs
+        seen += "ready rank=" in line
+        if seen == 2:
+            break
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "cancelling local://sleeper-" in err and "cancelled" in err
+    job = LocalProvider(ct_home).list()[0]
+    assert job.state.value == "cancelled"
+    wait_for(lambda: not any(group_alive(n["pid"]) for n in job.details["nodes"]), timeout=10)
