@@ -62,5 +62,5 @@ def node_command(rank: int, python: str, bootstrap_path: str, args: list[str], e
     parsed, user_args = boot.parse_args(args)
     cluster = boot.detect_cluster(env, parsed.nproc_per_node)
     target = [parsed.script, *user_args] if parsed.script else ["-m", parsed.module, *user_args]
-    torchrun = boot.torchrun_argv(cluster, target, job_id, python=python, workdir=parsed.workdir)
+    torchrun = boot.torchrun_argv(boot.reachable(cluster, env), target, job_id, python=python, workdir=parsed.workdir)
     return NodeCommand(rank=rank, argv=[python, bootstrap_path, *args], env=env, torchrun=torchrun)

@@ -118,6 +118,8 @@ class LocalOptions(_Model):
     store_uri: Uri | None = Field(
         None, description="Object store for staged bundles (default: file:// under the cloudtrain home)")
     grace_period: Duration = Field(30, description="Seconds between SIGTERM and SIGKILL on cancel")
+    emulate: Literal["sagemaker", "azureml", "vertex"] | None = Field(
+        None, description="Run each node under that platform's environment contract (files and variables)")
 
     _check_uri = field_validator("store_uri")(check_storage_uri)
 

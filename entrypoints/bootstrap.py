@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 EXIT_FAILED = 1
@@ -92,12 +92,91 @@ def detect_local(env: dict[str, str], nproc: int) -> ClusterInfo:
     )
 
 
+SAGEMAKER_MASTER_PORT = 7777  # what SageMaker's own torchrun driver uses
+
+
+def detect_sagemaker(env: dict[str, str], nproc: int) -> ClusterInfo:
+    """SageMaker: resourceconfig.json (current_host, hosts); ranks follow the sorted host list, master algo-1:7777,
+    exactly as SageMaker's torchrun driver derives them."""
+    config = Path(env.get("SAGEMAKER_BASE_DIR", "/opt/ml")) / "input" / "config" / "resourceconfig.json"
+    if config.is_file():
+        data = json.loads(config.read_text())
+        hosts, current = list(data["hosts"]), str(data["current_host"])
+    else:
+        hosts, current = json.loads(env["SM_HOSTS"]), env["SM_CURRENT_HOST"]
+    hosts = sorted(hosts)
+    if current not in hosts:
+        raise BootstrapError(f"SageMaker current host {current!r} is not among hosts {hosts}")
+    return ClusterInfo(nnodes=len(hosts), node_rank=hosts.index(current), master_addr=hosts[0],
+                       master_port=SAGEMAKER_MASTER_PORT, nproc_per_node=nproc, rdzv="static", platform="sagemaker")
+
+
+def detect_azureml(env: dict[str, str], nproc: int) -> ClusterInfo:
+    """Azure ML with PyTorchDistribution(process_count_per_instance=1): the service sets MASTER_ADDR, MASTER_PORT and
+    NODE_RANK per node, and WORLD_SIZE counts its processes, which is one per node in that layout. cloudtrain's plan
+    also sets CLOUDTRAIN_NNODES, preferred where present."""
+    nnodes = _int_env(env, "CLOUDTRAIN_NNODES", _int_env(env, "WORLD_SIZE", 1))
+    return ClusterInfo(nnodes=nnodes, node_rank=_int_env(env, "NODE_RANK", 0),
+                       master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=_int_env(env, "MASTER_PORT", 6105),
+                       nproc_per_node=nproc, rdzv="static", platform="azureml")
+
+
+def detect_vertex(env: dict[str, str], nproc: int) -> ClusterInfo:
+    """Vertex AI: everything from CLUSTER_SPEC (workerpool0 = the primary, workerpool1 = the other nodes).
+    MASTER_ADDR/WORLD_SIZE are not reliable there, so they are ignored."""
+    try:
+        spec = json.loads(env["CLUSTER_SPEC"])
+        cluster, task = spec["cluster"], spec["task"]
+        primary, workers = list(cluster["workerpool0"]), list(cluster.get("workerpool1", []))
+        kind, index = task["type"], int(task["index"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BootstrapError(f"CLUSTER_SPEC is not a Vertex cluster spec: {exc}") from None
+    if kind == "workerpool0":
+        rank = index
+    elif kind == "workerpool1":
+        rank = len(primary) + index
+    else:
+        raise BootstrapError(f"CLUSTER_SPEC task type {kind!r}: cloudtrain uses workerpool0 and workerpool1 only")
+    host, _, port = primary[0].rpartition(":")
+    return ClusterInfo(nnodes=len(primary) + len(workers), node_rank=rank, master_addr=host,
+                       master_port=int(port), nproc_per_node=nproc, rdzv="static", platform="vertex")
+
+
+def detect_platform(env: dict[str, str]) -> str:
+    if env.get("CLOUDTRAIN_PLATFORM_OVERRIDE"):
+        return env["CLOUDTRAIN_PLATFORM_OVERRIDE"]
+    base = Path(env.get("SAGEMAKER_BASE_DIR", "/opt/ml"))
+    if (base / "input" / "config" / "resourceconfig.json").is_file() or "SM_HOSTS" in env:
+        return "sagemaker"
+    if "CLUSTER_SPEC" in env:
+        return "vertex"
+    if "AZUREML_RUN_ID" in env:
+        return "azureml"
+    return "local"
+
+
+DETECTORS = {"sagemaker": detect_sagemaker, "azureml": detect_azureml, "vertex": detect_vertex, "local": detect_local}
+
+
 def detect_cluster(env: dict[str, str], nproc_request: str = "auto") -> ClusterInfo:
     nproc = resolve_nproc(nproc_request, env)
-    cluster = detect_local(env, nproc)
+    platform = detect_platform(env)
+    if platform not in DETECTORS:
+        raise BootstrapError(f"unknown platform {platform!r}; expected one of {', '.join(DETECTORS)}")
+    cluster = DETECTORS[platform](env, nproc)
     if not 0 <= cluster.node_rank < cluster.nnodes:
         raise BootstrapError(f"node rank {cluster.node_rank} is outside 0..{cluster.nnodes - 1}")
     return cluster
+
+
+def reachable(cluster: ClusterInfo, env: dict[str, str]) -> ClusterInfo:
+    """Where torchrun really connects. Only local emulation sets CLOUDTRAIN_MASTER_OVERRIDE (algo-1:7777 does not
+    resolve on a laptop, and fixed ports collide between jobs); on a cloud node it is the derived address."""
+    override = env.get("CLOUDTRAIN_MASTER_OVERRIDE")
+    if not override:
+        return cluster
+    host, _, port = override.rpartition(":")
+    return replace(cluster, master_addr=host, master_port=int(port), local_addr=host)
 
 
 def torchrun_argv(cluster: ClusterInfo, target: list[str], job_id: str, python: str = "python3",
@@ -264,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster = detect_cluster(env, args.nproc_per_node)
         target = [args.script, *user_args] if args.script else ["-m", args.module, *user_args]
-        argv_ = torchrun_argv(cluster, target, args.job_id, python=sys.executable,
+        argv_ = torchrun_argv(reachable(cluster, env), target, args.job_id, python=sys.executable,
                               workdir=str(Path(args.workdir).resolve()))
         status["cluster"] = asdict(cluster)
         if args.dry_run:

@@ -55,6 +55,31 @@ def stage_bundle(package: Package, prefix: str) -> bool:
     return True
 
 
+def cluster_contract(emulate: str | None, nnodes: int, rank: int, port: int, node_dir: Path,
+                     job_id: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The variables (and files) node ``rank`` sees: cloudtrain's local contract, or the one a cloud platform sets
+    up, so the bootstrap's platform detection runs here exactly as it runs there."""
+    if emulate == "sagemaker":
+        base = node_dir / "opt-ml"
+        hosts = [f"algo-{i + 1}" for i in range(nnodes)]
+        config = {"current_host": hosts[rank], "hosts": hosts, "network_interface_name": "lo",
+                  "current_instance_type": "local"}
+        env = {"SAGEMAKER_BASE_DIR": str(base), "CLOUDTRAIN_MASTER_OVERRIDE": f"127.0.0.1:{port}"}
+        return env, {str(base / "input" / "config" / "resourceconfig.json"): json.dumps(config)}
+    if emulate == "azureml":
+        return {"AZUREML_RUN_ID": job_id, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                "NODE_RANK": str(rank), "WORLD_SIZE": str(nnodes), "RANK": str(rank), "LOCAL_RANK": "0",
+                "CLOUDTRAIN_NNODES": str(nnodes)}, {}
+    if emulate == "vertex":
+        cluster = {"workerpool0": [f"127.0.0.1:{port}"]}
+        if nnodes > 1:
+            cluster["workerpool1"] = [f"127.0.0.1:{port}"] * (nnodes - 1)
+        task = {"type": "workerpool0", "index": 0} if rank == 0 else {"type": "workerpool1", "index": rank - 1}
+        return {"CLUSTER_SPEC": json.dumps({"cluster": cluster, "task": task, "environment": "cloud"})}, {}
+    return {"CLOUDTRAIN_NNODES": str(nnodes), "CLOUDTRAIN_NODE_RANK": str(rank), "CLOUDTRAIN_MASTER_ADDR": "127.0.0.1",
+            "CLOUDTRAIN_MASTER_PORT": str(port), "CLOUDTRAIN_RDZV": "c10d"}, {}
+
+
 class LocalProvider(Provider):
     name = "local"
     capabilities = frozenset({"multi_node", "spot", "accelerators"})
@@ -75,15 +100,16 @@ class LocalProvider(Provider):
         port = free_port()
         python = sys.executable
         nodes = []
+        emulate = spec.providers.local.emulate
+        files: dict[str, dict[str, str]] = {}
         for rank in range(spec.nodes):
+            node_dir = job_dir / f"node-{rank}"
+            contract, node_files = cluster_contract(emulate, spec.nodes, rank, port, node_dir, job_id)
+            files.update({str(rank): node_files} if node_files else {})
             env = {
                 "OMP_NUM_THREADS": "1",  # several CPU ranks share this machine's cores
                 **job_env(spec),
-                "CLOUDTRAIN_NNODES": str(spec.nodes),
-                "CLOUDTRAIN_NODE_RANK": str(rank),
-                "CLOUDTRAIN_MASTER_ADDR": "127.0.0.1",
-                "CLOUDTRAIN_MASTER_PORT": str(port),
-                "CLOUDTRAIN_RDZV": "c10d",
+                **contract,
             }
             args = bootstrap_args(spec, bundle=bundle_uri, digest=package.digest, workdir=str(job_dir / f"node-{rank}"),
                                   job_id=job_id, status_file=str(job_dir / f"node-{rank}.status.json"),
@@ -97,9 +123,11 @@ class LocalProvider(Provider):
             "procs_per_node": nproc,
             "world_size": spec.nodes * nproc,
             "backend": "gloo (nccl where the node has GPUs)",
-            "rendezvous": f"c10d at 127.0.0.1:{port}",
+            "rendezvous": f"{'static' if emulate else 'c10d'} at 127.0.0.1:{port}",
             "job_dir": str(job_dir),
             "grace_period": spec.providers.local.grace_period,
+            "emulate": emulate,
+            "node_files": files,
         }
         notes = []
         if spec.spot:
@@ -115,6 +143,10 @@ class LocalProvider(Provider):
         stage_bundle(plan.package, plan.staging["prefix"])
         job_dir = Path(plan.request["job_dir"])
         job_dir.mkdir(parents=True, exist_ok=True)
+        for node_files in plan.request.get("node_files", {}).values():
+            for path, content in node_files.items():
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                Path(path).write_text(content)
         record = JobRecord(id=plan.job_id, name=str(plan.spec.name), state="pending", job_dir=str(job_dir),
                            grace_period=float(plan.request["grace_period"]), plan=plan.to_dict())
         if not self.db.insert(record):

@@ -1,0 +1,91 @@
+"""The bootstrap derives one ClusterInfo from each platform's own contract, and trains under each, emulated."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.nodes import bootstrap_module
+from tests.conftest import REPO, status_json
+
+boot = bootstrap_module()
+CPU = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def sagemaker_driver(hosts: list[str], current: str) -> dict:
+    """What SageMaker v3's torchrun driver derives: rank = index in the sorted host list, master algo-1:7777."""
+    ordered = sorted(hosts)
+    return {"nnodes": len(hosts), "node_rank": ordered.index(current), "master_addr": ordered[0],
+            "master_port": 7777}
+
+
+@pytest.mark.parametrize("current", ["algo-1", "algo-2", "algo-3"])
+def test_sagemaker_resourceconfig(tmp_path: Path, current: str) -> None:
+    config = tmp_path / "input" / "config" / "resourceconfig.json"
+    config.parent.mkdir(parents=True)
+    hosts = ["algo-3", "algo-1", "algo-2"]  # the file need not list them in order
+    config.write_text(json.dumps({"current_host": current, "hosts": hosts, "network_interface_name": "eth0"}))
+    cluster = boot.detect_cluster({**CPU, "SAGEMAKER_BASE_DIR": str(tmp_path)}, "auto")
+    assert cluster.platform == "sagemaker" and cluster.rdzv == "static"
+    expected = sagemaker_driver(hosts, current)
+    assert {k: getattr(cluster, k) for k in expected} == expected
+    argv = boot.torchrun_argv(cluster, ["train.py"], "job")
+    assert argv[argv.index("--node-rank") + 1] == str(expected["node_rank"])
+    assert argv[argv.index("--master-addr") + 1] == "algo-1" and argv[argv.index("--master-port") + 1] == "7777"
+
+
+def test_sagemaker_env_variables_without_the_file() -> None:
+    env = {**CPU, "SAGEMAKER_BASE_DIR": "/nonexistent", "SM_HOSTS": '["algo-2","algo-1"]',
+           "SM_CURRENT_HOST": "algo-2"}
+    cluster = boot.detect_cluster(env, "4")
+    assert (cluster.nnodes, cluster.node_rank, cluster.master_addr, cluster.nproc_per_node) == (2, 1, "algo-1", 4)
+
+
+def test_azureml_variables() -> None:
+    env = {**CPU, "AZUREML_RUN_ID": "r1", "MASTER_ADDR": "10.0.0.4", "MASTER_PORT": "6105", "NODE_RANK": "1",
+           "WORLD_SIZE": "3", "SAGEMAKER_BASE_DIR": "/nonexistent"}
+    cluster = boot.detect_cluster(env, "auto")
+    assert (cluster.platform, cluster.nnodes, cluster.node_rank, cluster.master_addr, cluster.master_port) == (
+        "azureml", 3, 1, "10.0.0.4", 6105)
+
+
+@pytest.mark.parametrize(("task", "rank"), [({"type": "workerpool0", "index": 0}, 0),
+                                            ({"type": "workerpool1", "index": 0}, 1),
+                                            ({"type": "workerpool1", "index": 2}, 3)])
+def test_vertex_cluster_spec_ignores_world_size(task: dict, rank: int) -> None:
+    spec = {"cluster": {"workerpool0": ["cmle-wp0-0:2222"], "workerpool1": [f"cmle-wp1-{i}:2222" for i in range(3)]},
+            "task": task, "environment": "cloud"}
+    # some Vertex containers set WORLD_SIZE to the node count and MASTER_ADDR to something else: never used
+    env = {**CPU, "CLUSTER_SPEC": json.dumps(spec), "WORLD_SIZE": "4", "MASTER_ADDR": "wrong",
+           "SAGEMAKER_BASE_DIR": "/nonexistent"}
+    cluster = boot.detect_cluster(env, "auto")
+    assert (cluster.platform, cluster.nnodes, cluster.node_rank, cluster.master_addr, cluster.master_port) == (
+        "vertex", 4, rank, "cmle-wp0-0", 2222)
+
+
+def test_vertex_bad_cluster_spec() -> None:
+    with pytest.raises(boot.BootstrapError, match="CLUSTER_SPEC"):
+        boot.detect_cluster({"CLUSTER_SPEC": "{}", "SAGEMAKER_BASE_DIR": "/nonexistent"}, "1")
+
+
+def test_plain_local_contract_is_the_fallback() -> None:
+    assert boot.detect_platform({"SAGEMAKER_BASE_DIR": "/nonexistent"}) == "local"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("platform", ["sagemaker", "azureml", "vertex"])
+def test_two_nodes_train_under_each_platform_contract(cli, tmp_path: Path, platform: str) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "plain_torchrun.py").write_text((REPO / "entrypoints" / "plain_torchrun.py").read_text())
+    result = cli("submit", str(proj / "plain_torchrun.py"), "--nodes", "2", "--procs-per-node", "2",
+                 "--emulate", platform)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "all_reduce ok: True world_size=4" in result.stdout
+    for rank in (0, 1):
+        assert f"[node{rank}] [cloudtrain] node {rank}/2 on {platform}: 2 processes, rendezvous static" in result.stdout
+    handle = re.search(r"submitted (local://\S+)", result.stderr).group(1)  # type: ignore[union-attr]
+    assert status_json(cli, handle)["state"] == "succeeded"
