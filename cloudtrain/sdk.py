@@ -22,11 +22,14 @@ from cloudtrain.spec import JobSpec, apply_overrides, check_local_paths, load_sp
 
 def plan_job(spec: JobSpec, provider: str | Provider) -> Plan:
     """Validate paths, package the source and ask the provider for its request. Nothing is staged or sent."""
-    from cloudtrain.packaging import build_package
+    from cloudtrain.packaging import PackageLimits, build_package
 
     impl = get_provider(provider) if isinstance(provider, str) else provider
     source = check_local_paths(spec)
-    package = build_package(source)
+    rules = spec.package
+    limits = PackageLimits(max_bytes=rules.max_mb * 1024 * 1024, max_files=rules.max_files,
+                           allow_secrets=tuple(rules.allow_secrets), exclude=tuple(rules.exclude))
+    package = build_package(source, limits)
     try:
         return impl.plan(spec, package)
     except BaseException:

@@ -84,6 +84,16 @@ class CheckpointSpec(_Model):
     _check_uri = field_validator("uri")(check_storage_uri)
 
 
+class PackageSpec(_Model):
+    """What goes into the source bundle besides the .gitignore / .cloudtrainignore rules of source_dir."""
+
+    exclude: list[str] = Field(default_factory=list, description="More gitignore-style patterns to leave out")
+    allow_secrets: list[str] = Field(
+        default_factory=list, description="Patterns of secret-looking files that may be packaged anyway")
+    max_mb: int = Field(512, ge=1, description="Refuse a bundle whose source is larger than this")
+    max_files: int = Field(50_000, ge=1, description="Refuse a bundle with more files than this")
+
+
 class AwsOptions(_Model):
     region: str | None = None
     role: str | None = Field(None, description="IAM role ARN SageMaker assumes for the job")
@@ -166,6 +176,7 @@ class JobSpec(_Model):
     inputs: dict[str, Uri] = Field(default_factory=dict, description="Named input data URIs")
     output_uri: Uri | None = None
     tags: dict[str, str] = Field(default_factory=dict)
+    package: PackageSpec = Field(default_factory=PackageSpec)
     providers: ProviderOptions = Field(default_factory=ProviderOptions)
 
     @field_validator("procs_per_node", mode="before")

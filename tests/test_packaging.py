@@ -125,3 +125,50 @@ def test_bootstrap_extracts_a_real_bundle(tmp_path: Path) -> None:
         boot.safe_extract(package.path, tmp_path / "out")
         assert boot.sha256_of(package.path) == package.digest
     assert (tmp_path / "out" / "src" / "pkg" / "model.py").read_text() == "X = 1\n"
+
+
+def test_gitignore_and_cloudtrainignore(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "src")
+    (root / "data").mkdir()
+    (root / "data" / "big.bin").write_bytes(b"\0" * 10)
+    (root / "data" / "keep.txt").write_text("k")
+    (root / "notes.log").write_text("l")
+    (root / ".gitignore").write_text("data/\n*.log\n")
+    (root / ".cloudtrainignore").write_text("!notes.log\npkg/\n")
+    with build_package(root, PackageLimits(exclude=("train.py",))) as package:
+        paths = [f["path"] for f in package.files]
+    assert paths == [".cloudtrainignore", ".env.example", ".gitignore", "notes.log"]
+
+
+def test_cli_allow_secret_flag(cli, tmp_path: Path) -> None:
+    proj = make_tree(tmp_path / "proj")
+    (proj / "server.pem").write_text("public cert")
+    refused = cli("plan", str(proj / "train.py"))
+    assert refused.returncode == 2 and "server.pem" in refused.stderr and "--allow-secret" in refused.stderr
+    allowed = cli("plan", str(proj / "train.py"), "--allow-secret", "*.pem", "-o", "json")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "server.pem" in allowed.stdout
+
+
+def test_bootstrap_refuses_huge_members_before_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot = bootstrap_module()
+    monkeypatch.setattr(boot, "MAX_MEMBER_BYTES", 1000)
+    archive = _tar_with(tmp_path, tarfile.TarInfo("src/huge.bin"), b"\0" * 5000)
+    with pytest.raises(boot.BootstrapError, match="over the 1000 limit"):
+        boot.safe_extract(archive, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_bootstrap_refuses_a_bomb_by_total_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boot = bootstrap_module()
+    monkeypatch.setattr(boot, "MAX_TOTAL_BYTES", 10_000)
+    path = tmp_path / "bomb.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:  # 20 zero-filled members: tiny compressed, large expanded
+        for i in range(20):
+            info = tarfile.TarInfo(f"src/{i}.bin")
+            info.size = 1000
+            tar.addfile(info, io.BytesIO(b"\0" * 1000))
+    assert path.stat().st_size < 2000
+    with pytest.raises(boot.BootstrapError, match="expands to more than"):
+        boot.safe_extract(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

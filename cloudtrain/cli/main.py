@@ -31,6 +31,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-restarts", type=int)
     p.add_argument("--max-runtime", help="e.g. 3600, 90m, 2h")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
+    p.add_argument("--allow-secret", action="append", default=[], metavar="PATTERN",
+                   help="package a secret-looking file anyway (repeatable)")
     p.add_argument("--emulate", choices=["sagemaker", "azureml", "vertex"],
                    help="local only: run nodes under that platform's environment contract")
     p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
@@ -133,6 +135,10 @@ def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> Any:
     merged = apply_overrides(raw, overrides)
     if args.env:
         merged["env"] = {**(merged.get("env") or {}), **_env_pairs(args.env)}
+    if args.allow_secret:
+        package = dict(merged.get("package") or {})
+        package["allow_secrets"] = [*package.get("allow_secrets", []), *args.allow_secret]
+        merged["package"] = package
     return validate_spec(merged, source=spec_file)
 
 
