@@ -34,6 +34,12 @@ class Plan:
     staging: dict[str, str] = field(default_factory=dict)  # where the bundle and bootstrap go
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def nproc_per_node(self) -> int:
+        """Processes per node as the nodes will run them (read off the torchrun line, the source of truth)."""
+        line = self.nodes[0].torchrun
+        return int(line[line.index("--nproc-per-node") + 1])
+
     def __enter__(self) -> Plan:
         return self
 

@@ -33,8 +33,10 @@ def cli_env(home: Path) -> dict[str, str]:
 def cli(ct_home: Path, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run ``cloudtrain`` as a separate process, the way a user does."""
 
-    def run(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=cwd or tmp_path, env=cli_env(ct_home),
+    def run(*args: str, cwd: Path | None = None, timeout: float = 240,
+            env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        env = {**cli_env(ct_home), **(env_extra or {})}
+        return subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=cwd or tmp_path, env=env,
                               capture_output=True, text=True, timeout=timeout)
 
     return run

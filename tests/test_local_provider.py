@@ -170,3 +170,13 @@ def test_ctrl_c_in_the_foreground_cancels_cleanly(ct_home: Path, tmp_path: Path)
     job = LocalProvider(ct_home).list()[0]
     assert job.state.value == "cancelled"
     wait_for(lambda: not any(group_alive(n["pid"]) for n in job.details["nodes"]), timeout=10)
+
+
+def test_plan_text_shows_what_the_nodes_will_run(cli, tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    assert cli("init", cwd=proj).returncode == 0  # the template asks for A100:8 with procs_per_node: auto
+    result = cli("plan", "--nodes", "2", cwd=proj, env_extra={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0, result.stderr
+    assert "layout       2 node(s) x 1 process(es) = world size 2, strategy ddp" in result.stdout
+    assert "--nproc-per-node 1" in result.stdout

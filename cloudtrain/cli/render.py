@@ -33,10 +33,11 @@ def _size(n: int) -> str:
 def plan_text(plan: Plan) -> str:
     spec = plan.spec
     pkg = plan.package
+    nproc = plan.nproc_per_node
     lines = [
         f"provider     {plan.provider}",
         f"job          {plan.job_id}",
-        f"layout       {spec.nodes} node(s) x {spec.nproc_per_node} process(es) = world size {spec.world_size}, "
+        f"layout       {spec.nodes} node(s) x {nproc} process(es) = world size {spec.nodes * nproc}, "
         f"strategy {spec.strategy}",
         f"accelerator  {spec.accelerator or 'none (CPU)'}",
         f"spot         {'yes' if spec.spot else 'no'}",
