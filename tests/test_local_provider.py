@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,32 @@ def test_plan_text_shows_what_the_nodes_will_run(cli, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "layout       2 node(s) x 1 process(es) = world size 2, strategy ddp" in result.stdout
     assert "--nproc-per-node 1" in result.stdout
+
+
+def _tiny_wheel(folder: Path) -> str:
+    """A real (hand-built) wheel, so the test needs no index and no build backend."""
+    name = "tinydep-0.1-py3-none-any.whl"
+    files = {
+        "tinydep.py": "VALUE = 42\n",
+        "tinydep-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinydep\nVersion: 0.1\n",
+        "tinydep-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                       "Tag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(folder / name, "w") as whl:
+        for path, text in files.items():
+            whl.writestr(path, text)
+        record = "".join(f"{p},,\n" for p in files) + "tinydep-0.1.dist-info/RECORD,,\n"
+        whl.writestr("tinydep-0.1.dist-info/RECORD", record)
+    return name
+
+
+def test_requirements_install_into_a_job_private_folder(cli, tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "requirements.txt").write_text(f"./{_tiny_wheel(proj)}\n")
+    (proj / "uses_dep.py").write_text("import tinydep as t\nprint('dep value', t.VALUE, t.__file__)\n")
+    (proj / "cloudtrain.yaml").write_text("script: uses_dep.py\nrequirements: requirements.txt\n")
+    result = cli("submit", "-f", "cloudtrain.yaml", cwd=proj)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    assert "dep value 42" in result.stdout
+    assert "/node-0/site-packages/tinydep.py" in result.stdout  # not the user's environment
