@@ -50,6 +50,9 @@ def job_env(spec: JobSpec) -> dict[str, str]:
     env["CLOUDTRAIN_STRATEGY"] = spec.strategy
     if spec.checkpoint.uri:
         env["CLOUDTRAIN_CHECKPOINT_URI"] = spec.checkpoint.uri
+        env["CLOUDTRAIN_CHECKPOINT_KEEP"] = str(spec.checkpoint.keep)
+        if spec.checkpoint.interval:
+            env["CLOUDTRAIN_CHECKPOINT_INTERVAL"] = str(spec.checkpoint.interval)
     if spec.output_uri:
         env["CLOUDTRAIN_OUTPUT_URI"] = spec.output_uri
     return env

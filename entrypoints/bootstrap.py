@@ -273,6 +273,20 @@ def install_requirements(src: Path, site: Path, file: str | None, specs: list[st
         raise BootstrapError(f"pip install failed with exit code {result.returncode}")
 
 
+def restore_checkpoint(env: dict[str, str], cwd: Path) -> None:
+    """Bring the newest complete checkpoint into CLOUDTRAIN_CHECKPOINT_DIR before any worker starts. Runs
+    cloudtrain's own restore from the bundle (it may need a storage client; this file stays stdlib-only)."""
+    uri = env.get("CLOUDTRAIN_CHECKPOINT_URI")
+    if not uri:
+        return
+    cmd = [sys.executable, "-m", "cloudtrain.checkpoints", "restore", uri, env["CLOUDTRAIN_CHECKPOINT_DIR"]]
+    result = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        raise BootstrapError(f"restoring checkpoints from {uri} failed (exit {result.returncode})")
+    step = json.loads(result.stdout or "{}").get("step")
+    log(f"checkpoint: resuming from step {step}" if step is not None else f"checkpoint: none yet under {uri}")
+
+
 # -- running -------------------------------------------------------------------------------------------
 
 
@@ -371,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
             CLOUDTRAIN_NODE_RANK=str(cluster.node_rank),
             CLOUDTRAIN_PLATFORM=cluster.platform,
             CLOUDTRAIN_JOB_ID=args.job_id,
+            CLOUDTRAIN_CHECKPOINT_DIR=env.get("CLOUDTRAIN_CHECKPOINT_DIR") or str(workdir / "checkpoints"),
         )
+        restore_checkpoint(env, src)
         log("torchrun: " + " ".join(argv_[1:]))
         code, stopped = run_torchrun(argv_, src, env)
     except BootstrapError as exc:

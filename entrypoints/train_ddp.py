@@ -1,30 +1,36 @@
-"""Reference DDP trainer on a small synthetic regression task.
+"""Reference DDP trainer on a small synthetic regression task, resumable after preemption.
 
-Runs unchanged on CPU/gloo and on GPUs/nccl: cloudtrain.runtime picks the backend and device from the environment.
+Runs unchanged on CPU/gloo and on GPUs/nccl. Checkpoints go where the job spec says (CLOUDTRAIN_CHECKPOINT_URI);
+on SIGTERM it saves, uploads and exits "preempted"; restarted, it resumes bitwise where it stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import TensorDataset
 
-from cloudtrain.runtime import init_distributed, shutdown
+from cloudtrain.runtime import (
+    Checkpointer,
+    ResumableSampler,
+    get_logger,
+    init_distributed,
+    make_loader,
+    save_final_model,
+    seed_everything,
+    shutdown,
+    wrap_model,
+)
 
 
-def synthetic_data(samples: int, features: int, seed: int = 0) -> TensorDataset:
+def synthetic_data(samples: int, features: int, seed: int) -> TensorDataset:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(samples, features, generator=g)
-    true_w = torch.randn(features, 1, generator=g)
-    y = x @ true_w + 0.01 * torch.randn(samples, 1, generator=g)
+    y = x @ torch.randn(features, 1, generator=g) + 0.01 * torch.randn(samples, 1, generator=g)
     return TensorDataset(x, y)
-
-
-def make_model(features: int, hidden: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
 
 def main() -> None:
@@ -36,38 +42,42 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to rehearse preemption)")
     args = p.parse_args()
 
     ctx = init_distributed()
-    torch.manual_seed(args.seed)
+    log = get_logger("train_ddp")
+    seed_everything(args.seed)
     data = synthetic_data(args.samples, args.features, args.seed)
-    sampler = DistributedSampler(data, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=args.seed)
-    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
-    model = make_model(args.features, args.hidden).to(ctx.device)
-    ddp = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    model = wrap_model(nn.Sequential(nn.Linear(args.features, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1)),
+                       ctx, "ddp")
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=50, gamma=0.5)
+    sampler = ResumableSampler(len(data), ctx.rank, ctx.world_size, seed=args.seed)
+    ckpt = Checkpointer(model, opt, scheduler=sched, sampler=sampler, every_steps=args.checkpoint_every)
+    step = ckpt.restore()
+    log.info(f"training: world_size={ctx.world_size} backend={ctx.backend} device={ctx.device} start_step={step}")
     loss_fn = nn.MSELoss()
-    if ctx.is_main:
-        print(f"training: world_size={ctx.world_size} backend={ctx.backend} device={ctx.device}", flush=True)
-    first = last = None
-    for epoch in range(args.epochs):
+    loss = torch.zeros(())
+    for epoch in range(sampler.epoch, args.epochs):
         sampler.set_epoch(epoch)
-        total = torch.zeros(2, device=ctx.device)
-        for x, y in loader:
+        for x, y in make_loader(data, sampler, args.batch_size):
             x, y = x.to(ctx.device), y.to(ctx.device)
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(x), y)
+            loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
-            total += torch.stack([loss.detach() * len(x), torch.tensor(float(len(x)), device=ctx.device)])
-        torch.distributed.all_reduce(total)
-        epoch_loss = (total[0] / total[1]).item()
-        first = epoch_loss if first is None else first
-        last = epoch_loss
-        if ctx.is_main:
-            print(f"epoch {epoch} loss {epoch_loss:.6f}", flush=True)
-    if ctx.is_main:
-        print(f"done: world_size={ctx.world_size} first_loss={first:.6f} final_loss={last:.6f}", flush=True)
+            sched.step()
+            step += 1
+            sampler.advance(len(x))
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+            ckpt.step(step)
+        log.info(f"epoch {epoch} step {step} loss {loss.item():.6f}")
+    ckpt.close()
+    written = save_final_model(model)
+    log.info(f"done: world_size={ctx.world_size} steps={step} final_loss={loss.item():.6f} model={written}")
     shutdown()
 
 

@@ -1,19 +1,29 @@
-"""Reference FSDP2 trainer: per-block sharding with ``fully_shard``, optional bf16 mixed precision.
+"""Reference FSDP2 trainer: ``fully_shard`` per block, optional bf16 mixed precision, resumable after preemption.
 
-Runs unchanged on CPU/gloo and on GPUs/nccl (device mesh and backend follow the environment).
+Runs unchanged on CPU/gloo and on GPUs/nccl (device mesh and backend follow the environment). Checkpoints are
+sharded (each rank writes its own shards) and reshard on load when the world size changed.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import TensorDataset
 
-from cloudtrain.runtime import init_distributed, shutdown
+from cloudtrain.runtime import (
+    Checkpointer,
+    ResumableSampler,
+    get_logger,
+    init_distributed,
+    make_loader,
+    save_final_model,
+    seed_everything,
+    shutdown,
+    wrap_model,
+)
 
 
 class Block(nn.Module):
@@ -51,46 +61,41 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.003)
     p.add_argument("--bf16", action="store_true", help="bf16 parameters/compute, fp32 gradient reduction")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to rehearse preemption)")
     args = p.parse_args()
 
     ctx = init_distributed()
-    torch.manual_seed(args.seed)
+    log = get_logger("train_fsdp")
+    seed_everything(args.seed)
     g = torch.Generator().manual_seed(args.seed)
     x = torch.randn(args.samples, args.features, generator=g)
-    y = torch.sin(x.sum(dim=1, keepdim=True))
-    data = TensorDataset(x, y)
-    sampler = DistributedSampler(data, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=args.seed)
-    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
-
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-    model = Model(args.features, args.width, args.depth).to(ctx.device)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if args.bf16 else None
-    kwargs = {"mesh": mesh, **({"mp_policy": mp} if mp else {})}
-    for block in model.blocks:  # one FSDP unit per block: all-gathers overlap with the previous block's compute
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+    data = TensorDataset(x, torch.sin(x.sum(dim=1, keepdim=True)))
+    model = wrap_model(Model(args.features, args.width, args.depth), ctx, "fsdp", bf16=args.bf16)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    sampler = ResumableSampler(len(data), ctx.rank, ctx.world_size, seed=args.seed)
+    ckpt = Checkpointer(model, opt, sampler=sampler, every_steps=args.checkpoint_every)
+    step = ckpt.restore()
+    log.info(f"training: fsdp world_size={ctx.world_size} backend={ctx.backend} bf16={args.bf16} start_step={step}")
     loss_fn = nn.MSELoss()
-    if ctx.is_main:
-        print(f"training: fsdp world_size={ctx.world_size} backend={ctx.backend} bf16={args.bf16}", flush=True)
-    first = last = None
-    for epoch in range(args.epochs):
+    loss = torch.zeros(())
+    for epoch in range(sampler.epoch, args.epochs):
         sampler.set_epoch(epoch)
-        total = torch.zeros(2, device=ctx.device)
-        for xb, yb in loader:
+        for xb, yb in make_loader(data, sampler, args.batch_size):
             xb, yb = xb.to(ctx.device), yb.to(ctx.device)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(xb).float(), yb)
             loss.backward()
             opt.step()
-            total += torch.stack([loss.detach() * len(xb), torch.tensor(float(len(xb)), device=ctx.device)])
-        torch.distributed.all_reduce(total)
-        last = (total[0] / total[1]).item()
-        first = last if first is None else first
-        if ctx.is_main:
-            print(f"epoch {epoch} loss {last:.6f}", flush=True)
-    if ctx.is_main:
-        print(f"done: world_size={ctx.world_size} first_loss={first:.6f} final_loss={last:.6f}", flush=True)
+            step += 1
+            sampler.advance(len(xb))
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+            ckpt.step(step)
+        log.info(f"epoch {epoch} step {step} loss {loss.item():.6f}")
+    ckpt.close()
+    written = save_final_model(model)
+    log.info(f"done: world_size={ctx.world_size} steps={step} final_loss={loss.item():.6f} model={written}")
     shutdown()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import Job, Run, list_runs
-from cloudtrain.providers.local.procs import group_alive
+from cloudtrain.providers.local.procs import group_alive, tag_alive
 from cloudtrain.providers.local.provider import LocalProvider, stage_bundle
 from tests.conftest import REPO, SCRIPTS, cli_env, status_json, wait_for
 
@@ -31,6 +31,10 @@ def copy_script(src: Path, dest_dir: Path) -> Path:
 
 def node_pgids(cli, handle: str) -> list[int]:
     return [n["pid"] for n in status_json(cli, handle)["nodes"]]
+
+
+def node_tags(cli, handle: str) -> list[str]:
+    return [n["tag"] for n in status_json(cli, handle)["nodes"]]
 
 
 def test_two_nodes_two_procs_detached_then_managed_from_other_processes(cli, tmp_path: Path) -> None:
@@ -66,9 +70,10 @@ def test_ddp_reference_trainer_in_the_foreground(cli, tmp_path: Path) -> None:
     result = cli("submit", str(ENTRYPOINTS / "train_ddp.py"), "--nodes", "2", "--procs-per-node", "2",
                  "--", "--epochs", "3")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
-    match = re.search(r"done: world_size=4 first_loss=([\d.]+) final_loss=([\d.]+)", result.stdout)
-    assert match, result.stdout[-3000:]
-    assert float(match.group(2)) < float(match.group(1)) / 2
+    first = re.search(r"epoch 0 step \d+ loss ([\d.]+)", result.stdout)
+    done = re.search(r"done: world_size=4 steps=\d+ final_loss=([\d.]+)", result.stdout)
+    assert first and done, result.stdout[-3000:]
+    assert float(done.group(1)) < float(first.group(1)) / 2
     assert "succeeded" in result.stderr
 
 
@@ -79,7 +84,7 @@ def test_fsdp_reference_trainer_through_the_sdk(ct_home: Path) -> None:
     status = run.wait(timeout=240, poll=0.5)
     logs = "\n".join(run.logs())
     assert status.state.value == "succeeded", logs[-3000:]
-    assert "training: fsdp world_size=2 backend=gloo bf16=True" in logs
+    assert "training: fsdp world_size=2 backend=gloo bf16=True start_step=0" in logs
     assert str(run.handle) in [str(s.handle) for s in list_runs("local")]
     assert Run.attach(str(run.handle)).status().state.value == "succeeded"
 
@@ -99,8 +104,8 @@ def test_cancel_from_another_process_stops_every_process(cli, tmp_path: Path) ->
     script = copy_script(SCRIPTS / "sleeper.py", tmp_path / "proj")
     handle = cli("submit", str(script), "--nodes", "2", "--procs-per-node", "2", "--detach").stdout.strip()
     wait_for(lambda: cli("logs", handle).stdout.count("ready rank=") == 4, timeout=120, interval=1)
-    pgids = node_pgids(cli, handle)
-    assert all(group_alive(p) for p in pgids)
+    pgids, tags = node_pgids(cli, handle), node_tags(cli, handle)
+    assert all(group_alive(p) for p in pgids) and all(tag_alive(t) for t in tags)
 
     cancelled = cli("cancel", handle, "-o", "json")
     assert cancelled.returncode == 0, cancelled.stderr
@@ -109,6 +114,7 @@ def test_cancel_from_another_process_stops_every_process(cli, tmp_path: Path) ->
     assert final.returncode == 1
     assert status_json(cli, handle)["state"] == "cancelled"
     wait_for(lambda: not any(group_alive(p) for p in pgids), timeout=10)
+    wait_for(lambda: not any(tag_alive(t) for t in tags), timeout=10)  # the workers too, not just the agents
     assert cli("cancel", handle).returncode == 0  # idempotent
 
 
@@ -118,11 +124,13 @@ def test_a_job_whose_processes_vanished_shows_failed(cli, ct_home: Path, tmp_pat
     wait_for(lambda: cli("logs", handle).stdout.count("ready rank=") == 2, timeout=120, interval=1)
     record = LocalProvider(ct_home).db.get(handle.split("://")[1])
     assert record and record.supervisor_pid
-    pgids = [n["pgid"] for n in record.nodes]
+    pgids, tags = [n["pgid"] for n in record.nodes], [n["tag"] for n in record.nodes]
+    assert all(tag_alive(t) for t in tags)
     os.kill(record.supervisor_pid, signal.SIGKILL)  # what a reboot or an OOM kill looks like
     wait_for(lambda: status_json(cli, handle)["state"] == "failed", timeout=30)
     assert "vanished" in status_json(cli, handle)["message"]
     wait_for(lambda: not any(group_alive(p) for p in pgids), timeout=10)
+    wait_for(lambda: not any(tag_alive(t) for t in tags), timeout=10)
 
 
 def test_submit_is_idempotent_and_staging_content_addressed(ct_home: Path, tmp_path: Path) -> None:
@@ -170,7 +178,7 @@ def test_ctrl_c_in_the_foreground_cancels_cleanly(ct_home: Path, tmp_path: Path)
     assert "cancelling local://sleeper-" in err and "cancelled" in err
     job = LocalProvider(ct_home).list()[0]
     assert job.state.value == "cancelled"
-    wait_for(lambda: not any(group_alive(n["pid"]) for n in job.details["nodes"]), timeout=10)
+    wait_for(lambda: not any(group_alive(n["pid"]) or tag_alive(n["tag"]) for n in job.details["nodes"]), timeout=10)
 
 
 def test_plan_text_shows_what_the_nodes_will_run(cli, tmp_path: Path) -> None:

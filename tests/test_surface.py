@@ -12,7 +12,8 @@ from cloudtrain.providers.base import Provider
 def test_cli_commands() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert sorted(sub.choices) == ["cancel", "init", "list", "logs", "plan", "schema", "status", "submit", "wait"]
+    assert sorted(sub.choices) == ["cancel", "init", "list", "logs", "plan", "preempt", "schema", "status", "submit",
+                                   "wait"]
     submit_flags = {opt for a in sub.choices["submit"]._actions for opt in a.option_strings}
     assert {"--provider", "--nodes", "--procs-per-node", "--strategy", "--checkpoint-uri", "--dry-run", "--detach",
             "--follow", "--output", "--file", "--gpus", "--spot", "--max-restarts", "--env"} <= submit_flags

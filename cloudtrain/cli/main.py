@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="show what submit would send (= submit --dry-run)")
     _job_flags(plan)
 
-    for name, text in (("status", "show a job's state"), ("cancel", "stop a job (idempotent)")):
+    for name, text in (("status", "show a job's state"), ("cancel", "stop a job (idempotent)"),
+                       ("preempt", "local jobs: send a rehearsed spot interruption (SIGTERM to every node)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("handle")
         p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
@@ -218,6 +219,18 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     provider, handle = _provider_for(args.handle)
     status = provider.cancel(handle)
+    print(status_text(status)) if args.output == "text" else emit(status.to_dict(), args.output)
+    return 0
+
+
+def cmd_preempt(args: argparse.Namespace) -> int:
+    from cloudtrain.cli.render import emit, status_text
+
+    provider, handle = _provider_for(args.handle)
+    if not hasattr(provider, "preempt"):
+        raise UserError(f"provider {handle.provider!r} cannot be preempted on request",
+                        remedy="`cloudtrain preempt` rehearses spot interruptions on local jobs")
+    status = provider.preempt(handle)
     print(status_text(status)) if args.output == "text" else emit(status.to_dict(), args.output)
     return 0
 

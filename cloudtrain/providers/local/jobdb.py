@@ -23,6 +23,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     job_dir TEXT NOT NULL,
     grace_period REAL NOT NULL DEFAULT 30,
     cancel_requested INTEGER NOT NULL DEFAULT 0,
+    attempt INTEGER NOT NULL DEFAULT 0,
     supervisor_pid INTEGER,
     supervisor_start INTEGER,
     nodes TEXT NOT NULL DEFAULT '[]',
@@ -45,6 +46,7 @@ class JobRecord:
     ended_at: float | None = None
     grace_period: float = 30.0
     cancel_requested: int = 0
+    attempt: int = 0  # restarts after preemption so far
     supervisor_pid: int | None = None
     supervisor_start: int | None = None
     nodes: list[dict[str, Any]] = field(default_factory=list)  # per node: rank, pid, pgid, start, log, exit_code ...

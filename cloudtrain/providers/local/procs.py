@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 
@@ -54,3 +55,43 @@ def signal_group(pgid: int | None, sig: int) -> bool:
 
 def group_alive(pgid: int | None) -> bool:
     return signal_group(pgid, 0) if pgid else False
+
+
+# torchrun starts every worker in a session of its own, so killing a node's process group misses its workers
+# once the agent is gone. Every process of a node inherits this variable; /proc finds them even after they were
+# re-parented.
+TAG_VAR = "CLOUDTRAIN_PROCESS_TAG"
+
+
+def tagged_pids(tag: str) -> list[int]:
+    needle = f"{TAG_VAR}={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def kill_tagged(tag: str | None, sig: int = signal.SIGKILL) -> int:
+    """Signal every live process carrying ``tag``; returns how many were signalled."""
+    if not tag:
+        return 0
+    count = 0
+    for pid in tagged_pids(tag):
+        if pid == os.getpid() or _state(pid) == "Z":
+            continue
+        try:
+            os.kill(pid, sig)
+            count += 1
+        except (ProcessLookupError, PermissionError):
+            continue
+    return count
+
+
+def tag_alive(tag: str | None) -> bool:
+    return bool(tag) and any(_state(pid) not in (None, "Z") for pid in tagged_pids(str(tag)))

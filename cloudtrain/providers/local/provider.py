@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from cloudtrain import storage
-from cloudtrain.errors import HandleError
+from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.home import cloudtrain_home, default_store_uri
 from cloudtrain.nodes import bootstrap_args, job_env, node_command
@@ -27,7 +27,7 @@ from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
 from cloudtrain.providers.base import JobState, JobStatus, Provider
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
-from cloudtrain.providers.local.procs import is_alive, signal_group, start_ticks
+from cloudtrain.providers.local.procs import is_alive, kill_tagged, signal_group, start_ticks
 from cloudtrain.spec import JobSpec
 
 _ACTIVE = ("pending", "running", "stopping")
@@ -126,6 +126,7 @@ class LocalProvider(Provider):
             "rendezvous": f"{'static' if emulate else 'c10d'} at 127.0.0.1:{port}",
             "job_dir": str(job_dir),
             "grace_period": spec.providers.local.grace_period,
+            "max_restarts": spec.max_restarts,
             "emulate": emulate,
             "node_files": files,
         }
@@ -185,8 +186,9 @@ class LocalProvider(Provider):
         fresh = self.db.get(record.id)  # it may have finished between our two reads
         if fresh is None or fresh.state not in _ACTIVE:
             return fresh or record
-        for node in fresh.nodes:  # do not leave orphaned nodes behind
+        for node in fresh.nodes:  # do not leave orphaned nodes (or their re-parented workers) behind
             signal_group(node.get("pgid"), signal.SIGKILL)
+            kill_tagged(node.get("tag"))
         state = "cancelled" if fresh.cancel_requested else "failed"
         message = "cancelled by user" if fresh.cancel_requested else \
             "the job's processes vanished (supervisor killed or machine restarted)"
@@ -194,13 +196,14 @@ class LocalProvider(Provider):
         return self.db.get(fresh.id) or fresh
 
     def _status(self, record: JobRecord) -> JobStatus:
-        nodes = [{k: n.get(k) for k in ("rank", "pid", "exit_code", "outcome", "log")} for n in record.nodes]
+        nodes = [{k: n.get(k) for k in ("rank", "pid", "exit_code", "outcome", "log", "tag")} for n in record.nodes]
         plan = record.plan.get("request", {})
+        restarts = {"restarts": record.attempt, "max_restarts": plan.get("max_restarts", 0)}
         return JobStatus(
             handle=JobHandle(self.name, record.id), name=record.name, state=JobState(record.state),
             message=record.message, created_at=record.created_at, started_at=record.started_at,
             ended_at=record.ended_at,
-            details={"nodes": nodes, "world_size": plan.get("world_size"), "job_dir": record.job_dir},
+            details={"nodes": nodes, "world_size": plan.get("world_size"), "job_dir": record.job_dir, **restarts},
         )
 
     def _describe(self, handle: JobHandle) -> JobStatus:
@@ -219,6 +222,16 @@ class LocalProvider(Provider):
             os.kill(record.supervisor_pid, signal.SIGTERM)
         else:
             self._reconcile(self.db.get(record.id) or record)
+
+    def preempt(self, handle: JobHandle) -> JobStatus:
+        """Rehearse a spot interruption: every node gets SIGTERM as from the platform; with max_restarts left the
+        job restarts and resumes from its checkpoints, otherwise it ends 'preempted'."""
+        record = self._record(self._own(handle))
+        if record.state != "running" or not is_alive(record.supervisor_pid, record.supervisor_start):
+            raise UserError(f"{handle} is {record.state}; only a running job can be preempted")
+        assert record.supervisor_pid
+        os.kill(record.supervisor_pid, signal.SIGUSR1)
+        return self._status(record)
 
     # -- logs ------------------------------------------------------------------------------------------
     def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from cloudtrain.home import cloudtrain_home
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
-from cloudtrain.providers.local.procs import signal_group, start_ticks
+from cloudtrain.providers.local.procs import TAG_VAR, kill_tagged, signal_group, start_ticks
 
 POLL_SECONDS = 0.2
 
@@ -33,22 +33,28 @@ class Supervisor:
         self.stop_sent_at: float | None = None
 
     def request_stop(self, signum: int, _frame: Any) -> None:
-        self.stop_reason = self.stop_reason or "cancelled"
+        # SIGUSR1 is `cloudtrain preempt` (a rehearsed spot interruption); SIGTERM/SIGINT is a cancel.
+        reason = "preempted" if signum == signal.SIGUSR1 else "cancelled"
+        self.stop_reason = self.stop_reason or reason
 
-    def start_nodes(self, record: JobRecord) -> list[dict[str, Any]]:
+    def start_nodes(self, record: JobRecord, attempt: int) -> list[dict[str, Any]]:
         nodes = []
         for node in record.plan["nodes"]:
             rank = node["rank"]
             log_path = Path(record.job_dir) / f"node-{rank}.log"
-            env = {**os.environ, **node["env"]}
-            env.pop("CLOUDTRAIN_SUPERVISOR", None)
+            status_file = Path(record.job_dir) / f"node-{rank}.status.json"
+            status_file.unlink(missing_ok=True)
+            tag = f"{self.job_id}/node-{rank}"
+            env = {**os.environ, **node["env"], TAG_VAR: tag}
             with open(log_path, "ab") as log:
+                if attempt:
+                    log.write(f"[cloudtrain] restart {attempt} after preemption\n".encode())
                 proc = subprocess.Popen(node["argv"], env=env, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, cwd=record.job_dir, start_new_session=True)
             self.procs[rank] = proc
             nodes.append({"rank": rank, "pid": proc.pid, "pgid": proc.pid, "start": start_ticks(proc.pid),
-                          "log": str(log_path), "status_file": str(Path(record.job_dir) / f"node-{rank}.status.json"),
-                          "exit_code": None, "outcome": None})
+                          "log": str(log_path), "status_file": str(status_file), "exit_code": None, "outcome": None,
+                          "tag": tag})
         return nodes
 
     def run(self) -> int:
@@ -56,15 +62,32 @@ class Supervisor:
         if record is None:
             print(f"no job {self.job_id}", file=sys.stderr)
             return 2
-        signal.signal(signal.SIGTERM, self.request_stop)
-        signal.signal(signal.SIGINT, self.request_stop)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(sig, self.request_stop)
         if record.cancel_requested:
             self.db.update(self.job_id, state="cancelled", ended_at=time.time(), message="cancelled before start")
             return 0
-        nodes = self.start_nodes(record)
-        self.db.update(self.job_id, state="running", started_at=time.time(), nodes=nodes,
-                       only_if_state=("pending",))
-        grace = record.grace_period
+        max_restarts = int(record.plan.get("request", {}).get("max_restarts", 0))
+        attempt = 0
+        while True:
+            nodes = self.start_nodes(record, attempt)
+            self.db.update(self.job_id, state="running", nodes=nodes, attempt=attempt,
+                           message=f"restart {attempt} of {max_restarts}" if attempt else "",
+                           only_if_state=("pending", "running", "stopping"))
+            if attempt == 0:
+                self.db.update(self.job_id, started_at=time.time())
+            self.watch(nodes, record.grace_period)
+            state, message = self._final_state(nodes)
+            if state == "preempted" and attempt < max_restarts:
+                attempt += 1
+                self.stop_reason, self.stop_sent_at, self.procs = None, None, {}
+                continue  # managed-spot emulation: the same job again, resuming from its checkpoints
+            break
+        self.db.update(self.job_id, state=state, message=message, ended_at=time.time(), nodes=nodes)
+        return 0
+
+    def watch(self, nodes: list[dict[str, Any]], grace: float) -> None:
+        """Until every node exited: record exits, stop the rest when one fails or a stop was asked for."""
         while True:
             for node in nodes:
                 proc = self.procs[node["rank"]]
@@ -84,12 +107,11 @@ class Supervisor:
                 for node in nodes:
                     if node["exit_code"] is None:
                         signal_group(node["pgid"], signal.SIGKILL)
+                        kill_tagged(node["tag"])
             time.sleep(POLL_SECONDS)
         for node in nodes:  # workers a node left behind never outlive the job
             signal_group(node["pgid"], signal.SIGKILL)
-        state, message = self._final_state(nodes)
-        self.db.update(self.job_id, state=state, message=message, ended_at=time.time(), nodes=nodes)
-        return 0
+            kill_tagged(node["tag"])
 
     def _signal_nodes(self, nodes: list[dict[str, Any]]) -> None:
         self.stop_sent_at = time.monotonic()
@@ -114,7 +136,7 @@ class Supervisor:
             first = failed[0]
             return "failed", f"node {first['rank']} failed with exit code {first['exit_code']} (see its log)"
         if any(n["outcome"] == "preempted" for n in nodes):
-            return "preempted", "stopped by SIGTERM"
+            return "preempted", f"preempted (SIGTERM) after {record.attempt if record else 0} restart(s)"
         return "succeeded", ""
 
 

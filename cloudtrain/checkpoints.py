@@ -1,0 +1,187 @@
+"""The checkpoint protocol, shared by the in-job Checkpointer, the bootstrap's restore and the plain-script sync.
+No torch here: it moves and verifies files.
+
+A checkpoint is ``<uri>/step-<N>/`` plus ``manifest.json`` written LAST (step, kind, world size, every file with
+its size and sha256). Without its manifest a folder does not exist. Restore takes the newest checkpoint whose
+files all verify; a corrupt or partial one is skipped with a warning, never loaded. Retention keeps the newest K
+complete checkpoints and never deletes the last complete one; local deletes are never mirrored to the bucket.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cloudtrain import storage
+from cloudtrain.errors import CloudtrainError
+
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+Log = Callable[[str], None]
+
+
+def _print(message: str) -> None:
+    print(f"[cloudtrain] {message}", file=sys.stderr, flush=True)
+
+
+def step_dir(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    uri: str  # the step folder
+    manifest: dict[str, Any]
+
+
+def _steps_present(uri: str) -> dict[int, set[str]]:
+    """step -> names of the objects under that step folder (relative)."""
+    found: dict[int, set[str]] = {}
+    base = uri.rstrip("/") + "/"
+    for obj in storage.store_for(uri).list(uri):
+        rel = obj[len(base):] if obj.startswith(base) else obj
+        head, _, rest = rel.partition("/")
+        match = _STEP_DIR.match(head)
+        if match and rest:
+            found.setdefault(int(match.group(1)), set()).add(rest)
+    return found
+
+
+def list_complete(uri: str, log: Log = _print) -> list[Checkpoint]:
+    """Checkpoints whose manifest exists, parses and lists only files that are present, oldest first."""
+    store = storage.store_for(uri)
+    complete = []
+    for step, names in sorted(_steps_present(uri).items()):
+        if MANIFEST not in names:
+            continue
+        folder = storage.join(uri, step_dir(step))
+        try:
+            manifest = json.loads(store.read_bytes(storage.join(folder, MANIFEST)))
+            missing = [f["path"] for f in manifest["files"] if f["path"] not in names]
+        except (ValueError, KeyError, TypeError) as exc:
+            log(f"checkpoint {folder} has an unreadable manifest ({exc}); skipped")
+            continue
+        if missing:
+            log(f"checkpoint {folder} is missing {len(missing)} file(s) ({missing[0]} ...); skipped")
+            continue
+        complete.append(Checkpoint(step=step, uri=folder, manifest=manifest))
+    return complete
+
+
+def describe_files(root: Path, rel_paths: list[str]) -> list[dict[str, Any]]:
+    return [{"path": rel, "size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)} for rel in rel_paths]
+
+
+def upload_files(root: Path, files: list[dict[str, Any]], folder_uri: str, log: Log = _print) -> int:
+    """Upload files (as described by ``describe_files``) with retries; returns bytes uploaded."""
+    store = storage.store_for(folder_uri)
+    total = 0
+    for entry in files:
+        source, target = root / entry["path"], storage.join(folder_uri, entry["path"])
+        total += storage.with_retries(functools.partial(store.put_file, source, target), f"upload of {target}",
+                                      log=log)
+    return total
+
+
+def publish(folder_uri: str, step: int, files: list[dict[str, Any]], *, world_size: int, kind: str = "full",
+            extra: dict[str, Any] | None = None, log: Log = _print) -> None:
+    """Write the manifest, LAST: from this moment the checkpoint exists."""
+    manifest = {"step": step, "kind": kind, "world_size": world_size, "created": time.time(),
+                "files": sorted(files, key=lambda f: f["path"]), **(extra or {})}
+    data = json.dumps(manifest, indent=1).encode()
+    store = storage.store_for(folder_uri)
+    storage.with_retries(lambda: store.write_bytes(storage.join(folder_uri, MANIFEST), data),
+                         f"publishing {folder_uri}", log=log)
+
+
+def apply_retention(uri: str, keep: int, log: Log = _print) -> list[int]:
+    """Delete all but the newest ``keep`` (>= 1 enforced; >= 2 by spec) complete checkpoints, and partial folders
+    older than the newest complete one. A manifest is deleted before its files, so a half-deleted checkpoint is
+    never mistaken for a complete one. Returns the steps removed."""
+    keep = max(keep, 1)
+    complete = list_complete(uri, log=lambda _m: None)
+    if not complete:
+        return []
+    keep_steps = {c.step for c in complete[-keep:]}
+    newest = complete[-1].step
+    store = storage.store_for(uri)
+    removed = []
+    for step, names in sorted(_steps_present(uri).items()):
+        if step in keep_steps or step >= newest:
+            continue  # never the kept ones, never anything newer than the newest complete (may be in flight)
+        folder = storage.join(uri, step_dir(step))
+        if MANIFEST in names:
+            store.delete([storage.join(folder, MANIFEST)])
+        store.delete([storage.join(folder, n) for n in sorted(names) if n != MANIFEST])
+        removed.append(step)
+    if removed:
+        log(f"retention: removed step(s) {removed} under {uri}, kept {sorted(keep_steps)}")
+    return removed
+
+
+def download(checkpoint: Checkpoint, target: Path) -> None:
+    """Download and verify every file; raise ValueError on a size or digest mismatch."""
+    store = storage.store_for(checkpoint.uri)
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    for entry in checkpoint.manifest["files"]:
+        local = partial / entry["path"]
+        source = storage.join(checkpoint.uri, entry["path"])
+        storage.with_retries(functools.partial(store.get_file, source, local), f"download of {source}")
+        if local.stat().st_size != entry["size"] or sha256_file(local) != entry["sha256"]:
+            raise ValueError(f"{entry['path']} does not match its manifest (size or sha256)")
+    (partial / MANIFEST).write_text(json.dumps(checkpoint.manifest, indent=1))
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+
+
+def restore_latest(uri: str, local_root: Path, log: Log = _print) -> Checkpoint | None:
+    """Bring the newest checkpoint that verifies to ``local_root/step-<N>``; fall back to older ones, saying so."""
+    candidates = list_complete(uri, log=log)
+    for checkpoint in reversed(candidates):
+        target = local_root / step_dir(checkpoint.step)
+        if (target / MANIFEST).is_file() and json.loads((target / MANIFEST).read_text()) == checkpoint.manifest:
+            return checkpoint  # already here (the bootstrap restored it before the job started)
+        try:
+            download(checkpoint, target)
+        except (ValueError, OSError, CloudtrainError) as exc:
+            log(f"checkpoint {checkpoint.uri} is corrupt ({exc}); falling back to the previous one")
+            continue
+        log(f"restored {checkpoint.uri} to {target}")
+        return checkpoint
+    if candidates:
+        log(f"no checkpoint under {uri} verified; starting from scratch")
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cloudtrain.checkpoints restore URI DIR`` (what the bootstrap runs before torchrun)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] != "restore":
+        print("usage: python -m cloudtrain.checkpoints restore URI LOCAL_DIR", file=sys.stderr)
+        return 2
+    found = restore_latest(args[1], Path(args[2]))
+    print(json.dumps({"step": found.step if found else None}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

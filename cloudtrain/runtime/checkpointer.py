@@ -1,0 +1,259 @@
+"""Sharded, asynchronous, preemption-aware checkpoints with torch.distributed.checkpoint.
+
+Training is blocked only while DCP stages the state out of the training tensors; writing, hashing, uploading and
+publishing run in a background thread, on a process group of their own (``dcp.async_save`` on the default gloo
+group while training continues hangs or crashes gloo). At most one save is in flight. On SIGTERM every rank agrees
+(an all_reduce on a third group) at the next ``step()``, takes a final checkpoint, drains the upload and raises
+``Preempted``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from cloudtrain import checkpoints, storage
+from cloudtrain.runtime.data import ResumableSampler
+from cloudtrain.runtime.logs import get_logger
+from cloudtrain.runtime.rng import rng_state, set_rng_state
+
+EXIT_PREEMPTED = 143
+
+
+class Preempted(SystemExit):
+    """Raised on every rank once the final checkpoint is published; exits the worker with 143."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(EXIT_PREEMPTED)
+        self.step = step
+
+
+def _env_seconds(name: str) -> float | None:
+    value = os.environ.get(name)
+    return float(value) if value else None
+
+
+class Checkpointer:
+    """Create it on every rank (it makes process groups, a collective) after the model and optimizer.
+
+    ``uri``, ``every_seconds`` and ``keep`` default to what the job spec set (CLOUDTRAIN_CHECKPOINT_*).
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Any = None,
+                 sampler: ResumableSampler | None = None, uri: str | None = None, local_dir: str | Path | None = None,
+                 every_steps: int | None = None, every_seconds: float | None = None, keep: int | None = None,
+                 async_save: bool = True) -> None:
+        self.model, self.optimizer, self.scheduler, self.sampler = model, optimizer, scheduler, sampler
+        self.uri = uri or os.environ.get("CLOUDTRAIN_CHECKPOINT_URI") or None
+        job = os.environ.get("CLOUDTRAIN_JOB_ID", "job")
+        self.local_dir = Path(local_dir or os.environ.get("CLOUDTRAIN_CHECKPOINT_DIR")
+                              or f"/tmp/cloudtrain-checkpoints/{job}")
+        self.every_steps = every_steps
+        self.every_seconds = every_seconds if every_seconds is not None else \
+            _env_seconds("CLOUDTRAIN_CHECKPOINT_INTERVAL")
+        self.keep = max(2, keep or int(os.environ.get("CLOUDTRAIN_CHECKPOINT_KEEP", "2")))
+        self.async_save = async_save
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.save_group = dist.new_group(backend="gloo")
+        self.control_group = dist.new_group(backend="gloo")
+        self.log = get_logger("cloudtrain.checkpoint")
+        self.blocked_seconds: list[float] = []  # training time lost per save (staging), for benchmarks
+        self.last_saved_step: int | None = None
+        self._inflight: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._stop_requested = False
+        self._last_save = time.monotonic()
+        self._previous_handler: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    # -- preemption ------------------------------------------------------------------------------------
+    def _on_sigterm(self, _signum: int, _frame: Any) -> None:
+        self._stop_requested = True  # acted upon, on every rank together, at the next step()
+
+    def request_stop(self) -> None:
+        self._stop_requested = True
+
+    def step(self, step: int) -> None:
+        """Call after every optimizer step. Saves when due; on a stop request saves, drains and raises Preempted."""
+        due_time = self.rank == 0 and self.every_seconds is not None and \
+            time.monotonic() - self._last_save >= self.every_seconds
+        flags = torch.tensor([int(self._stop_requested), int(due_time)])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.control_group)
+        stop, due = bool(flags[0]), bool(flags[1]) or bool(self.every_steps and step % self.every_steps == 0)
+        if stop:
+            self.log.warning(f"stop requested: final checkpoint at step {step}")
+            self.save(step, block=True)
+            self.close()
+            raise Preempted(step)
+        if due:
+            self.save(step)
+
+    # -- saving ----------------------------------------------------------------------------------------
+    def _extra_state(self, step: int) -> dict[str, Any]:
+        return {"step": step, "rng": rng_state(),
+                "sampler": self.sampler.state_dict() if self.sampler is not None else None,
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
+
+    def save(self, step: int, block: bool = False) -> None:
+        self.wait()  # at most one save in flight
+        if step == self.last_saved_step:
+            return
+        folder = self.local_dir / checkpoints.step_dir(step)
+        extra = folder / "extra" / f"rank-{self.rank}.pt"
+        extra.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        torch.save(self._extra_state(step), extra)
+        writer = dcp.FileSystemWriter(str(folder))
+        if self.async_save:
+            future: Any = dcp.async_save(state, storage_writer=writer, process_group=self.save_group)
+        else:
+            dcp.save(state, storage_writer=writer, process_group=self.save_group)
+            future = None
+        self.blocked_seconds.append(time.perf_counter() - started)
+        self._last_save = time.monotonic()
+        self._inflight = threading.Thread(target=self._finish, args=(future, step, folder), daemon=True,
+                                          name=f"cloudtrain-checkpoint-{step}")
+        self._inflight.start()
+        if block:
+            self.wait()
+
+    def _my_files(self, folder: Path) -> list[str]:
+        mine = [p.name for p in folder.glob(f"__{self.rank}_*.distcp")]
+        if self.rank == 0:
+            mine.append(".metadata")
+        return [*sorted(mine), f"extra/rank-{self.rank}.pt"]
+
+    def _finish(self, future: Any, step: int, folder: Path) -> None:
+        described: list[dict[str, Any]] = []
+        ok = True
+        try:
+            if future is not None:
+                future.result()
+            described = checkpoints.describe_files(folder, self._my_files(folder))
+            if self.uri:
+                remote = storage.join(self.uri, checkpoints.step_dir(step))
+                checkpoints.upload_files(folder, described, remote, log=self.log.warning)
+        except BaseException as exc:  # reported by wait(); the others must still meet us in the gather below
+            self._error, ok = exc, False
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, {"ok": ok, "files": described}, group=self.save_group)
+        if not all(g["ok"] for g in gathered):
+            self.log.warning(f"checkpoint step {step} not published: a rank failed to write or upload it")
+            return
+        if self.rank == 0 and self.uri:
+            try:
+                remote = storage.join(self.uri, checkpoints.step_dir(step))
+                files = [f for g in gathered for f in g["files"]]
+                checkpoints.publish(remote, step, files, world_size=self.world_size, log=self.log.warning)
+                checkpoints.apply_retention(self.uri, self.keep, log=self.log.info)
+                self.log.info(f"checkpoint step {step} published to {remote}")
+            except BaseException as exc:
+                self._error = exc
+                return
+        self.last_saved_step = step
+        self._prune_local(step)
+
+    def _prune_local(self, newest: int) -> None:
+        """Local disk keeps the newest folder only (the bucket keeps ``keep``); never mirrored to the bucket."""
+        if self.local_rank != 0:
+            return
+        import shutil
+
+        for folder in self.local_dir.glob("step-*"):
+            if folder.name != checkpoints.step_dir(newest) and not folder.name.endswith(".partial"):
+                try:
+                    if int(folder.name.split("-")[1]) < newest:
+                        shutil.rmtree(folder, ignore_errors=True)
+                except ValueError:
+                    continue
+
+    def wait(self) -> None:
+        """Block until the in-flight save is written, uploaded and published; re-raise its error."""
+        if self._inflight is not None:
+            self._inflight.join()
+            self._inflight = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"checkpoint save failed: {error}") from error
+
+    def close(self) -> None:
+        self.wait()
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
+
+    # -- restoring -------------------------------------------------------------------------------------
+    def restore(self) -> int:
+        """Load the newest complete checkpoint (resharding if the world size changed); return its step, or 0."""
+        if self.uri and self.local_rank == 0:
+            checkpoints.restore_latest(self.uri, self.local_dir, log=self.log.warning)
+        dist.barrier(group=self.control_group)
+        choice: list[Any] = [None]
+        if self.rank == 0:
+            choice[0] = self._newest_local()
+        dist.broadcast_object_list(choice, src=0, group=self.control_group)
+        step = choice[0]
+        if step is None:
+            return 0
+        folder = self.local_dir / checkpoints.step_dir(step)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)), process_group=self.save_group)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        own = folder / "extra" / f"rank-{self.rank}.pt"
+        extra = torch.load(own if own.is_file() else folder / "extra" / "rank-0.pt", weights_only=False)
+        if own.is_file():
+            set_rng_state(extra["rng"])
+        else:
+            self.log.warning(f"no RNG state for rank {self.rank} (the world size changed); RNG continues fresh")
+        if self.sampler is not None and extra["sampler"] is not None:
+            self.sampler.load_state_dict(extra["sampler"])
+        if self.scheduler is not None and extra["scheduler"] is not None:
+            self.scheduler.load_state_dict(extra["scheduler"])
+        self.last_saved_step = step
+        self.log.info(f"resumed from step {step} ({folder})")
+        return int(step)
+
+    def _newest_local(self) -> int | None:
+        steps = []
+        for folder in self.local_dir.glob("step-*"):
+            if (folder / checkpoints.MANIFEST).is_file() or (not self.uri and (folder / ".metadata").is_file()):
+                try:
+                    steps.append(int(folder.name.split("-")[1]))
+                except ValueError:
+                    continue
+        return max(steps) if steps else None
+
+
+def save_final_model(model: torch.nn.Module, uri: str | None = None, name: str = "model.pt") -> str | None:
+    """Gather the full model state (a collective for FSDP) and write it from rank 0 to ``uri/name``
+    (default: the job's output URI). Returns the URI written, on rank 0."""
+    uri = uri or os.environ.get("CLOUDTRAIN_OUTPUT_URI")
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() != 0 or not uri:
+        return None
+    local = Path(os.environ.get("CLOUDTRAIN_CHECKPOINT_DIR", "/tmp")) / f".final-{name}"
+    local.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, local)
+    target = storage.join(uri, name)
+    storage.with_retries(lambda: storage.put_file(local, target), f"upload of {target}")
+    local.unlink(missing_ok=True)
+    return target

@@ -1,0 +1,113 @@
+"""Preempted (SIGTERM) and hard-killed (SIGKILL) jobs resume bitwise: final weights equal an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cloudtrain import checkpoints
+from cloudtrain.providers.local.procs import kill_tagged, signal_group
+from tests.conftest import REPO, cli_env, wait_for
+
+pytestmark = pytest.mark.slow
+TRAINERS = {"ddp": "train_ddp.py", "fsdp": "train_fsdp.py"}
+ARGS = ["--", "--epochs", "2", "--checkpoint-every", "8"]
+SLOW = ["--step-sleep", "0.15"]  # interrupted runs only: time to interrupt them mid-way (it changes no arithmetic)
+
+
+class Cloudtrain:
+    """The CLI as a user runs it, bound to one cloudtrain home."""
+
+    def __init__(self, home: Path, cwd: Path) -> None:
+        self.home, self.cwd = home, cwd
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=self.cwd, env=cli_env(self.home),
+                                capture_output=True, text=True, timeout=300)
+        if check:
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return result
+
+    def logs(self, handle: str) -> str:
+        return self("logs", handle).stdout
+
+    def status(self, handle: str) -> dict:
+        return json.loads(self("status", handle, "-o", "json").stdout)
+
+
+def project(tmp: Path, trainer: str) -> Path:
+    proj = tmp / "proj"
+    proj.mkdir(exist_ok=True)
+    (proj / TRAINERS[trainer]).write_text((REPO / "entrypoints" / TRAINERS[trainer]).read_text())
+    return proj / TRAINERS[trainer]
+
+
+def final_weights(output_uri: str) -> dict[str, torch.Tensor]:
+    return torch.load(Path(output_uri.removeprefix("file://")) / "model.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module", params=sorted(TRAINERS))
+def baseline(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    """One uninterrupted run per trainer, shared by every interruption test."""
+    trainer = request.param
+    tmp = tmp_path_factory.mktemp(f"baseline-{trainer}")
+    ct = Cloudtrain(tmp / "home", tmp)
+    out = (tmp / "out").as_uri()
+    ct("submit", str(project(tmp, trainer)), "--procs-per-node", "2", "--checkpoint-uri", (tmp / "ckpt").as_uri(),
+       "--output-uri", out, *ARGS)
+    return trainer, final_weights(out)
+
+
+def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs"
+
+
+def wait_for_checkpoint(ct: Cloudtrain, handle: str, step: int) -> None:
+    wait_for(lambda: f"checkpoint step {step} published" in ct.logs(handle), timeout=180, interval=0.3)
+
+
+def test_sigterm_preemption_restarts_and_resumes_bitwise(baseline: tuple[str, dict], tmp_path: Path) -> None:
+    trainer, expected = baseline
+    ct = Cloudtrain(tmp_path / "home", tmp_path)
+    ckpt, out = (tmp_path / "ckpt").as_uri(), (tmp_path / "out").as_uri()
+    handle = ct("submit", str(project(tmp_path, trainer)), "--procs-per-node", "2", "--max-restarts", "1",
+                "--checkpoint-uri", ckpt, "--output-uri", out, "--detach", *ARGS, *SLOW).stdout.strip()
+    wait_for_checkpoint(ct, handle, 8)
+    ct("preempt", handle)  # mid-epoch: 32 steps per epoch
+    assert ct("wait", handle, "--timeout", "240", check=False).returncode == 0, ct.logs(handle)[-4000:]
+    logs = ct.logs(handle)
+    assert "stop requested: final checkpoint at step" in logs
+    assert "restart 1 after preemption" in logs and "INFO resumed from step" in logs
+    status = ct.status(handle)
+    assert (status["state"], status["restarts"]) == ("succeeded", 1)
+    assert_bitwise_equal(final_weights(out), expected)
+
+
+def test_sigkill_between_checkpoints_then_resubmit_resumes_bitwise(baseline: tuple[str, dict],
+                                                                    tmp_path: Path) -> None:
+    trainer, expected = baseline
+    ct = Cloudtrain(tmp_path / "home", tmp_path)
+    ckpt, out = (tmp_path / "ckpt").as_uri(), (tmp_path / "out").as_uri()
+    submit = ["submit", str(project(tmp_path, trainer)), "--procs-per-node", "2", "--checkpoint-uri", ckpt,
+              "--output-uri", out]
+    handle = ct(*submit, "--detach", *ARGS, *SLOW).stdout.strip()
+    wait_for_checkpoint(ct, handle, 16)
+    for node in ct.status(handle)["nodes"]:  # no warning, no final save: the machine is simply gone
+        signal_group(node["pid"], signal.SIGKILL)
+        kill_tagged(node["tag"], signal.SIGKILL)
+    assert ct("wait", handle, "--timeout", "60", check=False).returncode == 1
+    assert ct.status(handle)["state"] == "failed"
+    done = ct(*submit, *ARGS)  # the user (or cloudtrain's recovery) submits the same job again
+    resumed = re.search(r"INFO resumed from step (\d+)", done.stdout)
+    assert resumed and 16 <= int(resumed.group(1)) < 64, done.stdout[-3000:]
+    assert_bitwise_equal(final_weights(out), expected)
+    assert len(checkpoints.list_complete(ckpt)) == 2  # retention: keep = 2
