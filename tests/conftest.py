@@ -55,3 +55,16 @@ def status_json(cli: Callable[..., subprocess.CompletedProcess[str]], handle: st
     out = cli("status", handle, "-o", "json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+from tests.emulators import emulators, ensure, root_uri  # noqa: E402,F401 - fixtures
+
+BACKENDS = ["file", "s3", "gs", "az"]
+
+
+@pytest.fixture(params=BACKENDS)
+def store_root(request: pytest.FixtureRequest, emulators, tmp_path_factory: pytest.TempPathFactory) -> str:  # noqa: F811
+    """A fresh prefix on each storage backend: file://, S3 (moto), GCS (gcp-storage-emulator), Azure (Azurite)."""
+    tmp = tmp_path_factory.getbasetemp()
+    ensure(request.param, emulators, tmp)
+    return root_uri(request.param, tmp)

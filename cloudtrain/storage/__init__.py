@@ -1,0 +1,104 @@
+"""A small object-storage layer over ``str`` URIs: file://, s3://, gs://, az:// (and abfs://).
+
+Native clients rather than fsspec: S3 uploads go through boto3's TransferManager (multipart, concurrent parts),
+which is the throughput baseline anyway, and we avoid the s3fs/aiobotocore botocore pin. Every write is atomic: an
+object is absent or complete (temp file + rename on file://; S3 PUTs are atomic).
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import random
+import time
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from cloudtrain.errors import CloudtrainError, UserError  # noqa: F401 - UserError re-exported
+from cloudtrain.storage.local import local_path
+
+__all__ = ["Store", "exists", "join", "local_path", "put_file", "read_bytes", "store_for", "with_retries",
+           "write_bytes"]
+
+T = TypeVar("T")
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts if p)])
+
+
+class Store(Protocol):
+    def exists(self, uri: str) -> bool: ...
+    def read_bytes(self, uri: str) -> bytes: ...
+    def write_bytes(self, uri: str, data: bytes) -> None: ...
+    def put_file(self, source: Path, uri: str) -> int: ...
+    def get_file(self, uri: str, target: Path) -> None: ...
+    def list(self, prefix: str) -> builtins.list[str]: ...  # every object URI under prefix, recursively
+    def delete(self, uris: builtins.list[str]) -> None: ...
+
+
+# scheme -> ("module:Class", the extra that installs its client). Imported only when a URI of that scheme is used.
+_STORES: dict[str, tuple[str, str]] = {
+    "file": ("cloudtrain.storage.local:LocalStore", ""),
+    "s3": ("cloudtrain.storage.s3:S3Store", "aws"),
+    "gs": ("cloudtrain.storage.gcs:GCSStore", "gcp"),
+    "az": ("cloudtrain.storage.azure:AzureBlobStore", "azure"),
+    "abfs": ("cloudtrain.storage.azure:AzureBlobStore", "azure"),
+    "abfss": ("cloudtrain.storage.azure:AzureBlobStore", "azure"),
+}
+
+
+@cache
+def _store(scheme: str) -> Store:
+    target, extra = _STORES[scheme]
+    module, _, name = target.partition(":")
+    try:
+        store: Store = getattr(importlib.import_module(module), name)()
+        return store
+    except ImportError as exc:
+        raise UserError(f"{scheme}:// storage needs {exc.name}, which is not installed",
+                        remedy=f"pip install 'cloudtrain[{extra}]'") from None
+
+
+def store_for(uri: str) -> Store:
+    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+    if scheme not in _STORES:
+        raise UserError(f"{uri!r}: the {scheme}:// store is not supported by this version of cloudtrain",
+                        remedy="use one of: " + ", ".join(f"{s}://" for s in _STORES))
+    return _store(scheme)
+
+
+def with_retries(action: Callable[[], T], what: str, attempts: int = 5, base_delay: float = 0.5,
+                 log: Callable[[str], None] | None = None) -> T:
+    """Run ``action``, retrying with exponential backoff and full jitter; raise CloudtrainError after ``attempts``."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except Exception as exc:  # every failure is retried; the last one is reported
+            if attempt == attempts:
+                raise CloudtrainError(f"{what} failed after {attempts} attempts: {exc}",
+                                      remedy="check the storage URI, credentials and network") from exc
+            delay = random.uniform(0, base_delay * 2 ** (attempt - 1))
+            if log:
+                log(f"{what} failed ({exc}); retry {attempt}/{attempts - 1} in {delay:.1f}s")
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+# Module-level conveniences used across cloudtrain.
+def exists(uri: str) -> bool:
+    return store_for(uri).exists(uri)
+
+
+def read_bytes(uri: str) -> bytes:
+    return store_for(uri).read_bytes(uri)
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    store_for(uri).write_bytes(uri, data)
+
+
+def put_file(source: Path, uri: str) -> int:
+    return store_for(uri).put_file(source, uri)

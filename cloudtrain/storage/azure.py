@@ -1,0 +1,89 @@
+"""Azure Blob objects through azure-storage-blob.
+
+URIs: ``az://<container>/<path>`` (account from AZURE_STORAGE_ACCOUNT_NAME or the connection string) or
+``abfs[s]://<container>@<account>.dfs.core.windows.net/<path>``. Credentials: AZURE_STORAGE_CONNECTION_STRING
+(Azurite in tests) or DefaultAzureCredential.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from cloudtrain.errors import UserError
+
+
+class AzureBlobStore:
+    def __init__(self) -> None:
+        self._services: dict[str | None, Any] = {}
+
+    def _service(self, account: str | None) -> Any:
+        if account not in self._services:
+            from azure.storage.blob import BlobServiceClient
+
+            conn = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+            if conn and (account is None or f"AccountName={account};" in conn + ";"):
+                self._services[account] = BlobServiceClient.from_connection_string(conn)
+            else:
+                name = account or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+                if not name:
+                    raise UserError("az:// URIs need a storage account",
+                                    remedy="set AZURE_STORAGE_ACCOUNT_NAME, or use abfs://container@account.dfs"
+                                    ".core.windows.net/path")
+                from azure.identity import DefaultAzureCredential
+
+                self._services[account] = BlobServiceClient(f"https://{name}.blob.core.windows.net",
+                                                            credential=DefaultAzureCredential())
+        return self._services[account]
+
+    def _split(self, uri: str) -> tuple[str | None, str, str]:
+        parsed = urlparse(uri)
+        if parsed.scheme in ("abfs", "abfss"):
+            container, _, host = parsed.netloc.partition("@")
+            return host.split(".", 1)[0] or None, container, parsed.path.lstrip("/")
+        return None, parsed.netloc, parsed.path.lstrip("/")
+
+    def _blob(self, uri: str) -> Any:
+        account, container, key = self._split(uri)
+        return self._service(account).get_blob_client(container, key)
+
+    def exists(self, uri: str) -> bool:
+        return bool(self._blob(uri).exists())
+
+    def read_bytes(self, uri: str) -> bytes:
+        return bytes(self._blob(uri).download_blob().readall())
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        self._blob(uri).upload_blob(data, overwrite=True)
+
+    def put_file(self, source: Path, uri: str) -> int:
+        with open(source, "rb") as data:  # block blob: committed whole at the end, never visible half-written
+            self._blob(uri).upload_blob(data, overwrite=True, max_concurrency=8)
+        return source.stat().st_size
+
+    def get_file(self, uri: str, target: Path) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.part")
+        with open(tmp, "wb") as out:
+            self._blob(uri).download_blob(max_concurrency=8).readinto(out)
+        os.replace(tmp, target)
+
+    def list(self, prefix: str) -> builtins.list[str]:
+        account, container, key = self._split(prefix)
+        key = key.rstrip("/")
+        client = self._service(account).get_container_client(container)
+        base = prefix.rstrip("/")
+        names = client.list_blobs(name_starts_with=f"{key}/" if key else None)
+        return sorted(f"{base}/{b.name[len(key) + 1:] if key else b.name}" for b in names)
+
+    def delete(self, uris: builtins.list[str]) -> None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        for uri in uris:
+            try:
+                self._blob(uri).delete_blob()
+            except ResourceNotFoundError:
+                continue

@@ -1,0 +1,85 @@
+"""file:// objects: atomic writes (temp file + rename), no folders left empty behind deletes."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import unquote, urlparse
+
+from cloudtrain.errors import UserError
+
+
+def local_path(uri: str) -> Path:
+    """The local path behind a ``file://`` URI (or a plain path)."""
+    if "://" not in uri:
+        return Path(uri)
+    parsed = urlparse(uri)
+    if parsed.scheme != "file":
+        raise UserError(f"{uri!r} is not a file:// URI")
+    if parsed.netloc not in ("", "localhost"):
+        raise UserError(f"{uri!r} names a host; file URIs must be file:///absolute/path",
+                        remedy="write three slashes: file:///path/to/dir")
+    return Path(unquote(parsed.path))
+
+
+def _atomic_write(target: Path, writer: Callable[[BinaryIO], object]) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            writer(out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class LocalStore:
+    def exists(self, uri: str) -> bool:
+        return local_path(uri).exists()
+
+    def read_bytes(self, uri: str) -> bytes:
+        return local_path(uri).read_bytes()
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        _atomic_write(local_path(uri), lambda out: out.write(data))
+
+    def put_file(self, source: Path, uri: str) -> int:
+        def copy(out: BinaryIO) -> None:
+            with open(source, "rb") as src:
+                shutil.copyfileobj(src, out, 1024 * 1024)
+
+        _atomic_write(local_path(uri), copy)
+        return source.stat().st_size
+
+    def get_file(self, uri: str, target: Path) -> None:
+        def copy(out: BinaryIO) -> None:
+            with open(local_path(uri), "rb") as src:
+                shutil.copyfileobj(src, out, 1024 * 1024)
+
+        _atomic_write(target, copy)
+
+    def list(self, prefix: str) -> builtins.list[str]:
+        root = local_path(prefix)
+        if not root.is_dir():
+            return []
+        base = prefix.rstrip("/")
+        return sorted(f"{base}/{p.relative_to(root).as_posix()}" for p in root.rglob("*")
+                      if p.is_file() and not p.name.endswith(".part"))
+
+    def delete(self, uris: builtins.list[str]) -> None:
+        for uri in uris:
+            path = local_path(uri)
+            path.unlink(missing_ok=True)
+            for parent in list(path.parents)[:2]:  # object stores have no folders: leave no empty ones behind
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break

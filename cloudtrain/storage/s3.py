@@ -1,0 +1,74 @@
+"""s3:// objects through boto3 (standard credential chain; AWS_ENDPOINT_URL_S3 points it at an emulator)."""
+
+from __future__ import annotations
+
+import builtins
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+
+class S3Store:
+    """boto3 with the standard credential chain; AWS_ENDPOINT_URL(_S3) points it at an emulator."""
+
+    def __init__(self) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+
+        self.client = boto3.client("s3")
+        self.transfer = TransferConfig(multipart_threshold=16 * 1024 * 1024, multipart_chunksize=16 * 1024 * 1024,
+                                       max_concurrency=8)
+
+    @staticmethod
+    def _split(uri: str) -> tuple[str, str]:
+        parsed = urlparse(uri)
+        return parsed.netloc, parsed.path.lstrip("/")
+
+    def exists(self, uri: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        bucket, key = self._split(uri)
+        try:
+            self.client.head_object(Bucket=bucket, Key=key)
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
+    def read_bytes(self, uri: str) -> bytes:
+        bucket, key = self._split(uri)
+        return bytes(self.client.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        bucket, key = self._split(uri)
+        self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def put_file(self, source: Path, uri: str) -> int:
+        bucket, key = self._split(uri)
+        self.client.upload_file(str(source), bucket, key, Config=self.transfer)
+        return source.stat().st_size
+
+    def get_file(self, uri: str, target: Path) -> None:
+        bucket, key = self._split(uri)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.part")
+        self.client.download_file(bucket, key, str(tmp), Config=self.transfer)
+        os.replace(tmp, target)
+
+    def list(self, prefix: str) -> builtins.list[str]:
+        bucket, key = self._split(prefix)
+        key = key.rstrip("/") + "/" if key else ""
+        out = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
+            out += [f"s3://{bucket}/{obj['Key']}" for obj in page.get("Contents", [])]
+        return sorted(out)
+
+    def delete(self, uris: builtins.list[str]) -> None:
+        by_bucket: dict[str, list[str]] = {}
+        for uri in uris:
+            bucket, key = self._split(uri)
+            by_bucket.setdefault(bucket, []).append(key)
+        for bucket, keys in by_bucket.items():
+            for i in range(0, len(keys), 1000):
+                self.client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]]})

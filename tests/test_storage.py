@@ -1,0 +1,77 @@
+"""One conformance suite for every storage backend, and the checkpoint protocol on each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cloudtrain import checkpoints, storage
+
+
+def test_object_operations(store_root: str, tmp_path: Path) -> None:
+    store = storage.store_for(store_root)
+    uri = storage.join(store_root, "a", "b.txt")
+    assert not store.exists(uri)
+    store.write_bytes(uri, b"hello")
+    assert store.exists(uri) and store.read_bytes(uri) == b"hello"
+    source = tmp_path / "big.bin"
+    source.write_bytes(bytes(range(256)) * 40_000)  # 10 MB
+    assert store.put_file(source, storage.join(store_root, "c", "big.bin")) == source.stat().st_size
+    store.get_file(storage.join(store_root, "c", "big.bin"), tmp_path / "copy.bin")
+    assert (tmp_path / "copy.bin").read_bytes() == source.read_bytes()
+    assert store.list(store_root) == sorted([uri, storage.join(store_root, "c", "big.bin")])
+    assert store.list(storage.join(store_root, "a")) == [uri]
+    store.delete([uri, storage.join(store_root, "never-existed")])
+    assert not store.exists(uri)
+    assert store.list(storage.join(store_root, "a")) == []
+
+
+def _write_checkpoint(root: Path, store_root: str, step: int, publish: bool = True) -> list[dict]:
+    folder = root / checkpoints.step_dir(step)
+    (folder / "extra").mkdir(parents=True, exist_ok=True)
+    (folder / "__0_0.distcp").write_bytes(f"shard-{step}".encode() * 100)
+    (folder / "extra" / "rank-0.pt").write_bytes(b"rng")
+    files = checkpoints.describe_files(folder, ["__0_0.distcp", "extra/rank-0.pt"])
+    remote = storage.join(store_root, checkpoints.step_dir(step))
+    checkpoints.upload_files(folder, files, remote)
+    if publish:
+        checkpoints.publish(remote, step, files, world_size=1)
+    return files
+
+
+def test_manifest_last_retention_and_fallback(store_root: str, tmp_path: Path) -> None:
+    for step in (10, 20, 30):
+        _write_checkpoint(tmp_path / "local", store_root, step)
+    _write_checkpoint(tmp_path / "local", store_root, 40, publish=False)  # an upload cut off before its manifest
+    assert [c.step for c in checkpoints.list_complete(store_root)] == [10, 20, 30]
+
+    removed = checkpoints.apply_retention(store_root, keep=2)
+    assert removed == [10]
+    assert [c.step for c in checkpoints.list_complete(store_root)] == [20, 30]
+    # the partial step 40 is newer than the newest complete one: left alone, it may still be in flight
+    assert any("step-000000040" in u for u in storage.store_for(store_root).list(store_root))
+
+    # corrupt the newest complete checkpoint: restore says so and falls back to the previous one
+    store = storage.store_for(store_root)
+    store.write_bytes(storage.join(store_root, checkpoints.step_dir(30), "__0_0.distcp"), b"bit rot")
+    messages: list[str] = []
+    found = checkpoints.restore_latest(store_root, tmp_path / "restore", log=messages.append)
+    assert found is not None and found.step == 20
+    assert any("corrupt" in m and "falling back" in m for m in messages)
+    restored = tmp_path / "restore" / checkpoints.step_dir(20)
+    assert (restored / "__0_0.distcp").read_bytes() == b"shard-20" * 100
+    assert json.loads((restored / checkpoints.MANIFEST).read_text())["step"] == 20
+    assert not (tmp_path / "restore" / checkpoints.step_dir(30)).exists()
+
+
+def test_retention_never_deletes_the_last_complete(store_root: str, tmp_path: Path) -> None:
+    _write_checkpoint(tmp_path / "local", store_root, 5)
+    assert checkpoints.apply_retention(store_root, keep=1) == []
+    assert [c.step for c in checkpoints.list_complete(store_root)] == [5]
+
+
+def test_unsupported_scheme_is_a_clear_error() -> None:
+    with pytest.raises(storage.UserError, match="not supported"):
+        storage.store_for("ftp://host/x")
