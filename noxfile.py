@@ -3,6 +3,8 @@ build of torch so pip never swaps in a multi-GB CUDA wheel."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.sessions = ["lint", "typecheck", "tests"]
@@ -14,9 +16,16 @@ def install(session: nox.Session, *args: str) -> None:
     session.install(*CONSTRAINTS, *args)
 
 
+AZURITE = "azurite@3.37.0"
+
+
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     install(session, "-e", ".[dev]")
+    node = Path(".nox/node")
+    if not (node / "node_modules/.bin/azurite-blob").exists():  # the Azure Blob emulator, from npm
+        session.run("npm", "install", "--no-audit", "--no-fund", "--prefix", str(node), AZURITE, external=True)
+    session.env["AZURITE_BIN"] = str((node / "node_modules/.bin/azurite-blob").resolve())
     session.run("pytest", *(session.posargs or ["-q"]))
 
 

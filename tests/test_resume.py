@@ -14,7 +14,7 @@ import torch
 
 from cloudtrain import checkpoints, storage
 from cloudtrain.providers.local.procs import kill_tagged, signal_group
-from tests.conftest import REPO, cli_env, wait_for
+from tests.conftest import REPO, SCRIPTS, cli_env, wait_for
 
 pytestmark = pytest.mark.slow
 TRAINERS = {"ddp": "train_ddp.py", "fsdp": "train_fsdp.py"}
@@ -103,3 +103,20 @@ def test_preempted_then_hard_killed_resumes_bitwise(baseline: tuple[str, dict], 
     assert resumed and 24 <= int(resumed.group(1)) < 64, done.stdout[-3000:]
     assert_bitwise_equal(final_weights(out), expected)
     assert len(checkpoints.list_complete(ckpt)) == 2  # retention: keep = 2
+
+
+def test_checkpoint_from_two_ranks_restores_on_one_and_three(tmp_path: Path) -> None:
+    ct = Cloudtrain(tmp_path / "home", tmp_path)
+    script = project(tmp_path, "fsdp")
+    (script.parent / "reshard_check.py").write_text((SCRIPTS / "reshard_check.py").read_text())
+    ckpt = (tmp_path / "ckpt").as_uri()
+    ct("submit", str(script), "--procs-per-node", "2", "--checkpoint-uri", ckpt, "--", "--epochs", "1",
+       "--checkpoint-every", "8")
+    digests = {}
+    for procs in ("2", "1", "3"):
+        out = ct("submit", str(script.parent / "reshard_check.py"), "--procs-per-node", procs,
+                 "--checkpoint-uri", ckpt).stdout
+        match = re.search(r"restored step=16 world_size=(\d) weights=(\w+)", out)  # 1024 samples / (32 x 2)
+        assert match and match.group(1) == procs, out[-3000:]
+        digests[procs] = match.group(2)
+    assert len(set(digests.values())) == 1, digests

@@ -75,3 +75,44 @@ def test_retention_never_deletes_the_last_complete(store_root: str, tmp_path: Pa
 def test_unsupported_scheme_is_a_clear_error() -> None:
     with pytest.raises(storage.UserError, match="not supported"):
         storage.store_for("ftp://host/x")
+
+
+UPLOADER = """
+import sys
+from pathlib import Path
+from cloudtrain import checkpoints, storage
+root, remote = Path(sys.argv[1]), sys.argv[2]
+names = sorted(p.name for p in root.iterdir())
+files = checkpoints.describe_files(root, names)
+checkpoints.upload_files(root, files, remote)
+checkpoints.publish(remote, 20, files, world_size=1)
+"""
+
+
+def test_upload_killed_mid_checkpoint_falls_back_to_the_previous(store_root: str, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, wait_for
+
+    _write_checkpoint(tmp_path / "local", store_root, 10)
+    big = tmp_path / "local" / checkpoints.step_dir(20)
+    big.mkdir(parents=True)
+    for i in range(40):
+        (big / f"__{i}_0.distcp").write_bytes(os.urandom(1 << 20))
+    remote = storage.join(store_root, checkpoints.step_dir(20))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", UPLOADER, str(big), remote], env=env)
+    store = storage.store_for(store_root)
+    try:
+        wait_for(lambda: len(store.list(remote)) >= 2, timeout=60, interval=0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # the node dies mid-upload
+        proc.wait()
+    uploaded = store.list(remote)
+    assert 2 <= len(uploaded) < 40 and not any(u.endswith(checkpoints.MANIFEST) for u in uploaded)
+    assert [c.step for c in checkpoints.list_complete(store_root)] == [10]
+    found = checkpoints.restore_latest(store_root, tmp_path / "restore")
+    assert found is not None and found.step == 10
