@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import re
 import shutil
 import sys
@@ -172,15 +173,59 @@ def restore_latest(uri: str, local_root: Path, log: Log = _print) -> Checkpoint 
     return None
 
 
+def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = 2, log: Log = _print) -> list[int]:
+    """Publish the ``step-<N>`` folders a plain script wrote into CLOUDTRAIN_CHECKPOINT_DIR.
+
+    A folder is complete once a newer one exists, or at exit (``final``). Folders written by the runtime
+    Checkpointer (``.metadata``) publish themselves, and restored or already published ones carry a manifest: both
+    are skipped. Like SageMaker's /opt/ml/checkpoints, but complete folders only, and local deletes are never
+    mirrored to the bucket. Returns the steps published.
+    """
+    found = sorted((int(m.group(1)), p) for p in local_root.glob("step-*")
+                   if p.is_dir() and (m := _STEP_DIR.match(p.name)))
+    ready = found if final else found[:-1]
+    published = []
+    for step, folder in ready:
+        if (folder / MANIFEST).exists() or (folder / ".metadata").exists():
+            continue
+        rel = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        files = describe_files(folder, rel)
+        remote = storage.join(uri, step_dir(step))
+        upload_files(folder, files, remote, log=log)
+        publish(remote, step, files, world_size=0, kind="files", log=log)
+        (folder / MANIFEST).write_text(json.dumps({"step": step, "published": remote}))
+        published.append(step)
+    if published:
+        log(f"published plain-script checkpoint(s) {published} to {uri}")
+        apply_retention(uri, keep, log=log)
+    return published
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cloudtrain.checkpoints restore URI DIR`` (what the bootstrap runs before torchrun)."""
+    """What the bootstrap runs around torchrun:
+
+    ``python -m cloudtrain.checkpoints restore URI DIR``           before the workers start
+    ``python -m cloudtrain.checkpoints sync DIR URI [--every S]``   while they run (node 0)
+    ``python -m cloudtrain.checkpoints sync DIR URI --final``       after they exited (node 0)
+    """
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 3 or args[0] != "restore":
-        print("usage: python -m cloudtrain.checkpoints restore URI LOCAL_DIR", file=sys.stderr)
-        return 2
-    found = restore_latest(args[1], Path(args[2]))
-    print(json.dumps({"step": found.step if found else None}))
-    return 0
+    if len(args) == 3 and args[0] == "restore":
+        found = restore_latest(args[1], Path(args[2]))
+        print(json.dumps({"step": found.step if found else None}))
+        return 0
+    if len(args) >= 3 and args[0] == "sync":
+        local, uri, rest = Path(args[1]), args[2], args[3:]
+        keep = int(os.environ.get("CLOUDTRAIN_CHECKPOINT_KEEP", "2"))
+        if "--final" in rest:
+            sync_dir(local, uri, final=True, keep=keep)
+            return 0
+        every = float(rest[rest.index("--every") + 1]) if "--every" in rest else 60.0
+        while True:
+            sync_dir(local, uri, final=False, keep=keep)
+            time.sleep(every)
+    print("usage: python -m cloudtrain.checkpoints restore URI DIR | sync DIR URI [--every S | --final]",
+          file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

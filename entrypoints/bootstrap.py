@@ -287,6 +287,30 @@ def restore_checkpoint(env: dict[str, str], cwd: Path) -> None:
     log(f"checkpoint: resuming from step {step}" if step is not None else f"checkpoint: none yet under {uri}")
 
 
+def _sync_cmd(env: dict[str, str], *extra: str) -> list[str]:
+    return [sys.executable, "-m", "cloudtrain.checkpoints", "sync", env["CLOUDTRAIN_CHECKPOINT_DIR"],
+            env["CLOUDTRAIN_CHECKPOINT_URI"], *extra]
+
+
+def start_checkpoint_sync(env: dict[str, str], cwd: Path, cluster: ClusterInfo) -> subprocess.Popen[bytes] | None:
+    """Node 0 publishes the complete step-<N> folders a plain script writes, while it runs."""
+    if not env.get("CLOUDTRAIN_CHECKPOINT_URI") or cluster.node_rank != 0:
+        return None
+    every = env.get("CLOUDTRAIN_CHECKPOINT_INTERVAL") or "60"
+    return subprocess.Popen(_sync_cmd(env, "--every", every), cwd=cwd, env=env, stdin=subprocess.DEVNULL)
+
+
+def finish_checkpoint_sync(syncer: subprocess.Popen[bytes] | None, env: dict[str, str], cwd: Path) -> None:
+    """After the workers exited (also after SIGTERM): everything they left is final; publish it."""
+    if syncer is None:
+        return
+    syncer.terminate()
+    syncer.wait()
+    result = subprocess.run(_sync_cmd(env, "--final"), cwd=cwd, env=env, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        log(f"warning: final checkpoint sync failed (exit {result.returncode})")
+
+
 # -- running -------------------------------------------------------------------------------------------
 
 
@@ -389,7 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         restore_checkpoint(env, src)
         log("torchrun: " + " ".join(argv_[1:]))
+        syncer = start_checkpoint_sync(env, src, cluster)
         code, stopped = run_torchrun(argv_, src, env)
+        finish_checkpoint_sync(syncer, env, src)
     except BootstrapError as exc:
         log(f"error: {exc}")
         status.update(outcome="failed", error=str(exc), returncode=EXIT_USAGE, ended=time.time())

@@ -120,3 +120,17 @@ def test_checkpoint_from_two_ranks_restores_on_one_and_three(tmp_path: Path) -> 
         assert match and match.group(1) == procs, out[-3000:]
         digests[procs] = match.group(2)
     assert len(set(digests.values())) == 1, digests
+
+
+def test_plain_script_checkpoint_dir_is_restored_and_synced(tmp_path: Path) -> None:
+    ct = Cloudtrain(tmp_path / "home", tmp_path)
+    proj = tmp_path / "proj"
+    proj.mkdir(exist_ok=True)
+    (proj / "plain_checkpoints.py").write_text((SCRIPTS / "plain_checkpoints.py").read_text())
+    ckpt = (tmp_path / "ckpt").as_uri()
+    submit = ["submit", str(proj / "plain_checkpoints.py"), "--procs-per-node", "2", "--checkpoint-uri", ckpt]
+    assert "plain: resumed at 0" in ct(*submit).stdout
+    assert [c.step for c in checkpoints.list_complete(ckpt)] == [2, 3]  # all three published, keep = 2
+    again = ct(*submit).stdout
+    assert "plain: resumed at 3" in again  # restored into the fresh node's CLOUDTRAIN_CHECKPOINT_DIR
+    assert [c.step for c in checkpoints.list_complete(ckpt)] == [5, 6]

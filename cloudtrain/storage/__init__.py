@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from cloudtrain.errors import CloudtrainError, UserError  # noqa: F401 - UserError re-exported
+from cloudtrain.errors import CloudtrainError, UserError
 from cloudtrain.storage.local import local_path
 
 __all__ = ["Store", "exists", "join", "local_path", "put_file", "read_bytes", "store_for", "with_retries",
