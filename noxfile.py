@@ -32,7 +32,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     install(session, "ruff")
-    session.run("ruff", "check", "cloudtrain", "entrypoints", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "check", "cloudtrain", "entrypoints", "tests", "benchmarks", "examples", "noxfile.py")
 
 
 @nox.session(python="3.11")
@@ -43,8 +43,8 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def demo(session: nox.Session) -> None:
-    """A real local job: 2 nodes x 2 gloo processes training the reference DDP model."""
+    """A real local job: 2 nodes x 2 gloo processes training the reference DDP model, checkpointing to a local
+    store, preempted once, restarted and resumed from its checkpoint."""
     install(session, "-e", ".[local]")
     session.run("cloudtrain", "plan", "entrypoints/train_ddp.py", "--nodes", "2", "--procs-per-node", "2")
-    session.run("cloudtrain", "submit", "entrypoints/train_ddp.py", "--nodes", "2", "--procs-per-node", "2",
-                "--", "--epochs", "3")
+    session.run("python", "examples/preemption_demo.py")
