@@ -24,8 +24,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cloudtrain import checkpoints, storage  # noqa: E402
-from cloudtrain.runtime.checkpointer import Checkpointer  # noqa: E402
+from cloudtrain import checkpoints, storage
+from cloudtrain.runtime.checkpointer import Checkpointer
 
 
 def model_of(mb: int) -> nn.Module:
