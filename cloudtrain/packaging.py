@@ -115,11 +115,11 @@ def _matches(name: str, rel: str, patterns: tuple[str, ...]) -> bool:
     return bool(regex and (regex.match(name) or regex.match(rel)))
 
 
-def ignore_rules(root: Path, extra: tuple[str, ...] = ()) -> Any:
-    """The source's .gitignore and .cloudtrainignore (root level) plus ``extra``, as one gitignore matcher."""
+def ignore_rules(folder: Path, extra: tuple[str, ...] = (), names: tuple[str, ...] = IGNORE_FILES) -> Any:
+    """The gitignore rules a folder declares (``names``, in order) plus ``extra``, as one matcher; None if none."""
     lines: list[str] = []
-    for name in IGNORE_FILES:
-        path = root / name
+    for name in names:
+        path = folder / name
         if path.is_file():
             lines += path.read_text(encoding="utf-8", errors="replace").splitlines()
     lines += extra
@@ -135,15 +135,23 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
                   use_ignore_files: bool = True) -> list[tuple[str, Path, int]]:
     """Walk ``root``; return ``(relative posix path, absolute path, size)`` for every file to ship, sorted."""
     root = root.resolve()
-    rules = ignore_rules(root, limits.exclude) if use_ignore_files else None
+    # (folder prefix, matcher): the root's .gitignore/.cloudtrainignore/package.exclude, then each nested .gitignore,
+    # whose patterns are relative to its own folder, as git reads them.
+    root_rules = ignore_rules(root, limits.exclude) if use_ignore_files else None
     found: list[tuple[str, Path, int]] = []
     secrets: list[str] = []
+
+    def ignored(rel: str, rules: list[tuple[str, Any]]) -> bool:
+        return any(spec.match_file(rel[len(prefix):]) for prefix, spec in rules)
 
     def is_secret(name: str, rel: str) -> bool:
         return check_secrets and _matches(name, rel, SECRET_PATTERNS) and not _matches(name, rel, SECRET_EXCEPTIONS) \
             and not _matches(name, rel, limits.allow_secrets)
 
-    def walk(folder: Path, prefix: str) -> None:
+    def walk(folder: Path, prefix: str, rules: list[tuple[str, Any]]) -> None:
+        if prefix and use_ignore_files:
+            nested = ignore_rules(folder, names=(".gitignore",))
+            rules = [*rules, (prefix, nested)] if nested is not None else rules
         with os.scandir(folder) as it:
             entries = sorted(it, key=lambda e: e.name)
         for entry in entries:
@@ -151,14 +159,14 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
             if _matches(entry.name, rel, excludes):
                 continue
             if entry.is_dir(follow_symlinks=False):
-                if rules is not None and rules.match_file(rel + "/"):
+                if ignored(rel + "/", rules):
                     continue
                 if is_secret(entry.name, rel):
                     secrets.append(rel + "/")
                     continue
-                walk(Path(entry.path), rel + "/")
+                walk(Path(entry.path), rel + "/", rules)
                 continue
-            if rules is not None and rules.match_file(rel):
+            if ignored(rel, rules):
                 continue
             if is_secret(entry.name, rel):
                 secrets.append(rel)
@@ -175,7 +183,7 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
             elif entry.is_file(follow_symlinks=False):  # sockets and fifos are skipped
                 found.append((rel, Path(entry.path), entry.stat(follow_symlinks=False).st_size))
 
-    walk(root, "")
+    walk(root, "", [("", root_rules)] if root_rules is not None else [])
     if secrets:
         shown = ", ".join(secrets[:10]) + (" ..." if len(secrets) > 10 else "")
         raise PackagingError(

@@ -172,3 +172,15 @@ def test_bootstrap_refuses_a_bomb_by_total_size(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(boot.BootstrapError, match="expands to more than"):
         boot.safe_extract(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_nested_gitignore_is_relative_to_its_folder(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "src")
+    (root / "pkg" / ".gitignore").write_text("*.tmp\n/local.txt\n")
+    (root / "pkg" / "a.tmp").write_text("x")
+    (root / "pkg" / "local.txt").write_text("x")
+    (root / "local.txt").write_text("kept: the nested rule is anchored to pkg/")
+    (root / "b.tmp").write_text("kept: outside pkg/")
+    with build_package(root) as package:
+        paths = [f["path"] for f in package.files]
+    assert paths == [".env.example", "b.tmp", "local.txt", "pkg/.gitignore", "pkg/model.py", "train.py"]
