@@ -46,8 +46,11 @@ class Plan:
     def __exit__(self, *exc: object) -> None:
         self.package.close()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def to_dict(self, redact: bool = True) -> dict[str, Any]:
+        """The plan as printed and recorded: secret-looking values masked (``redact=False`` only to execute it)."""
+        from cloudtrain.secrets import redact as mask
+
+        data = {
             "provider": self.provider,
             "job_id": self.job_id,
             "request": self.request,
@@ -57,3 +60,4 @@ class Plan:
             "spec": self.spec.model_dump(mode="json", exclude_defaults=True),
             "notes": self.notes,
         }
+        return mask(data) if redact else data

@@ -51,7 +51,7 @@ def plan_text(plan: Plan) -> str:
     if len(plan.nodes) > 2:
         lines.append(f"...          {len(plan.nodes) - 2} more node(s), same command with their own rank")
     lines += [f"note         {n}" for n in plan.notes]
-    lines += ["", "request:", json.dumps(plan.request, indent=2)]
+    lines += ["", "request:", json.dumps(plan.to_dict()["request"], indent=2)]  # redacted
     return "\n".join(lines)
 
 

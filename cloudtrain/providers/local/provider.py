@@ -148,14 +148,15 @@ class LocalProvider(Provider):
             for path, content in node_files.items():
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 Path(path).write_text(content)
+        # The record on disk is the redacted plan; the real environment reaches the supervisor through a pipe.
         record = JobRecord(id=plan.job_id, name=str(plan.spec.name), state="pending", job_dir=str(job_dir),
                            grace_period=float(plan.request["grace_period"]), plan=plan.to_dict())
         if not self.db.insert(record):
             return handle
-        self._start_supervisor(plan.job_id, job_dir)
+        self._start_supervisor(plan.job_id, job_dir, {str(n.rank): n.env for n in plan.nodes})
         return handle
 
-    def _start_supervisor(self, job_id: str, job_dir: Path) -> None:
+    def _start_supervisor(self, job_id: str, job_dir: Path, node_env: dict[str, dict[str, str]]) -> None:
         env = dict(os.environ)
         env["CLOUDTRAIN_HOME"] = str(self.home)
         # The supervisor imports this very cloudtrain, installed or not.
@@ -164,10 +165,13 @@ class LocalProvider(Provider):
         with open(job_dir / "supervisor.log", "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "cloudtrain.providers.local.supervisor", job_id],
-                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True,
             )
         self.db.update(job_id, supervisor_pid=proc.pid, supervisor_start=start_ticks(proc.pid))
+        assert proc.stdin is not None
+        with proc.stdin:
+            proc.stdin.write(json.dumps(node_env).encode())
 
     # -- describe / list -------------------------------------------------------------------------------
     def _record(self, handle: JobHandle) -> JobRecord:

@@ -25,9 +25,10 @@ POLL_SECONDS = 0.2
 
 
 class Supervisor:
-    def __init__(self, db: JobDB, job_id: str) -> None:
+    def __init__(self, db: JobDB, job_id: str, node_env: dict[str, dict[str, str]] | None = None) -> None:
         self.db = db
         self.job_id = job_id
+        self.node_env = node_env or {}  # unredacted, from the submitter's pipe; never written to disk
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.stop_reason: str | None = None
         self.stop_sent_at: float | None = None
@@ -45,7 +46,7 @@ class Supervisor:
             status_file = Path(record.job_dir) / f"node-{rank}.status.json"
             status_file.unlink(missing_ok=True)
             tag = f"{self.job_id}/node-{rank}"
-            env = {**os.environ, **node["env"], TAG_VAR: tag}
+            env = {**os.environ, **self.node_env.get(str(rank), node["env"]), TAG_VAR: tag}
             with open(log_path, "ab") as log:
                 if attempt:
                     log.write(f"[cloudtrain] restart {attempt} after preemption\n".encode())
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m cloudtrain.providers.local.supervisor JOB_ID", file=sys.stderr)
         return 2
     db = JobDB(cloudtrain_home() / "jobs.db")
-    return Supervisor(db, args[0]).run()
+    node_env = json.loads(sys.stdin.read() or "{}")
+    return Supervisor(db, args[0], node_env).run()
 
 
 if __name__ == "__main__":
