@@ -6,7 +6,9 @@ Importing ``cloudtrain`` is cheap: the SDK, torch and provider SDKs load only wh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cloudtrain._lazy import lazy_exports
 
 __version__ = "0.1.0"
 __all__ = ["CloudtrainError", "Job", "JobSpec", "Run", "__version__", "list_runs"]
@@ -16,19 +18,10 @@ if TYPE_CHECKING:
     from cloudtrain.sdk import Job, Run, list_runs
     from cloudtrain.spec import JobSpec
 
-_LAZY = {
+__getattr__ = lazy_exports(__name__, {
     "Job": "cloudtrain.sdk",
     "Run": "cloudtrain.sdk",
     "list_runs": "cloudtrain.sdk",
     "JobSpec": "cloudtrain.spec",
     "CloudtrainError": "cloudtrain.errors",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cloudtrain' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+})

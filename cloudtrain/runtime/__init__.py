@@ -9,12 +9,22 @@
     ... after each optimizer step: step += 1; sampler.advance(batch); ckpt.step(step)
 """
 
+from typing import TYPE_CHECKING
+
+from cloudtrain._lazy import lazy_exports
 from cloudtrain.runtime.distributed import DistContext, init_distributed, shutdown
+
+if TYPE_CHECKING:  # torch-heavy modules load on first use
+    from cloudtrain.runtime.checkpointer import Checkpointer, Preempted, save_final_model
+    from cloudtrain.runtime.data import ResumableSampler, make_loader
+    from cloudtrain.runtime.logs import get_logger
+    from cloudtrain.runtime.model import wrap_model
+    from cloudtrain.runtime.rng import seed_everything
 
 __all__ = ["Checkpointer", "DistContext", "Preempted", "ResumableSampler", "get_logger", "init_distributed",
            "make_loader", "save_final_model", "seed_everything", "shutdown", "wrap_model"]
 
-_LAZY = {
+__getattr__ = lazy_exports(__name__, {
     "Checkpointer": "cloudtrain.runtime.checkpointer",
     "Preempted": "cloudtrain.runtime.checkpointer",
     "save_final_model": "cloudtrain.runtime.checkpointer",
@@ -23,13 +33,4 @@ _LAZY = {
     "get_logger": "cloudtrain.runtime.logs",
     "seed_everything": "cloudtrain.runtime.rng",
     "wrap_model": "cloudtrain.runtime.model",
-}
-
-
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cloudtrain.runtime' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+})
