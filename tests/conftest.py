@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,12 +14,30 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
+def stop_every_job(home: Path) -> None:
+    """A failed test must not leave its jobs running (they would hold ports and cores for the rest of the run)."""
+    import signal
+
+    from cloudtrain.providers.local.procs import is_alive, kill_tagged
+    from cloudtrain.providers.local.provider import LocalProvider
+
+    if not (home / "jobs.db").exists():
+        return
+    for record in LocalProvider(home).db.list(1000):
+        if record.state in ("pending", "running", "stopping"):
+            if is_alive(record.supervisor_pid, record.supervisor_start):
+                os.kill(record.supervisor_pid, signal.SIGKILL)  # type: ignore[arg-type]
+            for node in record.nodes:
+                kill_tagged(node.get("tag"))
+
+
 @pytest.fixture
-def ct_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def ct_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An isolated cloudtrain home (job database, local store, logs) for one test."""
     home = tmp_path / "ct-home"
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(home))
-    return home
+    yield home
+    stop_every_job(home)
 
 
 def cli_env(home: Path) -> dict[str, str]:

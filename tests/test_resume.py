@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 
 from cloudtrain import checkpoints, storage
 from cloudtrain.providers.local.procs import kill_tagged, signal_group
-from tests.conftest import REPO, SCRIPTS, cli_env, wait_for
+from tests.conftest import REPO, SCRIPTS, cli_env, stop_every_job, wait_for
 
 pytestmark = pytest.mark.slow
 TRAINERS = {"ddp": "train_ddp.py", "fsdp": "train_fsdp.py"}
@@ -40,6 +41,12 @@ class Cloudtrain:
 
     def status(self, handle: str) -> dict:
         return json.loads(self("status", handle, "-o", "json").stdout)
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_jobs(tmp_path: Path) -> Iterator[None]:
+    yield
+    stop_every_job(tmp_path / "home")
 
 
 def project(tmp: Path, trainer: str) -> Path:
