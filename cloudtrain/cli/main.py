@@ -33,7 +33,7 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
     p.add_argument("--allow-secret", action="append", default=[], metavar="PATTERN",
                    help="package a secret-looking file anyway (repeatable)")
-    p.add_argument("--emulate", choices=["sagemaker", "azureml", "vertex"],
+    p.add_argument("--emulate", choices=["sagemaker", "azure", "azureml", "vertex"],
                    help="local only: run nodes under that platform's environment contract")
     p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
 
@@ -111,7 +111,7 @@ def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> Any:
         "strategy": args.strategy, "accelerator": args.gpus, "checkpoint.uri": args.checkpoint_uri,
         "output_uri": args.output_uri, "image.uri": args.image, "spot": args.spot,
         "max_restarts": args.max_restarts, "max_runtime": args.max_runtime,
-        "providers.local.emulate": args.emulate,
+        "providers.local.emulate": "azureml" if args.emulate == "azure" else args.emulate,
     }
     if args.source_dir:
         overrides["source_dir"] = str(Path(args.source_dir).resolve())
