@@ -13,7 +13,7 @@ import pytest
 from cloudtrain import Job
 from cloudtrain.handles import JobHandle
 from cloudtrain.providers.local.provider import LocalProvider
-from tests.conftest import SCRIPTS, cli_env
+from tests.conftest import REPO, SCRIPTS, cli_env
 
 pytestmark = pytest.mark.slow
 
@@ -45,14 +45,14 @@ def test_the_same_plan_submitted_concurrently_is_one_job(ct_home: Path, tmp_path
 def test_concurrent_cli_processes_share_the_database(ct_home: Path, tmp_path: Path) -> None:
     proj = tmp_path / "proj"
     proj.mkdir()
-    (proj / "fails.py").write_text((SCRIPTS / "fails.py").read_text())
+    (proj / "plain_torchrun.py").write_text((REPO / "entrypoints" / "plain_torchrun.py").read_text())
     env = cli_env(ct_home)
 
     def cli(*args: str) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-m", "cloudtrain", *args], cwd=tmp_path, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-    submits = [cli("submit", str(proj / "fails.py"), "--detach") for _ in range(4)]
+    submits = [cli("submit", str(proj / "plain_torchrun.py"), "--detach") for _ in range(4)]
     handles = []
     for proc in submits:
         out, err = proc.communicate(timeout=120)
@@ -68,5 +68,5 @@ def test_concurrent_cli_processes_share_the_database(ct_home: Path, tmp_path: Pa
                                        capture_output=True, text=True, timeout=60).stdout)
     assert sorted(j["handle"] for j in listed) == sorted(handles)
     provider = LocalProvider(ct_home)
-    for handle in handles:  # every job ran to its end (fails.py fails on purpose: the state is what matters)
-        assert provider.wait(JobHandle.parse(handle), timeout=180, poll=0.5).state.value == "failed"
+    for handle in handles:
+        assert provider.wait(JobHandle.parse(handle), timeout=180, poll=0.5).state.value == "succeeded"
