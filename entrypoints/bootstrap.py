@@ -378,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     started = time.time()
     status: dict[str, object] = {"outcome": "failed", "returncode": None, "started": started}
+    early_stop: list[int] = []  # a SIGTERM while unpacking or restoring still means "preempted", not "failed"
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: early_stop.append(signum))
     try:
         cluster = detect_cluster(env, args.nproc_per_node)
         target = [args.script, *user_args] if args.script else ["-m", args.module, *user_args]
@@ -412,10 +415,13 @@ def main(argv: list[str] | None = None) -> int:
             CLOUDTRAIN_CHECKPOINT_DIR=env.get("CLOUDTRAIN_CHECKPOINT_DIR") or str(workdir / "checkpoints"),
         )
         restore_checkpoint(env, src)
-        log("torchrun: " + " ".join(argv_[1:]))
-        syncer = start_checkpoint_sync(env, src, cluster)
-        code, stopped = run_torchrun(argv_, src, env)
-        finish_checkpoint_sync(syncer, env, src)
+        if early_stop:
+            code, stopped = EXIT_PREEMPTED, True
+        else:
+            log("torchrun: " + " ".join(argv_[1:]))
+            syncer = start_checkpoint_sync(env, src, cluster)
+            code, stopped = run_torchrun(argv_, src, env)
+            finish_checkpoint_sync(syncer, env, src)
     except BootstrapError as exc:
         log(f"error: {exc}")
         status.update(outcome="failed", error=str(exc), returncode=EXIT_USAGE, ended=time.time())

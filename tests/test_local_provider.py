@@ -218,3 +218,14 @@ def test_requirements_install_into_a_job_private_folder(cli, tmp_path: Path) -> 
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     assert "dep value 42" in result.stdout
     assert "/node-0/site-packages/tinydep.py" in result.stdout  # not the user's environment
+
+
+def test_preempted_before_training_starts_is_restarted_not_failed(cli, tmp_path: Path) -> None:
+    script = copy_script(ENTRYPOINTS / "train_ddp.py", tmp_path / "proj")
+    handle = cli("submit", str(script), "--procs-per-node", "2", "--max-restarts", "1", "--detach",
+                 "--", "--epochs", "1").stdout.strip()
+    wait_for(lambda: status_json(cli, handle)["state"] == "running", timeout=30, interval=0.1)
+    assert cli("preempt", handle).returncode == 0  # lands while nodes unpack, restore or start torchrun
+    assert cli("wait", handle, "--timeout", "180").returncode == 0, cli("logs", handle).stdout[-3000:]
+    status = status_json(cli, handle)
+    assert (status["state"], status["restarts"]) == ("succeeded", 1)

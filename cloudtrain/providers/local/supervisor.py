@@ -121,12 +121,13 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(node["pid"], signal.SIGTERM)  # the bootstrap forwards it to torchrun
 
-    @staticmethod
-    def _outcome(node: dict[str, Any]) -> str:
+    def _outcome(self, node: dict[str, Any]) -> str:
         try:
             return str(json.loads(Path(node["status_file"]).read_text())["outcome"])
-        except (OSError, ValueError, KeyError):
-            return "succeeded" if node["exit_code"] == 0 else "failed"
+        except (OSError, ValueError, KeyError):  # the node died before it could say: judge by what we did to it
+            if node["exit_code"] == 0:
+                return "succeeded"
+            return "preempted" if self.stop_sent_at is not None and self.stop_reason == "preempted" else "failed"
 
     def _final_state(self, nodes: list[dict[str, Any]]) -> tuple[str, str]:
         record = self.db.get(self.job_id)
