@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 # Exit codes shared by the CLI and the in-node bootstrap.
-EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -54,7 +53,3 @@ class HandleError(UserError):
 
 class PackagingError(UserError):
     """The source directory cannot be packaged (missing, too large, secrets ...)."""
-
-
-class JobFailed(CloudtrainError):
-    """A job ended in a non-successful state (used for the CLI exit code of wait/submit --follow)."""

@@ -129,7 +129,9 @@ def detect_vertex(env: dict[str, str], nproc: int) -> ClusterInfo:
         cluster, task = spec["cluster"], spec["task"]
         primary, workers = list(cluster["workerpool0"]), list(cluster.get("workerpool1", []))
         kind, index = task["type"], int(task["index"])
-    except (ValueError, KeyError, TypeError) as exc:
+        host, _, port = primary[0].rpartition(":")
+        master_port = int(port)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise BootstrapError(f"CLUSTER_SPEC is not a Vertex cluster spec: {exc}") from None
     if kind == "workerpool0":
         rank = index
@@ -137,14 +139,11 @@ def detect_vertex(env: dict[str, str], nproc: int) -> ClusterInfo:
         rank = len(primary) + index
     else:
         raise BootstrapError(f"CLUSTER_SPEC task type {kind!r}: cloudtrain uses workerpool0 and workerpool1 only")
-    host, _, port = primary[0].rpartition(":")
     return ClusterInfo(nnodes=len(primary) + len(workers), node_rank=rank, master_addr=host,
-                       master_port=int(port), nproc_per_node=nproc, rdzv="static", platform="vertex")
+                       master_port=master_port, nproc_per_node=nproc, rdzv="static", platform="vertex")
 
 
 def detect_platform(env: dict[str, str]) -> str:
-    if env.get("CLOUDTRAIN_PLATFORM_OVERRIDE"):
-        return env["CLOUDTRAIN_PLATFORM_OVERRIDE"]
     base = Path(env.get("SAGEMAKER_BASE_DIR", "/opt/ml"))
     if (base / "input" / "config" / "resourceconfig.json").is_file() or "SM_HOSTS" in env:
         return "sagemaker"
@@ -160,10 +159,7 @@ DETECTORS = {"sagemaker": detect_sagemaker, "azureml": detect_azureml, "vertex":
 
 def detect_cluster(env: dict[str, str], nproc_request: str = "auto") -> ClusterInfo:
     nproc = resolve_nproc(nproc_request, env)
-    platform = detect_platform(env)
-    if platform not in DETECTORS:
-        raise BootstrapError(f"unknown platform {platform!r}; expected one of {', '.join(DETECTORS)}")
-    cluster = DETECTORS[platform](env, nproc)
+    cluster = DETECTORS[detect_platform(env)](env, nproc)
     if not 0 <= cluster.node_rank < cluster.nnodes:
         raise BootstrapError(f"node rank {cluster.node_rank} is outside 0..{cluster.nnodes - 1}")
     return cluster

@@ -66,9 +66,12 @@ def test_vertex_cluster_spec_ignores_world_size(task: dict, rank: int) -> None:
         "vertex", 4, rank, "cmle-wp0-0", 2222)
 
 
-def test_vertex_bad_cluster_spec() -> None:
+@pytest.mark.parametrize("spec", ["{}", "not json", '{"cluster": {"workerpool0": []}, "task": {"type": "workerpool0", '
+                                  '"index": 0}}', '{"cluster": {"workerpool0": ["host-without-port"]}, "task": '
+                                  '{"type": "workerpool0", "index": 0}}'])
+def test_vertex_bad_cluster_spec(spec: str) -> None:
     with pytest.raises(boot.BootstrapError, match="CLUSTER_SPEC"):
-        boot.detect_cluster({"CLUSTER_SPEC": "{}", "SAGEMAKER_BASE_DIR": "/nonexistent"}, "1")
+        boot.detect_cluster({"CLUSTER_SPEC": spec, "SAGEMAKER_BASE_DIR": "/nonexistent"}, "1")
 
 
 def test_plain_local_contract_is_the_fallback() -> None:

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from cloudtrain import storage
 from cloudtrain.errors import HandleError, UserError
@@ -285,7 +285,3 @@ class LocalProvider(Provider):
                 f.seek(pos)
                 return True
         return False
-
-    def job_record(self, handle: JobHandle) -> dict[str, Any]:
-        """The raw job record (for `cloudtrain status --output json` and debugging)."""
-        return self._record(handle).__dict__
