@@ -99,11 +99,14 @@ def detect_sagemaker(env: dict[str, str], nproc: int) -> ClusterInfo:
     """SageMaker: resourceconfig.json (current_host, hosts); ranks follow the sorted host list, master algo-1:7777,
     exactly as SageMaker's torchrun driver derives them."""
     config = Path(env.get("SAGEMAKER_BASE_DIR", "/opt/ml")) / "input" / "config" / "resourceconfig.json"
-    if config.is_file():
-        data = json.loads(config.read_text())
-        hosts, current = list(data["hosts"]), str(data["current_host"])
-    else:
-        hosts, current = json.loads(env["SM_HOSTS"]), env["SM_CURRENT_HOST"]
+    try:
+        if config.is_file():
+            data = json.loads(config.read_text())
+            hosts, current = list(data["hosts"]), str(data["current_host"])
+        else:
+            hosts, current = list(json.loads(env["SM_HOSTS"])), env["SM_CURRENT_HOST"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BootstrapError(f"SageMaker host configuration is unreadable: {exc!r}") from None
     hosts = sorted(hosts)
     if current not in hosts:
         raise BootstrapError(f"SageMaker current host {current!r} is not among hosts {hosts}")

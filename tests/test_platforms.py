@@ -92,3 +92,9 @@ def test_two_nodes_train_under_each_platform_contract(cli, tmp_path: Path, platf
         assert f"[node{rank}] [cloudtrain] node {rank}/2 on {platform}: 2 processes, rendezvous static" in result.stdout
     handle = re.search(r"submitted (local://\S+)", result.stderr).group(1)  # type: ignore[union-attr]
     assert status_json(cli, handle)["state"] == "succeeded"
+
+
+@pytest.mark.parametrize("env", [{"SM_HOSTS": "not json", "SM_CURRENT_HOST": "algo-1"}, {"SM_HOSTS": '["algo-1"]'}])
+def test_sagemaker_bad_host_configuration(env: dict) -> None:
+    with pytest.raises(boot.BootstrapError, match="SageMaker host configuration"):
+        boot.detect_cluster({**env, "SAGEMAKER_BASE_DIR": "/nonexistent"}, "1")
