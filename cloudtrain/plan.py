@@ -19,6 +19,11 @@ class NodeCommand:
     env: dict[str, str]
     torchrun: list[str]
 
+    @property
+    def nproc_per_node(self) -> int:
+        """Processes on this node as it will run them (read off the torchrun line, the source of truth)."""
+        return int(self.torchrun[self.torchrun.index("--nproc-per-node") + 1])
+
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "argv": self.argv, "env": self.env, "torchrun": self.torchrun}
 
@@ -36,9 +41,7 @@ class Plan:
 
     @property
     def nproc_per_node(self) -> int:
-        """Processes per node as the nodes will run them (read off the torchrun line, the source of truth)."""
-        line = self.nodes[0].torchrun
-        return int(line[line.index("--nproc-per-node") + 1])
+        return self.nodes[0].nproc_per_node
 
     def __enter__(self) -> Plan:
         return self

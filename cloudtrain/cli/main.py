@@ -117,16 +117,15 @@ def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> Any:
         overrides["source_dir"] = str(Path(args.source_dir).resolve())
     if args.script:
         script = Path(args.script).resolve()
-        source = Path(overrides.get("source_dir") or raw.get("source_dir") or script.parent) \
-            if (args.source_dir or spec_file) else script.parent
+        # --source-dir, else the spec file's source_dir, else the script's own folder
+        source = Path(overrides.get("source_dir") or raw.get("source_dir") or script.parent).resolve()
         if not script.is_file():
             raise SpecError(f"{args.script!r} does not exist", field="SCRIPT",
                             remedy="give the path of your training script")
-        if not script.is_relative_to(Path(source).resolve()):
+        if not script.is_relative_to(source):
             raise SpecError(f"{args.script!r} is outside the source folder {source}", field="SCRIPT",
                             remedy="move the script into source_dir, or pass --source-dir")
-        overrides.update(source_dir=str(Path(source).resolve()), script=str(script.relative_to(Path(source).resolve())),
-                         module=None)
+        overrides.update(source_dir=str(source), script=str(script.relative_to(source)), module=None)
         raw.pop("module", None)
     if args.module:
         overrides["module"] = args.module

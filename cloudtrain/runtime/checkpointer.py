@@ -10,6 +10,7 @@ group while training continues hangs or crashes gloo). At most one save is in fl
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
@@ -175,8 +176,6 @@ class Checkpointer:
         """Local disk keeps the newest folder only (the bucket keeps ``keep``); never mirrored to the bucket."""
         if self.local_rank != 0:
             return
-        import shutil
-
         for folder in self.local_dir.glob("step-*"):
             if folder.name != checkpoints.step_dir(newest) and not folder.name.endswith(".partial"):
                 try:

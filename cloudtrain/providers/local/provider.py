@@ -115,7 +115,7 @@ class LocalProvider(Provider):
                                   job_id=job_id, status_file=str(job_dir / f"node-{rank}.status.json"),
                                   nproc=str(spec.procs_per_node))
             nodes.append(node_command(rank, python, bootstrap_path, args, env, job_id))
-        nproc = int(nodes[0].torchrun[nodes[0].torchrun.index("--nproc-per-node") + 1])  # what the nodes resolve
+        nproc = nodes[0].nproc_per_node  # what the nodes resolve ("auto": their GPUs, or 1)
         request = {
             "job_id": job_id,
             "name": spec.name,
