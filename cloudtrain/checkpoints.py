@@ -26,6 +26,9 @@ from cloudtrain import storage
 from cloudtrain.errors import CloudtrainError
 
 MANIFEST = "manifest.json"
+# Dropped into CLOUDTRAIN_CHECKPOINT_DIR by the runtime Checkpointer, which publishes its own folders: the plain-script
+# sync then leaves that directory alone (a folder being written or pruned by the Checkpointer is never half-published).
+RUNTIME_MARKER = ".cloudtrain-runtime"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 Log = Callable[[str], None]
 
@@ -176,11 +179,13 @@ def restore_latest(uri: str, local_root: Path, log: Log = _print) -> Checkpoint 
 def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = 2, log: Log = _print) -> list[int]:
     """Publish the ``step-<N>`` folders a plain script wrote into CLOUDTRAIN_CHECKPOINT_DIR.
 
-    A folder is complete once a newer one exists, or at exit (``final``). Folders written by the runtime
-    Checkpointer (``.metadata``) publish themselves, and restored or already published ones carry a manifest: both
-    are skipped. Like SageMaker's /opt/ml/checkpoints, but complete folders only, and local deletes are never
-    mirrored to the bucket. Returns the steps published.
+    A folder is complete once a newer one exists, or at exit (``final``). A directory the runtime Checkpointer
+    writes (``RUNTIME_MARKER``) publishes itself and is skipped whole; restored or already published folders carry
+    a manifest and are skipped. Like SageMaker's /opt/ml/checkpoints, but complete folders only, and local deletes
+    are never mirrored to the bucket. Returns the steps published.
     """
+    if (local_root / RUNTIME_MARKER).exists():
+        return []
     found = sorted((int(m.group(1)), p) for p in local_root.glob("step-*")
                    if p.is_dir() and (m := _STEP_DIR.match(p.name)))
     ready = found if final else found[:-1]

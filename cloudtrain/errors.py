@@ -53,3 +53,7 @@ class HandleError(UserError):
 
 class PackagingError(UserError):
     """The source directory cannot be packaged (missing, too large, secrets ...)."""
+
+
+class CredentialsError(UserError):
+    """A cloud's credentials are missing, expired or not allowed to do what was asked."""

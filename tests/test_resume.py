@@ -109,7 +109,10 @@ def test_preempted_then_hard_killed_resumes_bitwise(baseline: tuple[str, dict], 
     resumed = re.search(r"INFO resumed from step (\d+)", done.stdout)
     assert resumed and 24 <= int(resumed.group(1)) < 64, done.stdout[-3000:]
     assert_bitwise_equal(final_weights(out), expected)
-    assert len(checkpoints.list_complete(ckpt)) == 2  # retention: keep = 2
+    kept = [c.step for c in checkpoints.list_complete(ckpt)]
+    history = [line for line in (ct.logs(handle) + done.stdout).splitlines()
+               if "retention" in line or "published" in line]
+    assert len(kept) == 2, f"retention (keep = 2) left {kept}:\n" + "\n".join(history)
 
 
 def test_checkpoint_from_two_ranks_restores_on_one_and_three(tmp_path: Path) -> None:

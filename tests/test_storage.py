@@ -72,6 +72,26 @@ def test_retention_never_deletes_the_last_complete(store_root: str, tmp_path: Pa
     assert [c.step for c in checkpoints.list_complete(store_root)] == [5]
 
 
+def test_plain_script_sync_publishes_complete_folders_and_leaves_runtime_dirs_alone(tmp_path: Path) -> None:
+    remote = (tmp_path / "bucket").as_uri()
+    plain = tmp_path / "plain"
+    for step in (1, 2):
+        (plain / checkpoints.step_dir(step)).mkdir(parents=True)
+        (plain / checkpoints.step_dir(step) / "state.pt").write_bytes(b"x" * step)
+    assert checkpoints.sync_dir(plain, remote, final=False) == [1]  # step 2 may still be being written
+    assert checkpoints.sync_dir(plain, remote, final=True) == [2]
+    assert [c.step for c in checkpoints.list_complete(remote)] == [1, 2]
+
+    # a Checkpointer's directory: a folder it is still writing (no .metadata yet) or pruning is never published
+    managed = tmp_path / "managed"
+    (managed / checkpoints.step_dir(7)).mkdir(parents=True)
+    (managed / checkpoints.step_dir(7) / "__0_0.distcp").write_bytes(b"half")
+    (managed / checkpoints.step_dir(8)).mkdir()
+    (managed / checkpoints.RUNTIME_MARKER).touch()
+    assert checkpoints.sync_dir(managed, remote, final=True) == []
+    assert [c.step for c in checkpoints.list_complete(remote)] == [1, 2]
+
+
 def test_unsupported_scheme_is_a_clear_error() -> None:
     with pytest.raises(storage.UserError, match="not supported"):
         storage.store_for("ftp://host/x")

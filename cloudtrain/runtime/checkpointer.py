@@ -73,6 +73,9 @@ class Checkpointer:
         self.save_group = dist.new_group(backend="gloo")
         self.control_group = dist.new_group(backend="gloo")
         self.log = get_logger("cloudtrain.checkpoint")
+        if self.local_rank == 0:  # before any step folder exists: the bootstrap's plain-script sync keeps out
+            self.local_dir.mkdir(parents=True, exist_ok=True)
+            (self.local_dir / checkpoints.RUNTIME_MARKER).touch()
         self.blocked_seconds: list[float] = []  # training time lost per save (staging), for benchmarks
         self.last_saved_step: int | None = None
         self._inflight: threading.Thread | None = None
@@ -164,11 +167,16 @@ class Checkpointer:
                 remote = storage.join(self.uri, checkpoints.step_dir(step))
                 files = [f for g in gathered for f in g["files"]]
                 checkpoints.publish(remote, step, files, world_size=self.world_size, log=self.log.warning)
-                checkpoints.apply_retention(self.uri, self.keep, log=self.log.info)
                 self.log.info(f"checkpoint step {step} published to {remote}")
             except BaseException as exc:
                 self._error = exc
                 return
+            try:  # the checkpoint stands; what retention misses now, the next save's retention removes
+                storage.with_retries(lambda: checkpoints.apply_retention(self.uri or "", self.keep,
+                                                                         log=self.log.info),
+                                     f"retention under {self.uri}", log=self.log.warning)
+            except Exception as exc:
+                self.log.warning(f"retention after step {step} failed: {exc}")
         self.last_saved_step = step
         self._prune_local(step)
 

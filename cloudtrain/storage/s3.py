@@ -71,4 +71,9 @@ class S3Store:
             by_bucket.setdefault(bucket, []).append(key)
         for bucket, keys in by_bucket.items():
             for i in range(0, len(keys), 1000):
-                self.client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]]})
+                reply = self.client.delete_objects(Bucket=bucket,
+                                                   Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]]})
+                if reply.get("Errors"):  # a batch delete answers 200 even when keys failed: say so
+                    first = reply["Errors"][0]
+                    raise OSError(f"deleting {len(reply['Errors'])} object(s) in s3://{bucket} failed: "
+                                  f"{first.get('Key')}: {first.get('Code')} {first.get('Message')}")

@@ -1,0 +1,1 @@
+"""Amazon SageMaker training jobs. Everything heavy (boto3, botocore's service model) is imported inside calls."""
