@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cloudtrain import storage
 from cloudtrain.packaging import PackageLimits, build_package
-from cloudtrain.providers.local.provider import stage_bundle
+from cloudtrain.staging import stage_bundle
 
 
 def make_tree(root: Path, files: int, total_mb: int) -> None:

@@ -23,6 +23,11 @@ AWS_CPU_DEFAULT = "ml.m5.xlarge"
 TABLES: dict[str, dict[tuple[str, int], str]] = {"aws": AWS}
 
 
+def gpus_of(provider: str, instance_type: str) -> int | None:
+    """GPUs per node of a machine in the table (None: not in it, e.g. a CPU instance or an explicit exotic type)."""
+    return next((count for (_, count), name in TABLES[provider].items() if name == instance_type), None)
+
+
 def instance_for(provider: str, model: str | None, count: int, explicit: str | None, field: str) -> str:
     """The instance type for ``count`` x ``model`` GPUs per node (``explicit`` wins; no GPU: a CPU default)."""
     if explicit:

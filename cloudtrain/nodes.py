@@ -55,7 +55,13 @@ def job_env(spec: JobSpec) -> dict[str, str]:
             env["CLOUDTRAIN_CHECKPOINT_INTERVAL"] = str(spec.checkpoint.interval)
     if spec.output_uri:
         env["CLOUDTRAIN_OUTPUT_URI"] = spec.output_uri
+    for name, uri in spec.inputs.items():  # a provider that mounts or downloads inputs replaces the URI with a path
+        env[input_env(name)] = uri
     return env
+
+
+def input_env(name: str) -> str:
+    return f"CLOUDTRAIN_INPUT_{name.upper()}"
 
 
 def node_command(rank: int, python: str, bootstrap_path: str, args: list[str], env: dict[str, str],

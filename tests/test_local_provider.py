@@ -15,7 +15,8 @@ import pytest
 
 from cloudtrain import Job, Run, list_runs
 from cloudtrain.providers.local.procs import group_alive, tag_alive
-from cloudtrain.providers.local.provider import LocalProvider, stage_bundle
+from cloudtrain.providers.local.provider import LocalProvider
+from cloudtrain.staging import stage_bundle
 from tests.conftest import REPO, SCRIPTS, cli_env, status_json, wait_for
 
 pytestmark = pytest.mark.slow

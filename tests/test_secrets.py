@@ -29,6 +29,14 @@ def test_secret_values_by_shape() -> None:
         "env": {"A": "1", "HF_TOKEN": MASK}, "list": [{"SECRET": MASK}]}
 
 
+def test_name_value_entries_are_judged_by_their_name() -> None:
+    """Request lists such as AWS tags and Vertex env ({"Key"/"name": n, "Value"/"value": v}) keep n readable."""
+    entries = [{"Key": "team", "Value": "vision"}, {"Key": "api_token", "Value": SECRET},
+               {"name": "HF_TOKEN", "value": SECRET}, {"name": "EPOCHS", "value": "3"}]
+    assert redact(entries) == [{"Key": "team", "Value": "vision"}, {"Key": "api_token", "Value": MASK},
+                               {"name": "HF_TOKEN", "value": MASK}, {"name": "EPOCHS", "value": "3"}]
+
+
 @pytest.mark.slow
 def test_secrets_reach_the_job_but_no_output_record_or_log(cli, ct_home: Path, tmp_path: Path) -> None:
     proj = tmp_path / "proj"

@@ -31,6 +31,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-restarts", type=int)
     p.add_argument("--max-runtime", help="e.g. 3600, 90m, 2h")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
+                   help="any spec field by its dotted name, e.g. --set providers.aws.role=arn:... (repeatable)")
     p.add_argument("--allow-secret", action="append", default=[], metavar="PATTERN",
                    help="package a secret-looking file anyway (repeatable)")
     p.add_argument("--emulate", choices=["sagemaker", "azure", "azureml", "vertex"],
@@ -95,6 +97,23 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
     return env
 
 
+def _set_pairs(items: list[str]) -> dict[str, Any]:
+    """``--set a.b=value``: the value is read as YAML, so numbers, booleans and lists keep their type."""
+    import yaml
+
+    pairs: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecError(f"{item!r} is not FIELD=VALUE", field="--set",
+                            remedy="write --set providers.aws.region=us-east-1 (see `cloudtrain schema`)")
+        try:
+            pairs[key] = yaml.safe_load(value) if value else value
+        except yaml.YAMLError:
+            pairs[key] = value
+    return pairs
+
+
 def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> Any:
     from cloudtrain.spec import SPEC_FILENAME, apply_overrides, read_spec_file, validate_spec
 
@@ -132,6 +151,7 @@ def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> Any:
         raw.pop("script", None)
     if script_args:
         overrides["args"] = script_args
+    overrides.update(_set_pairs(args.set_fields))
     merged = apply_overrides(raw, overrides)
     if args.env:
         merged["env"] = {**(merged.get("env") or {}), **_env_pairs(args.env)}

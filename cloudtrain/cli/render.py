@@ -63,6 +63,9 @@ def status_text(status: JobStatus) -> str:
     lines = [f"{status.handle}  {status.state.value}" + (f"  ({status.message})" if status.message else "")]
     lines.append(f"  created {_when(status.created_at)}  started {_when(status.started_at)}  "
                  f"ended {_when(status.ended_at)}")
+    scalars = {k: v for k, v in status.details.items() if v is not None and not isinstance(v, (list, dict))}
+    if scalars:
+        lines.append("  " + "  ".join(f"{k} {v}" for k, v in scalars.items()))
     for node in status.details.get("nodes", []):
         code = node.get("exit_code")
         lines.append(f"  node {node['rank']}: pid {node.get('pid')}  "

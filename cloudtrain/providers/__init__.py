@@ -28,7 +28,8 @@ class ProviderEntry:
 BUILTIN: dict[str, ProviderEntry] = {
     "local": ProviderEntry("cloudtrain.providers.local.provider:LocalProvider", "local", ("torch",),
                            "torchrun processes with gloo on this machine"),
-    "aws": ProviderEntry(None, "aws", ("boto3",), "Amazon SageMaker training jobs"),
+    "aws": ProviderEntry("cloudtrain.providers.aws.provider:SageMakerProvider", "aws", ("boto3",),
+                         "Amazon SageMaker training jobs"),
     "azure": ProviderEntry(None, "azure", ("azure.ai.ml",), "Azure Machine Learning command jobs"),
     "gcp": ProviderEntry(None, "gcp", ("google.cloud.aiplatform_v1",), "Google Vertex AI custom jobs"),
 }

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -29,6 +28,7 @@ from cloudtrain.providers.base import JobState, JobStatus, Provider
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.providers.local.procs import is_alive, kill_tagged, signal_group, start_ticks
 from cloudtrain.spec import JobSpec
+from cloudtrain.staging import bundle_prefix, new_job_id, stage_bundle
 
 _ACTIVE = ("pending", "running", "stopping")
 
@@ -37,22 +37,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def new_job_id(name: str) -> str:
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-
-
-def stage_bundle(package: Package, prefix: str) -> bool:
-    """Upload bootstrap and bundle under a digest-named prefix; the manifest goes last and marks it complete.
-    Returns False (uploading nothing) when that digest is already staged."""
-    manifest_uri = storage.join(prefix, "manifest.json")
-    if storage.exists(manifest_uri):
-        return False
-    storage.put_file(package.bootstrap, storage.join(prefix, BOOTSTRAP_NAME))
-    storage.put_file(package.path, storage.join(prefix, BUNDLE_NAME))
-    storage.write_bytes(manifest_uri, json.dumps(package.manifest(), indent=1).encode())
-    return True
 
 
 def cluster_contract(emulate: str | None, nnodes: int, rank: int, port: int, node_dir: Path,
@@ -93,7 +77,7 @@ class LocalProvider(Provider):
         assert spec.name
         job_id = new_job_id(spec.name)
         store = spec.providers.local.store_uri or default_store_uri()
-        prefix = storage.join(store, "bundles", package.digest.split(":", 1)[1])
+        prefix = bundle_prefix(store, package)
         bundle_uri = storage.join(prefix, BUNDLE_NAME)
         bootstrap_path = str(storage.local_path(storage.join(prefix, BOOTSTRAP_NAME)))
         job_dir = self.home / "jobs" / job_id

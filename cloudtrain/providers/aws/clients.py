@@ -1,0 +1,71 @@
+"""boto3 sessions from the usual AWS chain (profile, environment, SSO), and AWS errors in cloudtrain's words."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from cloudtrain.errors import CloudtrainError, CredentialsError, SpecError, UserError
+
+_AUTH_CODES = {"ExpiredToken", "ExpiredTokenException", "UnrecognizedClientException", "InvalidClientTokenId",
+               "InvalidSignatureException", "SignatureDoesNotMatch", "AccessDenied", "AccessDeniedException"}
+_LOGIN_HINT = ("log in again (`aws sso login`, or `aws configure`), or choose a profile with AWS_PROFILE; "
+               "see `aws sts get-caller-identity`")
+
+
+def configured_region(explicit: str | None) -> str:
+    """The spec's region, else AWS_REGION / AWS_DEFAULT_REGION, else the profile's ``region`` (read locally)."""
+    region = explicit or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if not region:
+        import botocore.session
+
+        region = botocore.session.get_session().get_config_variable("region")
+    if not region:
+        raise SpecError("no AWS region is set", field="providers.aws.region",
+                        remedy="set providers.aws.region (or --set providers.aws.region=us-east-1), AWS_REGION, "
+                               "or a region in your AWS profile")
+    return str(region)
+
+
+@contextmanager
+def aws_errors(action: str) -> Iterator[None]:
+    """Missing or expired credentials and refused calls become one-line errors with the fix."""
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        NoCredentialsError,
+        NoRegionError,
+        PartialCredentialsError,
+        TokenRetrievalError,
+        UnauthorizedSSOTokenError,
+    )
+
+    try:
+        yield
+    except (NoCredentialsError, PartialCredentialsError) as exc:
+        raise CredentialsError(f"{action}: no AWS credentials found ({exc})", remedy=_LOGIN_HINT) from None
+    except (TokenRetrievalError, UnauthorizedSSOTokenError) as exc:
+        raise CredentialsError(f"{action}: the AWS SSO session has expired ({exc})", remedy=_LOGIN_HINT) from None
+    except NoRegionError:
+        raise SpecError(f"{action}: no AWS region is set", field="providers.aws.region",
+                        remedy="set providers.aws.region or AWS_REGION") from None
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        code, message = error.get("Code", "?"), error.get("Message", str(exc))
+        if code in _AUTH_CODES:
+            raise CredentialsError(f"{action}: AWS refused the credentials ({code}: {message})",
+                                   remedy=_LOGIN_HINT) from None
+        if code in ("ValidationException", "ResourceLimitExceeded", "ResourceNotFound"):
+            raise UserError(f"{action}: {code}: {message}") from None
+        raise CloudtrainError(f"{action}: {code}: {message}", remedy="try again; if it persists, check the AWS "
+                                                                    "console for the job") from None
+    except BotoCoreError as exc:
+        raise CloudtrainError(f"{action}: {exc}", remedy="check the network and the AWS endpoint") from None
+
+
+def session(region: str) -> Any:
+    import boto3
+
+    return boto3.session.Session(region_name=region)

@@ -1,0 +1,262 @@
+"""Amazon SageMaker training jobs: plan offline, submit through boto3, follow CloudWatch, stop, list.
+
+Every node runs cloudtrain's bootstrap (the same file a local node runs) as the container entrypoint of the prebuilt
+PyTorch image; the bootstrap reads SageMaker's resourceconfig.json and starts torchrun with static ranks.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from cloudtrain import catalog
+from cloudtrain.errors import HandleError, UserError
+from cloudtrain.handles import JobHandle
+from cloudtrain.nodes import bootstrap_args, node_command
+from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.plan import Plan
+from cloudtrain.providers.aws import request as rq
+from cloudtrain.providers.aws.clients import aws_errors, configured_region, session
+from cloudtrain.providers.aws.images import training_image
+from cloudtrain.providers.aws.status import describe_details, job_state
+from cloudtrain.providers.aws.validate import check_request
+from cloudtrain.providers.base import JobStatus, Provider
+from cloudtrain.spec import JobSpec
+from cloudtrain.staging import bundle_prefix, new_job_id, stage_bundle
+
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+
+
+class SageMakerProvider(Provider):
+    name = "aws"
+    capabilities = frozenset({"multi_node", "spot", "accelerators"})
+
+    def __init__(self, client_config: Any = None, log_poll: float | None = None) -> None:
+        self.client_config = client_config  # a botocore Config (timeouts, retries); tests shorten them
+        self.log_poll = log_poll or float(os.environ.get("CLOUDTRAIN_AWS_LOG_POLL", "5"))  # seconds, `logs -f`
+        self._clients: dict[tuple[str, str], Any] = {}
+
+    def _client(self, service: str, region: str) -> Any:
+        key = (service, region)
+        if key not in self._clients:
+            self._clients[key] = session(region).client(service, config=self.client_config)
+        return self._clients[key]
+
+    # -- plan (pure: no network, no credentials) --------------------------------------------------------
+    def _target(self, spec: JobSpec) -> rq.Target:
+        options = spec.providers.aws
+        region = configured_region(options.region)
+        instance_type = catalog.instance_for("aws", spec.accelerator_model, spec.gpus_per_node, options.instance_type,
+                                             "providers.aws.instance_type")
+        image = spec.image.uri or training_image(spec.image.torch_version, spec.image.python_version, instance_type,
+                                                 region)
+        return rq.Target(region=region, instance_type=instance_type, image=image,
+                         role=options.role or os.environ.get("CLOUDTRAIN_AWS_ROLE") or rq.PLACEHOLDER_ROLE,
+                         bucket=options.bucket or os.environ.get("CLOUDTRAIN_AWS_BUCKET") or rq.PLACEHOLDER_BUCKET)
+
+    def _plan(self, spec: JobSpec, package: Package) -> Plan:
+        assert spec.name
+        target = self._target(spec)
+        notes = []
+        if target.role == rq.PLACEHOLDER_ROLE:
+            notes.append("aws: providers.aws.role is not set (nor CLOUDTRAIN_AWS_ROLE): the plan shows a "
+                         "placeholder, and submit refuses until it is set")
+        if target.bucket == rq.PLACEHOLDER_BUCKET:
+            notes.append("aws: providers.aws.bucket is not set (nor CLOUDTRAIN_AWS_BUCKET): the plan shows a "
+                         "placeholder, and submit refuses until it is set")
+        home = f"s3://{target.bucket}/cloudtrain"
+        if spec.spot and not spec.checkpoint.uri:
+            spec = spec.model_copy(deep=True)
+            spec.checkpoint.uri = f"{home}/checkpoints/{spec.name}"
+            notes.append(f"aws: spot without checkpoint.uri: checkpoints go to {spec.checkpoint.uri}, so an "
+                         "interrupted job resumes instead of starting over")
+        job_name = new_job_id(str(spec.name))
+        prefix = bundle_prefix(home, package)
+        output = spec.output_uri if spec.output_uri and spec.output_uri.startswith("s3://") else \
+            f"{home}/output/{spec.name}"
+        gpus = catalog.gpus_of("aws", target.instance_type) or spec.gpus_per_node
+        nproc = str(spec.procs_per_node) if isinstance(spec.procs_per_node, int) else str(gpus) if gpus else "auto"
+        args = bootstrap_args(spec, bundle=f"{rq.CHANNEL_DIR}/{BUNDLE_NAME}", digest=package.digest,
+                              workdir=rq.WORKDIR, job_id=job_name, nproc=nproc)
+        request, more_notes = rq.create_training_job(spec, job_name=job_name, target=target, bundle_prefix=prefix,
+                                                     digest=package.digest, container_args=args, output_path=output)
+        check_request("sagemaker", "CreateTrainingJob", request)
+        hosts = [f"algo-{i + 1}" for i in range(spec.nodes)]
+        nodes = []
+        for rank, host in enumerate(hosts):
+            # derive each node's torchrun line under the variables SageMaker's hosts see (GPUs included)
+            seen = {**request["Environment"], "SM_HOSTS": json.dumps(hosts), "SM_CURRENT_HOST": host,
+                    "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
+            command = node_command(rank, rq.PYTHON, f"{rq.CHANNEL_DIR}/{BOOTSTRAP_NAME}", args, seen, job_name)
+            nodes.append(replace(command, env=request["Environment"]))
+        return Plan(provider=self.name, job_id=job_name, spec=spec, package=package, request=request, nodes=nodes,
+                    staging={"prefix": prefix, "bundle": f"{prefix}/{BUNDLE_NAME}", "region": target.region},
+                    notes=[*notes, *more_notes])
+
+    # -- submit ----------------------------------------------------------------------------------------
+    def _submit(self, plan: Plan) -> JobHandle:
+        request = plan.request
+        for value, field in ((request["RoleArn"], "providers.aws.role"),
+                             (request["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"],
+                              "providers.aws.bucket")):
+            if rq.PLACEHOLDER_ROLE in value or rq.PLACEHOLDER_BUCKET in value:
+                raise UserError("is not set: the plan holds a placeholder", field=field,
+                                remedy=f"set {field} in the spec (or --set {field}=...), or "
+                                       f"CLOUDTRAIN_AWS_{field.rsplit('.', 1)[1].upper()}")
+        region = plan.staging["region"]
+        handle = JobHandle(self.name, plan.job_id, (region,))
+        with aws_errors(f"staging the bundle under {plan.staging['prefix']}"):
+            stage_bundle(plan.package, plan.staging["prefix"])
+        sm = self._client("sagemaker", region)
+        digest = plan.package.digest
+        if self._created_by(sm, plan.job_id, digest):  # this plan was submitted already (a retried submit)
+            return handle
+        from botocore.exceptions import ClientError
+
+        try:
+            with aws_errors(f"creating training job {plan.job_id}"):
+                try:
+                    sm.create_training_job(**request)
+                except ClientError as exc:
+                    # botocore retried a create whose first answer was lost: the job exists, and it is ours
+                    if "already exists" in str(exc) and self._created_by(sm, plan.job_id, digest):
+                        return handle
+                    raise
+        except UserError as exc:
+            if exc.remedy:
+                raise
+            raise UserError(exc.message, remedy="check the plan (`cloudtrain plan --provider aws -o json`) "
+                                                "against the message") from None
+        return handle
+
+    def _created_by(self, sm: Any, job_name: str, digest: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            with aws_errors(f"looking up training job {job_name}"):
+                try:
+                    arn = sm.describe_training_job(TrainingJobName=job_name)["TrainingJobArn"]
+                except ClientError as exc:
+                    if "Could not find" in str(exc) or "does not exist" in str(exc):
+                        return False
+                    raise
+                tags = {t["Key"]: t["Value"] for t in sm.list_tags(ResourceArn=arn).get("Tags", [])}
+        except UserError:
+            return False
+        if tags.get(rq.DIGEST_TAG) != digest:
+            raise UserError(f"a training job named {job_name} already exists and is not this plan's",
+                            remedy="plan the job again (it gets a new name)")
+        return True
+
+    # -- follow ----------------------------------------------------------------------------------------
+    def _job(self, handle: JobHandle) -> dict[str, Any]:
+        from botocore.exceptions import ClientError
+
+        sm = self._client("sagemaker", self._region(handle))
+        with aws_errors(f"describing {handle}"):
+            try:
+                return dict(sm.describe_training_job(TrainingJobName=handle.job_id))
+            except ClientError as exc:
+                if "Could not find" in str(exc):
+                    raise HandleError(f"no SageMaker training job {handle.job_id} in {self._region(handle)}",
+                                      remedy="check the handle (`cloudtrain list --provider aws`)") from None
+                raise
+
+    @staticmethod
+    def _region(handle: JobHandle) -> str:
+        if len(handle.scope) != 1:
+            raise HandleError(f"{handle} is not an AWS job handle", remedy="handles look like aws://REGION/JOB")
+        return handle.scope[0]
+
+    @staticmethod
+    def _status(handle: JobHandle, job: dict[str, Any]) -> JobStatus:
+        state, message = job_state(job.get("TrainingJobStatus", ""), job.get("SecondaryStatus"))
+        details = describe_details(job)
+        if details.get("failure_reason"):
+            message = f"{message}: {details['failure_reason']}"
+
+        def stamp(key: str) -> float | None:
+            value: Any = job.get(key)
+            return float(value.timestamp()) if hasattr(value, "timestamp") else None
+
+        return JobStatus(handle=handle, name=job.get("TrainingJobName", handle.job_id), state=state, message=message,
+                         created_at=stamp("CreationTime"), started_at=stamp("TrainingStartTime"),
+                         ended_at=stamp("TrainingEndTime"), details=details)
+
+    def _describe(self, handle: JobHandle) -> JobStatus:
+        return self._status(handle, self._job(handle))
+
+    def _cancel(self, handle: JobHandle) -> None:
+        sm = self._client("sagemaker", self._region(handle))
+        with aws_errors(f"stopping {handle}"):
+            sm.stop_training_job(TrainingJobName=handle.job_id)
+
+    def _list(self, limit: int) -> builtins.list[JobStatus]:
+        region = configured_region(None)
+        sm = self._client("sagemaker", region)
+        found: list[dict[str, Any]] = []
+        token = None
+        with aws_errors("listing SageMaker training jobs"):
+            while len(found) < limit:
+                kwargs: dict[str, Any] = {"Resource": "TrainingJob", "SortBy": "CreationTime",
+                                          "SortOrder": "Descending", "MaxResults": min(100, limit),
+                                          "SearchExpression": {"Filters": [{"Name": f"Tags.{rq.MANAGED_TAG}",
+                                                                            "Operator": "Equals", "Value": "true"}]}}
+                if token:
+                    kwargs["NextToken"] = token
+                page = sm.search(**kwargs)
+                for result in page.get("Results", []):
+                    job = result.get("TrainingJob", {})
+                    if any(t.get("Key") == rq.MANAGED_TAG for t in job.get("Tags", [])):  # whatever the filter did
+                        found.append(job)
+                token = page.get("NextToken")
+                if not token:
+                    break
+        found.sort(key=lambda j: j.get("CreationTime") or 0, reverse=True)
+        return [self._status(JobHandle(self.name, j["TrainingJobName"], (region,)), j) for j in found[:limit]]
+
+    def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]:
+        """Every node's CloudWatch stream (``<job>/algo-<n>-<epoch>``), each line prefixed with its host."""
+        logs = self._client("logs", self._region(handle))
+        tokens: dict[str, str] = {}
+        while True:
+            ended = follow and self._describe(handle).state.terminal  # read once more after the end, then stop
+            printed = False
+            for stream in self._streams(logs, handle.job_id):
+                host = stream.split("/", 1)[1].rsplit("-", 1)[0]
+                while True:
+                    kwargs = {"logGroupName": LOG_GROUP, "logStreamName": stream, "startFromHead": True}
+                    if stream in tokens:
+                        kwargs["nextToken"] = tokens[stream]
+                    with aws_errors(f"reading logs of {handle}"):
+                        page = logs.get_log_events(**kwargs)
+                    for event in page.get("events", []):
+                        printed = True
+                        yield f"[{host}] {event['message']}"
+                    previous, tokens[stream] = tokens.get(stream), page.get("nextForwardToken", "")
+                    if not page.get("events") or previous == tokens[stream]:
+                        break
+            if not follow or (ended and not printed):
+                return
+            if not printed:
+                time.sleep(self.log_poll)
+
+    @staticmethod
+    def _streams(logs: Any, job_name: str) -> builtins.list[str]:
+        from botocore.exceptions import ClientError
+
+        names: list[str] = []
+        with aws_errors(f"listing log streams of {job_name}"):
+            try:
+                for page in logs.get_paginator("describe_log_streams").paginate(
+                        logGroupName=LOG_GROUP, logStreamNamePrefix=f"{job_name}/"):
+                    names += [s["logStreamName"] for s in page.get("logStreams", [])]
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
+                    raise
+        return sorted(names)

@@ -1,0 +1,73 @@
+"""Check a request offline against botocore's own service model, before anything is sent.
+
+botocore's ParamValidator checks types, required members and minimums; the model also declares maximums, patterns
+and enums that only the service enforces (a typo'd instance type fails minutes later, server-side). Both are
+checked here, so a plan that validates is one SageMaker accepts in shape.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from typing import Any
+
+from cloudtrain.errors import UserError
+
+
+@cache
+def _operation(service: str, operation: str) -> Any:
+    import botocore.session
+
+    return botocore.session.get_session().get_service_model(service).operation_model(operation)
+
+
+def _python_pattern(pattern: str) -> re.Pattern[str]:
+    # AWS patterns use Java's \p{..} classes; Python's re has none: \w and \s cover letters, digits and spaces.
+    translated = pattern.replace(r"\p{L}", r"\w").replace(r"\p{N}", r"\w").replace(r"\p{Z}", r"\s")
+    return re.compile(translated)
+
+
+def _walk(shape: Any, value: Any, path: str, errors: list[str]) -> None:
+    meta, kind = shape.metadata, shape.type_name
+    sized = len(value) if isinstance(value, (str, list, dict)) else value if isinstance(value, int) else None
+    if sized is not None and not isinstance(value, bool):
+        if "min" in meta and sized < meta["min"]:
+            errors.append(f"{path}: {value!r} is below the minimum {meta['min']}")
+        if "max" in meta and sized > meta["max"]:
+            what = "items" if isinstance(value, (list, dict)) else "characters" if isinstance(value, str) else ""
+            errors.append(f"{path}: {sized} {what} exceeds the maximum {meta['max']}".replace("  ", " "))
+    if kind == "string" and isinstance(value, str):
+        if shape.enum and value not in shape.enum:
+            errors.append(f"{path}: {value!r} is not one of the {len(shape.enum)} values the service accepts")
+        elif "pattern" in meta and not _python_pattern(meta["pattern"]).fullmatch(value):
+            errors.append(f"{path}: {value!r} does not match {meta['pattern']}")
+    elif kind == "structure" and isinstance(value, dict):
+        for name, member in value.items():
+            if name in shape.members:
+                _walk(shape.members[name], member, f"{path}.{name}" if path else name, errors)
+    elif kind == "list" and isinstance(value, list):
+        for i, item in enumerate(value):
+            _walk(shape.member, item, f"{path}[{i}]", errors)
+    elif kind == "map" and isinstance(value, dict):
+        for key, item in value.items():
+            _walk(shape.key, key, f"{path} key {key!r}", errors)
+            _walk(shape.value, item, f"{path}[{key!r}]", errors)
+
+
+def request_errors(service: str, operation: str, params: dict[str, Any]) -> list[str]:
+    """Every problem botocore's model finds with ``params``, one line each (empty: valid)."""
+    from botocore.validate import ParamValidator
+
+    shape = _operation(service, operation).input_shape
+    report = ParamValidator().validate(params, shape)
+    errors = [line.strip() for line in report.generate_report().splitlines()[1:] if line.strip()] \
+        if report.has_errors() else []
+    _walk(shape, params, "", errors)
+    return errors
+
+
+def check_request(service: str, operation: str, params: dict[str, Any]) -> None:
+    errors = request_errors(service, operation, params)
+    if errors:
+        raise UserError(f"the {operation} request would be rejected:\n    " + "\n    ".join(errors),
+                        remedy="fix the spec fields behind those request fields (see `cloudtrain plan -o json`)")

@@ -1,0 +1,33 @@
+"""Where a job's bundle goes before any node starts, and how jobs are named: shared by every provider."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+from cloudtrain import storage
+from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+
+
+def new_job_id(name: str) -> str:
+    """``<name>-<UTC date>-<time>-<4 hex>``: unique per submission, at most 61 characters for a 40-character
+    spec name, and valid on every platform (lowercase letters, digits, '-')."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+def bundle_prefix(store: str, package: Package) -> str:
+    """Content-addressed: the same source gives the same prefix, so re-submitting uploads nothing."""
+    return storage.join(store, "bundles", package.digest.split(":", 1)[1])
+
+
+def stage_bundle(package: Package, prefix: str) -> bool:
+    """Upload bootstrap and bundle under a digest-named prefix; the manifest goes last and marks it complete.
+    Returns False (uploading nothing) when that digest is already staged."""
+    manifest_uri = storage.join(prefix, "manifest.json")
+    if storage.exists(manifest_uri):
+        return False
+    storage.put_file(package.bootstrap, storage.join(prefix, BOOTSTRAP_NAME))
+    storage.put_file(package.path, storage.join(prefix, BUNDLE_NAME))
+    storage.write_bytes(manifest_uri, json.dumps(package.manifest(), indent=1).encode())
+    return True
