@@ -1,5 +1,5 @@
-"""Sessions: tests, lint, typecheck, demo. Every install goes through constraints/test.txt, which pins the CPU
-build of torch so pip never swaps in a multi-GB CUDA wheel."""
+"""Sessions: tests, lint, typecheck, demo, and live (real clouds, opt-in). Every install goes through
+constraints/test.txt, which pins the CPU build of torch so pip never swaps in a multi-GB CUDA wheel."""
 
 from __future__ import annotations
 
@@ -48,3 +48,11 @@ def demo(session: nox.Session) -> None:
     install(session, "-e", ".[local]")
     session.run("cloudtrain", "plan", "entrypoints/train_ddp.py", "--nodes", "2", "--procs-per-node", "2")
     session.run("python", "examples/preemption_demo.py")
+
+
+@nox.session(python="3.11")
+def live(session: nox.Session) -> None:
+    """Tiny real jobs on your own cloud account: `nox -s live -- aws` (see tests/live/ for what each needs)."""
+    install(session, "-e", ".[dev]")  # dev holds every provider that has a live test
+    clouds = session.posargs or ["aws"]
+    session.run("pytest", "-m", "live", "-v", "-s", *[f"tests/live/test_{cloud}_live.py" for cloud in clouds])

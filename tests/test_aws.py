@@ -334,3 +334,17 @@ def test_the_plan_runs_under_the_sagemaker_contract(aws: SageMakerFront, project
     assert "node 0/2 on sagemaker: 1 processes, rendezvous static" in outputs[0]
     assert "node 1/2 on sagemaker: 1 processes, rendezvous static" in outputs[1]
     assert [c.step for c in checkpoints.list_complete(ckpt)] == [24, 32]
+
+
+def test_planning_imports_only_botocore(project: Path) -> None:
+    """Planning reads botocore's model and sagemaker-core's image JSON; it imports neither boto3 nor the SageMaker
+    SDK (seconds), nor torch or the other clouds."""
+    code = (f"from cloudtrain.sdk import Job\n"
+            f"Job(script='train_ddp.py', source_dir={str(project)!r}, accelerator='A100:8').plan('aws').package.close()")
+    result = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
+                            cwd=REPO, env={**os.environ, **OFFLINE}, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    top = {line.rsplit("|", 1)[1].strip().split(".")[0] for line in result.stderr.splitlines()
+           if line.startswith("import time:") and "|" in line}
+    assert "botocore" in top
+    assert top.isdisjoint({"boto3", "sagemaker", "torch", "azure", "google", "pandas"})
