@@ -340,7 +340,8 @@ def test_planning_imports_only_botocore(project: Path) -> None:
     """Planning reads botocore's model and sagemaker-core's image JSON; it imports neither boto3 nor the SageMaker
     SDK (seconds), nor torch or the other clouds."""
     code = (f"from cloudtrain.sdk import Job\n"
-            f"Job(script='train_ddp.py', source_dir={str(project)!r}, accelerator='A100:8').plan('aws').package.close()")
+            f"Job(script='train_ddp.py', source_dir={str(project)!r}, accelerator='A100:8')"
+            ".plan('aws').package.close()")
     result = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
                             cwd=REPO, env={**os.environ, **OFFLINE}, timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]

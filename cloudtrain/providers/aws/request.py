@@ -16,6 +16,7 @@ from typing import Any
 
 from cloudtrain import __version__
 from cloudtrain.errors import SpecError
+from cloudtrain.naming import platform_tags
 from cloudtrain.nodes import input_env, job_env
 from cloudtrain.spec import JobSpec
 
@@ -79,14 +80,11 @@ def stopping_condition(spec: JobSpec) -> tuple[dict[str, int], list[str]]:
     return condition, notes
 
 
-def tags(spec: JobSpec, digest: str) -> list[dict[str, str]]:
-    for key in spec.tags:
-        if key.lower().startswith("aws:"):
-            raise SpecError(f"tag {key!r} uses the prefix 'aws:', which AWS reserves", field=f"tags.{key}",
-                            remedy="choose another key")
+def tags(spec: JobSpec, digest: str) -> tuple[list[dict[str, str]], list[str]]:
+    user, notes = platform_tags("aws", spec.tags)
     ours = {MANAGED_TAG: "true", "cloudtrain:job": str(spec.name), DIGEST_TAG: digest,
             "cloudtrain:version": __version__}
-    return [{"Key": k, "Value": v} for k, v in {**spec.tags, **ours}.items()]
+    return [{"Key": k, "Value": v} for k, v in {**user, **ours}.items()], notes
 
 
 def node_environment(spec: JobSpec) -> dict[str, str]:
@@ -100,6 +98,8 @@ def create_training_job(spec: JobSpec, *, job_name: str, target: Target, bundle_
                         container_args: list[str], output_path: str) -> tuple[dict[str, Any], list[str]]:
     """The request, and notes for the reader of the plan."""
     condition, notes = stopping_condition(spec)
+    tag_list, tag_notes = tags(spec, digest)
+    notes += tag_notes
     options = spec.providers.aws
     request: dict[str, Any] = {
         "TrainingJobName": job_name,
@@ -117,7 +117,7 @@ def create_training_job(spec: JobSpec, *, job_name: str, target: Target, bundle_
         "StoppingCondition": condition,
         "EnableManagedSpotTraining": spec.spot,
         "Environment": node_environment(spec),
-        "Tags": tags(spec, digest),
+        "Tags": tag_list,
     }
     if options.subnets or options.security_group_ids:
         if not (options.subnets and options.security_group_ids):

@@ -8,6 +8,8 @@ checked here, so a plan that validates is one SageMaker accepts in shape.
 from __future__ import annotations
 
 import re
+import unicodedata
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -21,10 +23,22 @@ def _operation(service: str, operation: str) -> Any:
     return botocore.session.get_session().get_service_model(service).operation_model(operation)
 
 
-def _python_pattern(pattern: str) -> re.Pattern[str]:
-    # AWS patterns use Java's \p{..} classes; Python's re has none: \w and \s cover letters, digits and spaces.
-    translated = pattern.replace(r"\p{L}", r"\w").replace(r"\p{N}", r"\w").replace(r"\p{Z}", r"\s")
-    return re.compile(translated)
+_UNICODE_CLASS = re.compile(r"^\^?\(?\[((?:\\p\{[A-Z]\}|[^\]])*)\]\*\)?\$?$")
+
+
+@cache
+def _matcher(pattern: str) -> Callable[[str], bool]:
+    """A full-match test for an AWS (Java) pattern. Python's re has no \\p{L}-style classes, so the one shape AWS
+    uses them in, ``[\\p{L}\\p{Z}\\p{N}_.:/=+\\-@]*``, is checked by Unicode category, character by character."""
+    shape = _UNICODE_CLASS.match(pattern)
+    if shape and r"\p{" in pattern:
+        body = shape.group(1)
+        categories = tuple(re.findall(r"\\p\{([A-Z])\}", body))
+        others = set(re.sub(r"\\p\{[A-Z]\}", "", body).replace("\\", ""))
+        return lambda value: all(ch in others or unicodedata.category(ch)[0] in categories for ch in value)
+    # elsewhere an approximation: letters/digits as \w, separators as \s
+    compiled = re.compile(pattern.replace(r"\p{L}", r"\w").replace(r"\p{N}", r"\w").replace(r"\p{Z}", r"\s"))
+    return lambda value: compiled.fullmatch(value) is not None
 
 
 def _walk(shape: Any, value: Any, path: str, errors: list[str]) -> None:
@@ -39,7 +53,7 @@ def _walk(shape: Any, value: Any, path: str, errors: list[str]) -> None:
     if kind == "string" and isinstance(value, str):
         if shape.enum and value not in shape.enum:
             errors.append(f"{path}: {value!r} is not one of the {len(shape.enum)} values the service accepts")
-        elif "pattern" in meta and not _python_pattern(meta["pattern"]).fullmatch(value):
+        elif "pattern" in meta and not _matcher(meta["pattern"])(value):
             errors.append(f"{path}: {value!r} does not match {meta['pattern']}")
     elif kind == "structure" and isinstance(value, dict):
         for name, member in value.items():
