@@ -19,6 +19,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that gave up on a held reply (lose_next_create_reply) closed its socket: expected
+
+
 class SageMakerFront:
     def __init__(self, moto_port: int) -> None:
         self.moto_port = moto_port
@@ -50,7 +57,7 @@ class SageMakerFront:
                 self.end_headers()
                 self.wfile.write(reply)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

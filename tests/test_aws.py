@@ -264,8 +264,12 @@ def test_sdk_submit_retried_after_a_lost_reply_creates_one_job(aws: SageMakerFro
     status = run.status()
     assert status.state is JobState.PENDING and "resumes" in status.message
     assert status.details["spot_interruptions"] == 1
-    aws.set_status(handle.job_id, "Completed", "Completed")
-    assert run.wait(timeout=10, poll=0.1).state is JobState.SUCCEEDED
+    aws.set_status(handle.job_id, "InProgress", "Training")
+    write_node_log(handle.job_id, "algo-1", ["[cloudtrain] checkpoint: resuming from step 24"])
+    assert list(run.logs()) == ["[algo-1] [cloudtrain] checkpoint: resuming from step 24"]
+    assert run.cancel().state in (JobState.STOPPING, JobState.CANCELLED)
+    assert run.wait(timeout=10, poll=0.1).state is JobState.CANCELLED
+    assert aws.stop_requests == [handle.job_id]
 
 
 def test_submit_without_a_role_is_refused_before_anything_is_staged(aws: SageMakerFront, project: Path,
