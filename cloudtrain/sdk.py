@@ -81,8 +81,19 @@ class Run:
     def logs(self, follow: bool = False) -> Iterator[str]:
         return self.provider.logs(self.handle, follow=follow)
 
-    def wait(self, timeout: float | None = None, poll: float = 1.0) -> JobStatus:
-        return self.provider.wait(self.handle, timeout=timeout, poll=poll)
+    def wait(self, timeout: float | None = None, poll: float = 1.0, recover: bool = False,
+             max_restarts: int | None = None) -> JobStatus:
+        """The final status. ``recover=True``: while the job ends preempted and restarts are left (the spec's
+        ``max_restarts``, or ``max_restarts``), resubmit it; it resumes from its newest checkpoint. This Run then
+        follows the newest submission."""
+        if not recover:
+            return self.provider.wait(self.handle, timeout=timeout, poll=poll)
+        from cloudtrain.recovery import wait_with_recovery
+
+        status = wait_with_recovery(self.provider, self.handle, max_restarts=max_restarts, timeout=timeout,
+                                    poll=poll)
+        self.handle = status.handle
+        return status
 
     def cancel(self) -> JobStatus:
         return self.provider.cancel(self.handle)

@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     wait = sub.add_parser("wait", help="block until a job ends; exit 0 only if it succeeded")
     wait.add_argument("handle")
     wait.add_argument("--timeout", type=float, help="seconds")
+    wait.add_argument("--recover", action="store_true",
+                      help="resubmit the job while it ends preempted (Azure ML, Vertex); resumes a stopped watcher")
+    wait.add_argument("--max-restarts", type=int, help="with --recover: at most this many resubmissions "
+                                                        "(default: what the job's spec asked for)")
+    wait.add_argument("--retry-failed", action="store_true", help="with --recover: resubmit failed jobs too")
     wait.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
     lst = sub.add_parser("list", help="list jobs")
     lst.add_argument("-p", "--provider", default="local", help=PROVIDERS_HELP)
@@ -196,16 +201,26 @@ def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
             emit(provider.describe(handle).to_dict(), args.output)
         return 0
     print(f"submitted {handle}", file=sys.stderr)
-    return _follow(provider, handle)
+    return _follow(provider, handle, spec.max_restarts)
 
 
-def _follow(provider: Any, handle: Any) -> int:
+def _follow(provider: Any, handle: Any, max_restarts: int = 0) -> int:
+    """Stream logs until the job ends; where the platform does not restart preempted jobs itself, resubmit them
+    (cloudtrain's recovery) and follow the new one."""
     from cloudtrain.cli.render import status_text
+    from cloudtrain.recovery import advance, begin
 
+    recovering = max_restarts > 0 and "resubmit" in provider.capabilities
+    state = begin(provider, handle, max_restarts=max_restarts) if recovering else None
     try:
-        for line in provider.logs(handle, follow=True):
-            print(line, flush=True)
-        status = provider.wait(handle, poll=0.2)
+        while True:
+            for line in provider.logs(handle, follow=True):
+                print(line, flush=True)
+            status = provider.wait(handle, poll=0.2 if provider.name == "local" else _poll(provider))
+            following = advance(provider, state, status, lambda m: print(m, file=sys.stderr)) if state else None
+            if following is None:
+                break
+            handle = following
     except KeyboardInterrupt:
         print(f"\ncancelling {handle} ...", file=sys.stderr)
         provider.cancel(handle)
@@ -265,9 +280,21 @@ def cmd_wait(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import emit, status_text
 
     provider, handle = _provider_for(args.handle)
-    status = provider.wait(handle, timeout=args.timeout, poll=0.5)
+    if args.recover:
+        from cloudtrain.recovery import wait_with_recovery
+
+        status = wait_with_recovery(provider, handle, max_restarts=args.max_restarts, retry_failed=args.retry_failed,
+                                    timeout=args.timeout, poll=_poll(provider),
+                                    log=lambda m: print(m, file=sys.stderr, flush=True))
+    else:
+        status = provider.wait(handle, timeout=args.timeout, poll=_poll(provider))
     print(status_text(status)) if args.output == "text" else emit(status.to_dict(), args.output)
     return 0 if status.state.value == "succeeded" else 1
+
+
+def _poll(provider: Any) -> float:
+    """Seconds between status checks: a local job answers from a file, a cloud from an API with rate limits."""
+    return 0.5 if provider.name == "local" else float(getattr(provider, "poll_seconds", 5.0))
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -94,6 +94,16 @@ class Provider(ABC):
     def list(self, limit: int = 50) -> builtins.list[JobStatus]:
         return self._list(limit)
 
+    def resubmit(self, handle: JobHandle, new_name: str) -> JobHandle:
+        """Submit an ended job again as ``new_name``, from the definition the platform holds (same bundle,
+        checkpoint URI and environment), so it resumes from its newest checkpoint. Nothing is read from local disk:
+        a laptop that never saw the first submit can recover the job. A job already named ``new_name`` that is a
+        resubmission of ``handle`` is returned as is (the call was retried)."""
+        if "resubmit" not in self.capabilities:
+            raise UserError(f"provider {self.name!r} cannot resubmit jobs",
+                            remedy="submit the same spec again; it resumes from checkpoint.uri")
+        return self._resubmit(self._own(handle), new_name)
+
     def wait(self, handle: JobHandle, timeout: float | None = None, poll: float = 1.0) -> JobStatus:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -135,3 +145,6 @@ class Provider(ABC):
 
     @abstractmethod
     def _list(self, limit: int) -> builtins.list[JobStatus]: ...
+
+    def _resubmit(self, handle: JobHandle, new_name: str) -> JobHandle:
+        raise NotImplementedError  # providers that declare the "resubmit" capability implement it
