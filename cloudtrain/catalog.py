@@ -20,7 +20,19 @@ AWS: dict[tuple[str, int], str] = {
 }
 AWS_CPU_DEFAULT = "ml.m5.xlarge"
 
-TABLES: dict[str, dict[tuple[str, int], str]] = {"aws": AWS}
+# (GPU model, GPUs per node) -> Azure VM size (serverless compute; a named cluster has its own size).
+AZURE: dict[tuple[str, int], str] = {
+    ("T4", 1): "Standard_NC4as_T4_v3", ("T4", 4): "Standard_NC64as_T4_v3",
+    ("V100", 1): "Standard_NC6s_v3", ("V100", 2): "Standard_NC12s_v3", ("V100", 4): "Standard_NC24s_v3",
+    ("V100", 8): "Standard_ND40rs_v2",
+    ("A100", 1): "Standard_NC24ads_A100_v4", ("A100", 2): "Standard_NC48ads_A100_v4",
+    ("A100", 4): "Standard_NC96ads_A100_v4", ("A100", 8): "Standard_ND96asr_v4",
+    ("A100-80GB", 8): "Standard_ND96amsr_A100_v4", ("H100", 8): "Standard_ND96isr_H100_v5",
+}
+AZURE_CPU_DEFAULT = "Standard_DS3_v2"
+
+TABLES: dict[str, dict[tuple[str, int], str]] = {"aws": AWS, "azure": AZURE}
+CPU_DEFAULTS = {"aws": AWS_CPU_DEFAULT, "azure": AZURE_CPU_DEFAULT}
 
 
 def gpus_of(provider: str, instance_type: str) -> int | None:
@@ -33,7 +45,7 @@ def instance_for(provider: str, model: str | None, count: int, explicit: str | N
     if explicit:
         return explicit
     if model is None:
-        return {"aws": AWS_CPU_DEFAULT}[provider]
+        return CPU_DEFAULTS[provider]
     table = TABLES[provider]
     found = table.get((model, count))
     if found:

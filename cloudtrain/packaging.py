@@ -15,9 +15,11 @@ from __future__ import annotations
 import fnmatch
 import functools
 import hashlib
+import json
 import os
 import queue
 import re
+import shutil
 import stat
 import struct
 import tarfile
@@ -96,6 +98,19 @@ class Package:
 
     def close(self) -> None:
         self._finalizer()
+
+    def staging_folder(self) -> Path:
+        """A temp folder holding exactly what a node needs (bootstrap.py, bundle.tar.gz, manifest.json), for
+        platforms that upload a folder as the job's code; deleted with the package."""
+        folder = Path(tempfile.mkdtemp(prefix="cloudtrain-code-"))
+        weakref.finalize(self, shutil.rmtree, folder, True)
+        shutil.copyfile(self.bootstrap, folder / BOOTSTRAP_NAME)
+        try:
+            os.link(self.path, folder / BUNDLE_NAME)  # same disk: no copy of a possibly large bundle
+        except OSError:
+            shutil.copyfile(self.path, folder / BUNDLE_NAME)
+        (folder / "manifest.json").write_text(json.dumps(self.manifest(), indent=1))
+        return folder
 
     def __enter__(self) -> Package:
         return self

@@ -368,6 +368,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--requirements-file")
     p.add_argument("--requirement", action="append", default=[])
     p.add_argument("--status-file", help="write the node's outcome here as JSON")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="export to the workers; for values only the platform's command line can resolve "
+                        "(Azure ML substitutes ${{inputs.x}} in the command, not in environment variables)")
     p.add_argument("--dry-run", action="store_true", help="print the ClusterInfo and torchrun line, run nothing")
     return p.parse_args(argv), user_args
 
@@ -375,6 +378,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     args, user_args = parse_args(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ)
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if sep and key:
+            env[key] = value
     started = time.time()
     status: dict[str, object] = {"outcome": "failed", "returncode": None, "started": started}
     early_stop: list[int] = []  # a SIGTERM while unpacking or restoring still means "preempted", not "failed"

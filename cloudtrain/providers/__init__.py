@@ -30,7 +30,8 @@ BUILTIN: dict[str, ProviderEntry] = {
                            "torchrun processes with gloo on this machine"),
     "aws": ProviderEntry("cloudtrain.providers.aws.provider:SageMakerProvider", "aws", ("boto3",),
                          "Amazon SageMaker training jobs"),
-    "azure": ProviderEntry(None, "azure", ("azure.ai.ml",), "Azure Machine Learning command jobs"),
+    "azure": ProviderEntry("cloudtrain.providers.azure.provider:AzureMLProvider", "azure", ("azure.ai.ml",),
+                           "Azure Machine Learning command jobs"),
     "gcp": ProviderEntry(None, "gcp", ("google.cloud.aiplatform_v1",), "Google Vertex AI custom jobs"),
 }
 

@@ -1,0 +1,111 @@
+"""The Azure ML command job for a spec, as the YAML ``az ml job create`` / ``load_job`` accepts. Pure data.
+
+Process layout: ``PyTorchDistribution(process_count_per_instance=1)``. The service then starts ONE process per node,
+cloudtrain's bootstrap, with MASTER_ADDR, MASTER_PORT and NODE_RANK set; the bootstrap restores the newest checkpoint
+and runs torchrun with one worker per GPU and static ranks, as on every other platform. Letting Azure start one
+process per GPU instead would skip the bootstrap (no restore before the workers start, no SIGTERM handling, no
+uniform preemption outcome) and make WORLD_SIZE mean processes rather than nodes.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from cloudtrain import catalog
+from cloudtrain.errors import SpecError
+from cloudtrain.nodes import input_env, job_env
+from cloudtrain.packaging import BOOTSTRAP_NAME
+from cloudtrain.spec import JobSpec
+
+SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
+WORKDIR = "/tmp/cloudtrain"  # on the node's disk; the code snapshot folder is the command's working directory
+# Azure Container for PyTorch (ACPT) curated environments in the shared "azureml" registry, by torch version.
+CURATED = {
+    "1.13": "acpt-pytorch-1.13-cuda11.7",
+    "2.0": "acpt-pytorch-2.0-cuda11.7",
+    "2.2": "acpt-pytorch-2.2-cuda12.1",
+}
+NEWEST_CURATED = "2.2"
+MANAGED_TAG = "cloudtrain.managed"
+DIGEST_TAG = "cloudtrain.bundle"
+RESTARTS_TAG = "cloudtrain.max_restarts"
+RESTART_OF_TAG = "cloudtrain.restart_of"
+
+
+def environment(spec: JobSpec) -> tuple[str | dict[str, str], list[str]]:
+    """The job's environment reference, and a note when cloudtrain chose for the user."""
+    options = spec.providers.azure
+    if options.environment:
+        return (options.environment if options.environment.startswith("azureml:")
+                else f"azureml:{options.environment}"), []
+    if spec.image.uri:
+        return {"image": spec.image.uri}, []
+    asked = "torch_version" in spec.image.model_fields_set
+    version = spec.image.torch_version if asked else NEWEST_CURATED
+    key = ".".join(version.split(".")[:2])
+    if key not in CURATED:
+        raise SpecError(f"Azure ML has no curated PyTorch {version} environment cloudtrain knows",
+                        field="image.torch_version",
+                        remedy=f"use one of {', '.join(CURATED)}, set image.uri to an image with torch, "
+                               "or providers.azure.environment to a workspace environment (name@version)")
+    notes = [] if asked else [f"azure: curated environment for torch {key} (set image.torch_version to choose)"]
+    return f"azureml://registries/azureml/environments/{CURATED[key]}/labels/latest", notes
+
+
+def inputs(spec: JobSpec) -> dict[str, dict[str, str]]:
+    found = {}
+    for name, uri in spec.inputs.items():
+        scheme = uri.split("://", 1)[0]
+        if scheme not in ("abfs", "abfss", "azureml", "https", "wasbs"):
+            raise SpecError(f"Azure ML reads inputs from Azure storage, not {scheme}://", field=f"inputs.{name}",
+                            remedy="use abfss://container@account.dfs.core.windows.net/path or an azureml:// URI")
+        kind = "uri_folder" if uri.endswith("/") or "." not in uri.rsplit("/", 1)[-1] else "uri_file"
+        found[name] = {"type": kind, "path": uri}
+    return found
+
+
+def command_job(spec: JobSpec, *, job_name: str, code_dir: Path, digest: str,
+                bootstrap: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The job YAML as a dict, and notes for the plan's reader. ``bootstrap``: the bootstrap's arguments."""
+    options = spec.providers.azure
+    env_ref, notes = environment(spec)
+    job_inputs = inputs(spec)
+    # inputs resolve only on the command line (${{inputs.x}}); the bootstrap exports them to the workers
+    exports = [f"--env={input_env(name)}=${{{{inputs.{name}}}}}" for name in job_inputs]
+    args = bootstrap[:bootstrap.index("--")] + exports + bootstrap[bootstrap.index("--"):]
+    command = shlex.join(["python", BOOTSTRAP_NAME, *args])
+    resources: dict[str, Any] = {"instance_count": spec.nodes}
+    job: dict[str, Any] = {
+        "$schema": SCHEMA,
+        "type": "command",
+        "name": job_name,
+        "display_name": spec.name,
+        "experiment_name": options.experiment or spec.name,
+        "description": f"cloudtrain job {spec.name} ({digest})",
+        "code": str(code_dir),
+        "command": command,
+        "environment": env_ref,
+        "environment_variables": {**job_env(spec), "CLOUDTRAIN_NNODES": str(spec.nodes)},
+        "distribution": {"type": "pytorch", "process_count_per_instance": 1},
+        "resources": resources,
+        "limits": {"timeout": spec.max_runtime},
+        "tags": {**spec.tags, MANAGED_TAG: "true", DIGEST_TAG: digest, RESTARTS_TAG: str(spec.max_restarts)},
+    }
+    if job_inputs:
+        job["inputs"] = job_inputs
+    if options.compute:
+        job["compute"] = f"azureml:{options.compute}"
+        if spec.spot:
+            notes.append(f"azure: spot comes from the cluster {options.compute!r}: create it with tier "
+                         "'low_priority' (queue settings apply to serverless compute only)")
+    else:  # serverless compute: Azure ML provisions the VMs for this job
+        resources["instance_type"] = catalog.instance_for("azure", spec.accelerator_model, spec.gpus_per_node,
+                                                          options.instance_type, "providers.azure.instance_type")
+        if spec.spot:
+            job["queue_settings"] = {"job_tier": "spot"}
+    if spec.spot:
+        notes.append("azure: Azure ML does not restart a preempted job; cloudtrain resubmits it "
+                     f"(max_restarts={spec.max_restarts}) while `submit` follows it or `wait --recover` watches")
+    return job, notes

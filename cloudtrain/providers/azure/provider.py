@@ -1,0 +1,250 @@
+"""Azure Machine Learning command jobs: plan offline (validated by azure-ai-ml's own ``load_job``), submit through
+MLClient (code uploaded to the workspace's datastore, skipped when the same content is there), follow the run's
+user logs, cancel, list, and resubmit preempted jobs (Azure ML never restarts them)."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cloudtrain import catalog
+from cloudtrain.errors import HandleError, SpecError, UserError
+from cloudtrain.handles import JobHandle
+from cloudtrain.nodes import bootstrap_args, node_command
+from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.plan import Plan
+from cloudtrain.providers.azure import job as aj
+from cloudtrain.providers.azure.status import job_state
+from cloudtrain.providers.azure.workspace import azure_errors, ml_client, workspace_of
+from cloudtrain.providers.base import JobStatus, Provider
+from cloudtrain.spec import JobSpec
+from cloudtrain.staging import new_job_id
+
+AZURE_MASTER_PORT = "6105"  # what Azure ML's PyTorch distribution sets; shown in the plan's derived torchrun lines
+
+
+def load_validated(job: dict[str, Any]) -> Any:
+    """azure-ai-ml's own ``load_job`` on the YAML text, exactly as ``az ml job create -f`` reads it."""
+    from azure.ai.ml import load_job
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(job, f, sort_keys=False)
+    try:
+        return load_job(f.name)
+    except Exception as exc:  # marshmallow's ValidationError: the schema's own words
+        raise SpecError(f"Azure ML rejects the job: {str(exc).strip()[:1500]}", field="providers.azure",
+                        remedy="fix the spec fields behind the job fields named above") from None
+    finally:
+        os.unlink(f.name)
+
+
+def rest_body(entity: Any) -> dict[str, Any]:
+    """The body of PUT .../jobs/<name> as the SDK sends it (before the code folder is replaced by its asset id)."""
+    job = entity._to_job() if hasattr(entity, "_to_job") else entity  # the command builder -> the job
+    model = job._to_rest_object()
+    data = model.as_dict() if hasattr(model, "as_dict") else model.serialize()
+    return dict(json.loads(json.dumps(data, default=str)))
+
+
+class AzureMLProvider(Provider):
+    name = "azure"
+    capabilities = frozenset({"multi_node", "spot", "accelerators", "resubmit"})
+
+    def __init__(self, credential: Any = None, transport: Any = None, log_poll: float | None = None) -> None:
+        self.credential, self.transport = credential, transport  # injected by tests; default: the Azure chain
+        # seconds between polls of logs and status (the workspace API is rate-limited); tests shorten them
+        self.log_poll = log_poll or float(os.environ.get("CLOUDTRAIN_AZURE_POLL", "5"))
+        self.poll_seconds = self.log_poll
+        self._clients: dict[tuple[str, ...], Any] = {}
+
+    def _client(self, scope: tuple[str, ...], options: Any = None) -> Any:
+        if scope not in self._clients:
+            if options is None:
+                from cloudtrain.spec import AzureOptions
+
+                options = AzureOptions(subscription_id=scope[0], resource_group=scope[1], workspace=scope[2])
+            self._clients[scope] = ml_client(options, self.credential, self.transport)
+        return self._clients[scope]
+
+    # -- plan (offline) --------------------------------------------------------------------------------
+    def _plan(self, spec: JobSpec, package: Package) -> Plan:
+        job_name = new_job_id(str(spec.name))
+        code_dir = package.staging_folder()
+        options = spec.providers.azure
+        instance = None if options.compute else catalog.instance_for(
+            "azure", spec.accelerator_model, spec.gpus_per_node, options.instance_type, "providers.azure.instance_type")
+        gpus = (catalog.gpus_of("azure", instance) if instance else None) or spec.gpus_per_node
+        nproc = str(spec.procs_per_node) if isinstance(spec.procs_per_node, int) else str(gpus) if gpus else "auto"
+        args = bootstrap_args(spec, bundle=BUNDLE_NAME, digest=package.digest, workdir=aj.WORKDIR, job_id=job_name,
+                              nproc=nproc)
+        job, notes = aj.command_job(spec, job_name=job_name, code_dir=code_dir, digest=package.digest,
+                                    bootstrap=args)
+        entity = load_validated(job)
+        rest = rest_body(entity)
+        nodes = []
+        for rank in range(spec.nodes):  # what each node's bootstrap derives from the variables Azure ML sets
+            seen = {**job["environment_variables"], "AZUREML_RUN_ID": job_name, "MASTER_ADDR": "<node 0>",
+                    "MASTER_PORT": AZURE_MASTER_PORT, "NODE_RANK": str(rank), "WORLD_SIZE": str(spec.nodes),
+                    "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
+            command = node_command(rank, "python", BOOTSTRAP_NAME, args, seen, job_name)
+            nodes.append(replace(command, env=job["environment_variables"]))
+        return Plan(provider=self.name, job_id=job_name, spec=spec, package=package,
+                    request={"job": job, "rest": rest}, nodes=nodes,
+                    staging={"prefix": str(code_dir), "code": str(code_dir),
+                             "upload": "the workspace's default datastore, by content hash"}, notes=notes)
+
+    # -- submit ----------------------------------------------------------------------------------------
+    def _submit(self, plan: Plan) -> JobHandle:
+        options = plan.spec.providers.azure
+        scope = workspace_of(options)
+        handle = JobHandle(self.name, plan.job_id, scope)
+        ml = self._client(scope, options)
+        existing = self._get(ml, plan.job_id)
+        if existing is not None:  # this plan was submitted already (a retried submit)
+            if (existing.tags or {}).get(aj.DIGEST_TAG) != plan.package.digest:
+                raise UserError(f"an Azure ML job named {plan.job_id} already exists and is not this plan's",
+                                remedy="plan the job again (it gets a new name)")
+            return handle
+        entity = load_validated(plan.request["job"])
+        with azure_errors(f"creating Azure ML job {plan.job_id}"):
+            ml.jobs.create_or_update(entity)  # uploads the code folder unless its content hash is known
+        return handle
+
+    @staticmethod
+    def _get(ml: Any, name: str) -> Any:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        with azure_errors(f"looking up Azure ML job {name}"):
+            try:
+                return ml.jobs.get(name)
+            except ResourceNotFoundError:
+                return None
+
+    def _resubmit(self, handle: JobHandle, new_name: str) -> JobHandle:
+        ml = self._client(self._scope(handle))
+        again = JobHandle(self.name, new_name, handle.scope)
+        existing = self._get(ml, new_name)
+        if existing is not None:
+            if (existing.tags or {}).get(aj.RESTART_OF_TAG) == handle.job_id:
+                return again  # created by a resubmission that did not get to record it
+            raise UserError(f"an Azure ML job named {new_name} already exists", remedy="choose another name")
+        job = self._get(ml, handle.job_id)
+        if job is None:
+            raise HandleError(f"no Azure ML job {handle.job_id}", remedy="check the handle")
+        job.name = new_name
+        job.tags = {**(job.tags or {}), aj.RESTART_OF_TAG: handle.job_id}
+        with azure_errors(f"resubmitting {handle} as {new_name}"):
+            ml.jobs.create_or_update(job)  # same code asset, environment, variables and checkpoint URI
+        return again
+
+    # -- follow ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _scope(handle: JobHandle) -> tuple[str, str, str]:
+        if len(handle.scope) != 3:
+            raise HandleError(f"{handle} is not an Azure ML job handle",
+                              remedy="handles look like azure://SUBSCRIPTION/RESOURCE_GROUP/WORKSPACE/JOB")
+        return handle.scope[0], handle.scope[1], handle.scope[2]
+
+    @staticmethod
+    def _run_details(ml: Any, name: str) -> Any:
+        with azure_errors(f"reading run details of {name}"):
+            return ml.jobs._runs_operations.get_run_details(name)  # the run history behind the job (logs, error)
+
+    @staticmethod
+    def _error_text(details: Any) -> str:
+        error = getattr(getattr(details, "error", None), "error", None)
+        return " ".join(filter(None, [getattr(error, "code", None), getattr(error, "message", None)]))
+
+    def _status(self, ml: Any, handle: JobHandle, job: Any) -> JobStatus:
+        status = str(getattr(job.status, "value", job.status) or "Unknown")  # a str enum in some SDK versions
+        error = self._error_text(self._run_details(ml, handle.job_id)) if status == "Failed" else ""
+        state, message = job_state(status, error)
+        tags = job.tags or {}
+        created: Any = getattr(getattr(job, "creation_context", None), "created_at", None)
+        details = {"azure_status": status, "max_restarts": int(tags.get(aj.RESTARTS_TAG, "0") or 0),
+                   "restart_of": tags.get(aj.RESTART_OF_TAG), "compute": job.compute,
+                   "experiment": job.experiment_name, "studio_url": getattr(job, "studio_url", None)}
+        return JobStatus(handle=handle, name=job.display_name or job.name, state=state, message=message,
+                         created_at=float(created.timestamp()) if hasattr(created, "timestamp") else None,
+                         details={k: v for k, v in details.items() if v is not None})
+
+    def _describe(self, handle: JobHandle) -> JobStatus:
+        ml = self._client(self._scope(handle))
+        job = self._get(ml, handle.job_id)
+        if job is None:
+            raise HandleError(f"no Azure ML job {handle.job_id} in workspace {handle.scope[2]}",
+                              remedy="check the handle (`cloudtrain list --provider azure`)")
+        return self._status(ml, handle, job)
+
+    def _cancel(self, handle: JobHandle) -> None:
+        ml = self._client(self._scope(handle))
+        with azure_errors(f"cancelling {handle}"):
+            ml.jobs.begin_cancel(handle.job_id)  # the service stops it; describe shows the progress
+
+    def _list(self, limit: int) -> builtins.list[JobStatus]:
+        from cloudtrain.spec import SPEC_FILENAME, AzureOptions, read_spec_file
+
+        # the workspace of the project here (cloudtrain.yaml), else the standard config.json
+        raw = read_spec_file(SPEC_FILENAME) if Path(SPEC_FILENAME).is_file() else {}
+        known = ((raw.get("providers") or {}).get("azure") or {}) if isinstance(raw, dict) else {}
+        scope = workspace_of(AzureOptions(**{k: known.get(k) for k in ("subscription_id", "resource_group",
+                                                                       "workspace")}))
+        ml = self._client(scope)
+        found = []
+        with azure_errors("listing Azure ML jobs"):
+            for job in ml.jobs.list():
+                if (job.tags or {}).get(aj.MANAGED_TAG) == "true":
+                    found.append(self._status(ml, JobHandle(self.name, job.name, scope), job))
+                if len(found) >= limit:
+                    break
+        return found
+
+    def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]:
+        """Each node's user log (``user_logs/std_log_process_<node>.txt``, one bootstrap process per node),
+        read from where the last read stopped, prefixed ``[node N]``."""
+        ml = self._client(self._scope(handle))
+        offsets: dict[str, int] = {}
+        partial: dict[str, str] = {}
+        while True:
+            ended = follow and self._describe(handle).state.terminal
+            printed = False
+            files = getattr(self._run_details(ml, handle.job_id), "log_files", None) or {}
+            for name in sorted(n for n in files if n.startswith("user_logs/std_log")):
+                node = name.rsplit("_", 1)[-1].removesuffix(".txt")
+                text = partial.pop(name, "") + self._read_from(files[name], offsets, name)
+                lines = text.split("\n")
+                if lines[-1]:
+                    partial[name] = lines[-1]  # an unfinished line waits for the rest
+                for line in lines[:-1]:
+                    printed = True
+                    yield f"[node {node}] {line}"
+            if not follow or (ended and not printed):
+                for name, rest in partial.items():
+                    yield f"[node {name.rsplit('_', 1)[-1].removesuffix('.txt')}] {rest}"
+                return
+            if not printed:
+                time.sleep(self.log_poll)
+
+    @staticmethod
+    def _read_from(url: str, offsets: dict[str, int], name: str) -> str:
+        from azure.storage.blob import BlobClient
+
+        blob = BlobClient.from_blob_url(url)
+        with azure_errors(f"reading {name}"):
+            size = blob.get_blob_properties().size
+            start = offsets.get(name, 0)
+            if size <= start:
+                return ""
+            data = blob.download_blob(offset=start, length=size - start).readall()
+        offsets[name] = start + len(data)
+        return data.decode("utf-8", errors="replace")
+

@@ -1,0 +1,312 @@
+"""The Azure ML provider: plans validated by azure-ai-ml's own load_job, and submit -> status -> logs -> cancel ->
+list -> recovery through the real MLClient against a local fake of the workspace APIs (tests/azureml_fake.py), with
+code uploads as real blob traffic to Azurite."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.errors import SpecError
+from cloudtrain.handles import JobHandle
+from cloudtrain.providers.azure.status import job_state
+from cloudtrain.providers.base import JobState
+from cloudtrain.recovery import load as load_recovery
+from cloudtrain.sdk import Job, Run
+from tests.azureml_fake import PREEMPTED, AzureMLFake
+from tests.conftest import REPO, cli_env, wait_for
+from tests.emulators import ensure, free_port
+
+WORKSPACE = {"subscription_id": "sub-1", "resource_group": "rg-1", "workspace": "ws-1"}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    shutil.copy(REPO / "entrypoints" / "train_ddp.py", proj / "train_ddp.py")
+    (proj / "show_input.py").write_text(
+        "import os, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "print(f\"rank {dist.get_rank()}/{dist.get_world_size()} input={os.environ['CLOUDTRAIN_INPUT_TRAIN']}\","
+        " flush=True)\n"
+        "dist.destroy_process_group()\n")
+    return proj
+
+
+# -- plans: offline, validated by the SDK's own schema ------------------------------------------------
+
+MATRIX = [
+    # nodes, accelerator, compute cluster, strategy, spot, extra spec fields
+    (1, None, None, "ddp", False, {}),
+    (4, "A100:8", None, "fsdp", True, {}),
+    (2, "V100:1", "gpu-cluster", "ddp", True, {}),
+    (4, "H100:8", None, "ddp", False, {"image": {"uri": "myregistry.azurecr.io/train:1"}}),
+    (1, "A100:8", "a100s", "fsdp", False, {"image": {"torch_version": "2.0"}}),
+    (2, None, None, "ddp", True, {"inputs": {"train": "abfss://data@acct.dfs.core.windows.net/train/"}}),
+]
+
+
+@pytest.mark.parametrize(("nodes", "accel", "compute", "strategy", "spot", "extra"), MATRIX)
+def test_plan_matrix_loads_with_azure_ml_schema(project: Path, nodes: int, accel: str | None, compute: str | None,
+                                               strategy: str, spot: bool, extra: dict) -> None:
+    options = {"compute": compute} if compute else {}
+    with Job(script="train_ddp.py", source_dir=str(project), nodes=nodes, accelerator=accel, strategy=strategy,
+             spot=spot, max_restarts=3, env={"HF_TOKEN": "hf_secretsecretsecret123"},
+             providers={"azure": options}, **extra).plan("azure") as plan:
+        job, rest = plan.request["job"], plan.request["rest"]["properties"]
+        assert job["distribution"] == {"type": "pytorch", "process_count_per_instance": 1}
+        assert rest["distribution"] == {"processCountPerInstance": 1, "distributionType": "PyTorch"}
+        assert job["resources"]["instance_count"] == rest["resources"]["instanceCount"] == nodes
+        if compute:
+            assert job["compute"] == f"azureml:{compute}" and "instance_type" not in job["resources"]
+        else:
+            expected = {None: "Standard_DS3_v2", "A100:8": "Standard_ND96asr_v4",
+                        "H100:8": "Standard_ND96isr_H100_v5"}[accel]
+            assert rest["resources"]["instanceType"] == expected
+        assert ("queueSettings" in rest) is (spot and not compute)
+        assert job["environment_variables"]["CLOUDTRAIN_NNODES"] == str(nodes)
+        assert job["tags"]["cloudtrain.max_restarts"] == "3"
+        argv = shlex.split(job["command"])
+        assert argv[:2] == ["python", "bootstrap.py"] and argv[argv.index("--bundle") + 1] == "bundle.tar.gz"
+        if "image" in extra and "uri" in extra["image"]:
+            assert job["environment"] == {"image": extra["image"]["uri"]}
+        elif "image" in extra:
+            assert "acpt-pytorch-2.0" in job["environment"]
+        if "inputs" in extra:
+            assert "--env=CLOUDTRAIN_INPUT_TRAIN=${{inputs.train}}" in argv
+            assert rest["inputs"]["train"]["jobInputType"] == "uri_folder"
+        assert sorted(p.name for p in Path(job["code"]).iterdir()) == ["bootstrap.py", "bundle.tar.gz",
+                                                                     "manifest.json"]
+        for node in plan.nodes:
+            line = node.torchrun
+            assert line[line.index("--node-rank") + 1] == str(node.rank)
+            assert line[line.index("--nnodes") + 1] == str(nodes)
+        assert "hf_secretsecretsecret123" not in json.dumps(plan.to_dict())
+
+
+@pytest.mark.parametrize(("fields", "field"), [
+    ({"image": {"torch_version": "1.5"}}, "image.torch_version"),
+    ({"inputs": {"train": "s3://bucket/data"}}, "inputs.train"),
+    ({"providers": {"azure": {"instance_type": "Standard_Nope"}}, "accelerator": None}, None),
+])
+def test_bad_plans_name_the_field(project: Path, fields: dict, field: str | None) -> None:
+    job = Job(script="train_ddp.py", source_dir=str(project), **fields)
+    if field is None:  # an unknown VM size is Azure's to judge: the plan still shows it
+        with job.plan("azure") as plan:
+            assert plan.request["job"]["resources"]["instance_type"] == "Standard_Nope"
+        return
+    with pytest.raises(SpecError) as info:
+        job.plan("azure")
+    assert info.value.field == field and info.value.remedy
+
+
+@pytest.mark.parametrize(("status", "error", "state"), [
+    ("Queued", "", JobState.PENDING), ("Preparing", "", JobState.PENDING), ("Running", "", JobState.RUNNING),
+    ("Finalizing", "", JobState.RUNNING), ("CancelRequested", "", JobState.STOPPING),
+    ("Completed", "", JobState.SUCCEEDED), ("Canceled", "", JobState.CANCELLED),
+    ("Failed", "Execution failed: exit code 1", JobState.FAILED), ("Failed", PREEMPTED, JobState.PREEMPTED),
+    ("NotResponding", "", JobState.PENDING),
+])
+def test_status_mapping(status: str, error: str, state: JobState) -> None:
+    assert job_state(status, error)[0] is state
+
+
+# -- against the fake workspace and Azurite ----------------------------------------------------------
+
+
+@pytest.fixture
+def azure(emulators, tmp_path_factory: pytest.TempPathFactory,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[AzureMLFake]:
+    ensure("az", emulators, tmp_path_factory.getbasetemp())
+    fake = AzureMLFake(emulators["az"].port)  # type: ignore[union-attr]
+    monkeypatch.setenv("CLOUDTRAIN_AZURE_ENDPOINT", fake.url)
+    monkeypatch.setenv("CLOUDTRAIN_AZURE_POLL", "0.2")
+    yield fake
+    fake.close()
+
+
+def spec_file(project: Path, **extra: object) -> Path:
+    import yaml
+
+    spec = {"script": "train_ddp.py", "providers": {"azure": WORKSPACE}, **extra}
+    (project / "cloudtrain.yaml").write_text(yaml.safe_dump(spec))
+    return project / "cloudtrain.yaml"
+
+
+def test_cli_submit_status_logs_cancel_list(azure: AzureMLFake, project: Path, ct_home: Path) -> None:
+    spec_file(project, nodes=2, accelerator="A100:1", spot=True)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=project, env=cli_env(ct_home),
+                              capture_output=True, text=True, timeout=120)
+
+    submitted = cli("submit", "--provider", "azure", "--detach")
+    assert submitted.returncode == 0, submitted.stderr
+    handle = submitted.stdout.strip()
+    name = JobHandle.parse(handle).job_id
+    assert handle == f"azure://sub-1/rg-1/ws-1/{name}"
+    sent = azure.jobs[name]["properties"]
+    assert sent["codeId"].startswith("/subscriptions/sub-1/") and "/codes/" in sent["codeId"]  # uploaded, then used
+    assert sent["queueSettings"] == {"jobTier": "Spot"} and sent["resources"]["instanceCount"] == 2
+    assert azure.uploads == 1
+    blobs = [b.name for b in azure.container.list_blobs(name_starts_with="LocalUpload/")]
+    assert sorted(b.rsplit("/", 1)[1] for b in blobs) == ["bootstrap.py", "bundle.tar.gz", "manifest.json"]
+
+    assert cli("submit", "--provider", "azure", "--detach").returncode == 0  # same source: no second upload
+    assert azure.uploads == 1, "\n".join(r[-90:] for r in azure.requests)
+
+    shown = cli("status", handle, "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    status = json.loads(shown.stdout)
+    assert status["state"] == "pending" and status["max_restarts"] == 0
+    azure.set_status(name, "Running")
+    azure.write_log(name, 0, "[cloudtrain] node 0/2 on azureml\nstep 1 loss 2.30\n")
+    azure.write_log(name, 1, "[cloudtrain] node 1/2 on azureml\n")
+
+    follower = subprocess.Popen([sys.executable, "-m", "cloudtrain", "logs", "-f", handle], cwd=project,
+                                env=cli_env(ct_home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(follower.stdout or []), daemon=True)
+    reader.start()
+    wait_for(lambda: len(lines) >= 3, timeout=60)
+    azure.write_log(name, 0, "step 2 loss 2.")  # half a line: printed once it is whole
+    azure.write_log(name, 0, "10\n")
+    wait_for(lambda: any("step 2" in line for line in lines), timeout=30)
+
+    cancelled = cli("cancel", handle, "-o", "json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["state"] in ("stopping", "cancelled")
+    assert follower.wait(timeout=60) == 0, follower.stderr.read() if follower.stderr else ""
+    reader.join(5)
+    assert [line.rstrip("\n") for line in lines] == [
+        "[node 0] [cloudtrain] node 0/2 on azureml", "[node 0] step 1 loss 2.30",
+        "[node 1] [cloudtrain] node 1/2 on azureml", "[node 0] step 2 loss 2.10"]
+    assert json.loads(cli("status", handle, "-o", "json").stdout)["state"] == "cancelled"
+
+    listed = json.loads(cli("list", "--provider", "azure", "-o", "json").stdout)
+    assert handle in [j["handle"] for j in listed] and len(listed) == 2
+
+
+def test_preempted_twice_is_resubmitted_twice_by_a_watcher_that_survives_its_own_restart(
+        azure: AzureMLFake, project: Path, ct_home: Path) -> None:
+    spec_file(project, spot=True, max_restarts=2)
+    env = cli_env(ct_home)
+    submitted = subprocess.run([sys.executable, "-m", "cloudtrain", "submit", "--provider", "azure", "--detach"],
+                               cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    handle = submitted.stdout.strip()
+    first = JobHandle.parse(handle).job_id
+
+    def watcher() -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "cloudtrain", "wait", handle, "--recover", "-o", "json"],
+                                cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    watching = watcher()
+    azure.set_status(first, "Failed", PREEMPTED)
+    wait_for(lambda: f"{first[:55]}-r1" in azure.jobs, timeout=60)
+    watching.kill()  # the laptop closes
+    watching.wait()
+    restart1 = f"{first[:55]}-r1"
+    assert azure.jobs[restart1]["properties"]["tags"]["cloudtrain.restart_of"] == first
+    assert azure.jobs[restart1]["properties"]["codeId"] == azure.jobs[first]["properties"]["codeId"]
+    azure.set_status(restart1, "Failed", PREEMPTED)  # preempted again while nobody watched
+
+    watching = watcher()  # picks up the chain from disk: resubmits restart 1, not the first job again
+    wait_for(lambda: f"{first[:55]}-r2" in azure.jobs, timeout=60)
+    azure.set_status(f"{first[:55]}-r2", "Completed")
+    out, err = watching.communicate(timeout=60)
+    assert watching.returncode == 0, err
+    final = json.loads(out)
+    assert final["state"] == "succeeded" and final["handle"].endswith("-r2")
+    assert final["recovery"]["restarts"] == 2 and len(final["recovery"]["chain"]) == 3
+    assert sorted(azure.jobs) == sorted([first, restart1, f"{first[:55]}-r2"])
+    assert azure.uploads == 1  # restarts reuse the uploaded code
+
+
+def test_sdk_recovery_stops_when_restarts_run_out_and_never_retries_user_failures(
+        azure: AzureMLFake, project: Path, ct_home: Path) -> None:
+    job = Job(script="train_ddp.py", source_dir=str(project), spot=True, max_restarts=1, providers={"azure": WORKSPACE})
+    run = job.submit("azure")
+    first = run.handle.job_id
+    azure.set_status(first, "Failed", PREEMPTED)
+    threading.Timer(1.0, lambda: azure.set_status(f"{first[:55]}-r1", "Failed", PREEMPTED)).start()
+    status = run.wait(timeout=60, poll=0.1, recover=True)
+    assert status.state is JobState.PREEMPTED and status.details["recovery"]["restarts"] == 1
+    assert run.handle.job_id == f"{first[:55]}-r1"  # the Run follows the newest submission
+
+    failing = Job(script="train_ddp.py", source_dir=str(project), max_restarts=3, providers={"azure": WORKSPACE},
+                  name="fails-in-user-code").submit("azure")
+    azure.set_status(failing.handle.job_id, "Failed", "Execution failed. UserError: exit code 1")
+    assert failing.wait(timeout=30, poll=0.1, recover=True).state is JobState.FAILED
+    assert not any(name.startswith(failing.handle.job_id[:55] + "-r") for name in azure.jobs)
+    assert load_recovery(failing.handle) is not None
+
+
+def test_no_workspace_and_no_credentials_are_clear(project: Path, ct_home: Path, tmp_path: Path) -> None:
+    (project / "cloudtrain.yaml").write_text("script: train_ddp.py\n")
+    env = {k: v for k, v in cli_env(ct_home).items() if not k.startswith("AZURE_") and k != "CLOUDTRAIN_AZURE_ENDPOINT"}
+    result = subprocess.run([sys.executable, "-m", "cloudtrain", "submit", "--provider", "azure"], cwd=project,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "providers.azure.subscription_id" in result.stderr
+    assert "config.json" in result.stderr and "Traceback" not in result.stderr
+
+    status = subprocess.run([sys.executable, "-m", "cloudtrain", "status", "azure://sub/rg/ws/some-job"],
+                            cwd=project, env={**env, "HOME": str(tmp_path), "AZURE_CONFIG_DIR": str(tmp_path / "az"),
+                                              "IDENTITY_ENDPOINT": "", "MSI_ENDPOINT": ""},
+                            capture_output=True, text=True, timeout=180)
+    assert status.returncode == 2, status.stderr
+    assert "az login" in status.stderr and "Traceback" not in status.stderr
+
+
+@pytest.mark.slow
+def test_the_plan_runs_under_the_azure_ml_contract(azure: AzureMLFake, project: Path, tmp_path: Path) -> None:
+    """Submit for real (code uploaded to Azurite), then play Azure ML on two nodes: download the job's code asset
+    into a working folder, substitute ${{inputs.*}} in the command as the service does, and start it with the job's
+    environment variables plus what PyTorchDistribution sets per node (MASTER_ADDR, MASTER_PORT, NODE_RANK,
+    WORLD_SIZE = one process per node)."""
+    from azure.storage.blob import ContainerClient
+
+    data = tmp_path / "mounted-input"
+    data.mkdir()
+    run = Job(script="show_input.py", source_dir=str(project), nodes=2, procs_per_node=2,
+              inputs={"train": "abfss://data@acct.dfs.core.windows.net/train/"},
+              providers={"azure": WORKSPACE}).submit("azure")
+    sent = azure.jobs[run.handle.job_id]["properties"]
+    code = next(c for c in azure.codes.values() if c["id"] == sent["codeId"])
+    container = ContainerClient.from_container_url(azure._sas("").split("?")[0].rstrip("/") + "?" +
+                                                   azure._sas("").split("?")[1])
+    prefix = code["properties"]["codeUri"].split(f"/{container.container_name}/", 1)[1]
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        workdir = tmp_path / f"node-{rank}" / "code"
+        for blob in container.list_blobs(name_starts_with=prefix + "/"):
+            target = workdir / blob.name[len(prefix) + 1:]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(container.download_blob(blob.name).readall())
+        command = re.sub(r"\$\{\{inputs\.train\}\}", str(data), sent["command"])
+        command = command.replace("/tmp/cloudtrain", str(tmp_path / f"node-{rank}" / "work"))
+        env = {**os.environ, **sent["environmentVariables"], "AZUREML_RUN_ID": run.handle.job_id,
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(rank), "WORLD_SIZE": "2",
+               "RANK": str(rank), "LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+        argv = [sys.executable if a == "python" else a for a in shlex.split(command)]
+        procs.append(subprocess.Popen(argv, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert "node 0/2 on azureml: 2 processes, rendezvous static" in outputs[0]
+    assert "node 1/2 on azureml: 2 processes, rendezvous static" in outputs[1]
+    for rank in range(4):
+        assert f"rank {rank}/4 input={data}" in outputs[0] + outputs[1]
+    assert Run(run.handle).status().state is JobState.PENDING  # the fake's job itself never ran
