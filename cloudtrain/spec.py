@@ -122,6 +122,10 @@ class GcpOptions(_Model):
     accelerator_type: str | None = None
     service_account: str | None = None
     network: str | None = None
+    capacity: Literal["spot", "flex_start"] | None = Field(
+        None, description="Vertex scheduling strategy: 'spot' (as spot: true), or 'flex_start' (queued until the "
+                          "whole capacity is free, for up to flex_start_max_wait)")
+    flex_start_max_wait: Duration | None = Field(None, description="With capacity: flex_start; default: no limit")
 
 
 class LocalOptions(_Model):

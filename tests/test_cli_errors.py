@@ -51,7 +51,6 @@ def test_bad_spec_files(cli, ct_home: Path, project: Path, spec_text: str, needl
         (["submit", "nothere.py"], ["SCRIPT: 'nothere.py' does not exist"]),
         (["submit", "train.py", "--source-dir", "missing"], ["outside the source folder"]),
         (["submit", "train.py", "--provider", "nimbus"], ["--provider: unknown provider 'nimbus'", "local, aws"]),
-        (["submit", "train.py", "--provider", "gcp"], ["not available in this version"]),
         (["submit", "train.py", "--provider", "aws", "--set", "providers.aws.region=us-east-1"],
          ["providers.aws.role: is not set", "CLOUDTRAIN_AWS_ROLE"]),
         (["submit", "train.py", "--set", "nodes"], ["--set: 'nodes' is not FIELD=VALUE"]),

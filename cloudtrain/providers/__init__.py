@@ -32,7 +32,8 @@ BUILTIN: dict[str, ProviderEntry] = {
                          "Amazon SageMaker training jobs"),
     "azure": ProviderEntry("cloudtrain.providers.azure.provider:AzureMLProvider", "azure", ("azure.ai.ml",),
                            "Azure Machine Learning command jobs"),
-    "gcp": ProviderEntry(None, "gcp", ("google.cloud.aiplatform_v1",), "Google Vertex AI custom jobs"),
+    "gcp": ProviderEntry("cloudtrain.providers.gcp.provider:VertexProvider", "gcp", ("google.cloud.aiplatform_v1",),
+                         "Google Vertex AI custom jobs"),
 }
 
 

@@ -1,0 +1,1 @@
+"""Google Vertex AI custom jobs. Everything heavy (google-cloud-aiplatform, google-auth) is imported inside calls."""

@@ -1,0 +1,137 @@
+"""Project and region from the spec, the environment or gcloud's own config (read as a file, offline); Application
+Default Credentials; the Vertex and Cloud Logging clients; Google errors in cloudtrain's words.
+
+Test/dev knobs: ``CLOUDTRAIN_VERTEX_ENDPOINT`` and ``CLOUDTRAIN_GCP_LOGGING_ENDPOINT`` point the clients at another
+endpoint (a plain http:// one is a local fake and gets anonymous credentials).
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from cloudtrain.errors import CloudtrainError, CredentialsError, HandleError, UserError
+
+DEFAULT_REGION = "us-central1"
+SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+_LOGIN_HINT = "run `gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS to a key file)"
+
+
+def _gcloud_config() -> configparser.ConfigParser:
+    """gcloud's active configuration (~/.config/gcloud/configurations/config_<name>), or an empty one."""
+    parser = configparser.ConfigParser()
+    root = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
+    try:
+        active = os.environ.get("CLOUDSDK_ACTIVE_CONFIG_NAME") or \
+            (root / "active_config").read_text().strip() or "default"
+        parser.read(root / "configurations" / f"config_{active}")
+    except (OSError, configparser.Error):
+        pass
+    return parser
+
+
+def configured_project(explicit: str | None) -> str | None:
+    return explicit or os.environ.get("CLOUDTRAIN_GCP_PROJECT") or os.environ.get("GOOGLE_CLOUD_PROJECT") or \
+        os.environ.get("CLOUDSDK_CORE_PROJECT") or _gcloud_config().get("core", "project", fallback=None)
+
+
+def configured_region(explicit: str | None) -> str | None:
+    """The spec's region, else CLOUDTRAIN_GCP_REGION / CLOUDSDK_AI_REGION / CLOUDSDK_COMPUTE_REGION, else gcloud's
+    ai/region or compute/region. None: not set anywhere."""
+    config = _gcloud_config()
+    return explicit or os.environ.get("CLOUDTRAIN_GCP_REGION") or os.environ.get("CLOUDSDK_AI_REGION") or \
+        os.environ.get("CLOUDSDK_COMPUTE_REGION") or config.get("ai", "region", fallback=None) or \
+        config.get("compute", "region", fallback=None)
+
+
+def vertex_endpoint(region: str, override: str | None = None) -> str:
+    return override or os.environ.get("CLOUDTRAIN_VERTEX_ENDPOINT") or f"{region}-aiplatform.googleapis.com"
+
+
+def logging_endpoint(override: str | None = None) -> str:
+    return override or os.environ.get("CLOUDTRAIN_GCP_LOGGING_ENDPOINT") or "https://logging.googleapis.com"
+
+
+def credentials_for(endpoint: str, given: Any = None) -> Any:
+    """Explicit credentials, anonymous ones for a local http:// endpoint, else Application Default Credentials."""
+    if given is not None:
+        return given
+    if endpoint.startswith("http://"):
+        from google.auth.credentials import AnonymousCredentials
+
+        return AnonymousCredentials()
+    import google.auth
+
+    with gcp_errors("finding Google credentials"):
+        creds, _ = google.auth.default(scopes=SCOPES)
+    return creds
+
+
+def aiplatform() -> Any:
+    """google.cloud.aiplatform_v1, imported on first use (seconds). Through importlib on purpose: the package is
+    typed, and a static import would make mypy analyse all of it and shadow the untyped google.cloud.storage."""
+    import importlib
+
+    return importlib.import_module("google.cloud.aiplatform_v1")
+
+
+def job_client(endpoint: str, credentials: Any) -> Any:
+    return aiplatform().JobServiceClient(transport="rest", credentials=credentials,
+                                         client_options={"api_endpoint": endpoint})
+
+
+def http_session(credentials: Any) -> Any:
+    from google.auth.transport.requests import AuthorizedSession
+
+    return AuthorizedSession(credentials)
+
+
+def _code(exc: Any) -> str:
+    return str(getattr(exc.grpc_status_code, "name", None) or exc.code or "?")
+
+
+@contextmanager
+def gcp_errors(action: str) -> Iterator[None]:
+    """Missing or expired credentials and refused calls become one-line errors with the fix."""
+    from google.api_core import exceptions as api
+    from google.auth import exceptions as auth
+
+    try:
+        yield
+    except auth.InvalidOperation as exc:  # the endpoint answered 401 to anonymous credentials
+        raise CredentialsError(f"{action}: the endpoint refused anonymous credentials ({exc})",
+                               remedy=_LOGIN_HINT) from None
+    except auth.DefaultCredentialsError as exc:
+        raise CredentialsError(f"{action}: no Google credentials found ({str(exc).splitlines()[0]})",
+                               remedy=_LOGIN_HINT) from None
+    except auth.RefreshError as exc:
+        raise CredentialsError(f"{action}: the Google credentials could not be refreshed (expired or revoked: "
+                               f"{exc})", remedy=_LOGIN_HINT) from None
+    except auth.GoogleAuthError as exc:
+        raise CredentialsError(f"{action}: {exc}", remedy=_LOGIN_HINT) from None
+    except api.Unauthenticated as exc:
+        raise CredentialsError(f"{action}: Google refused the credentials (UNAUTHENTICATED: {exc.message})",
+                               remedy=_LOGIN_HINT) from None
+    except api.PermissionDenied as exc:
+        raise CredentialsError(f"{action}: PERMISSION_DENIED: {exc.message}",
+                               remedy="use an account with the Vertex AI User role (roles/aiplatform.user) on the "
+                                      "project, and enable the Vertex AI API") from None
+    except api.NotFound as exc:
+        raise HandleError(f"{action}: NOT_FOUND: {exc.message}",
+                          remedy="check the handle (`cloudtrain list --provider gcp`) and the project") from None
+    except (api.InvalidArgument, api.FailedPrecondition, api.ResourceExhausted, api.OutOfRange) as exc:
+        raise UserError(f"{action}: {_code(exc)}: {exc.message}",
+                        remedy="check the plan (`cloudtrain plan --provider gcp -o json`) against the message; "
+                               "RESOURCE_EXHAUSTED is a quota: request more, or choose another region") from None
+    except api.GoogleAPICallError as exc:
+        raise CloudtrainError(f"{action}: {_code(exc)}: {exc.message}",
+                              remedy="try again; if it persists, check the job in the Google Cloud console") from None
+    except api.RetryError as exc:
+        raise CloudtrainError(f"{action}: gave up after retries ({exc.cause})",
+                              remedy="check the network and the Vertex endpoint") from None
+    except OSError as exc:  # requests' ConnectionError and timeouts are OSErrors
+        raise CloudtrainError(f"{action}: {exc}", remedy="check the network and the Vertex endpoint") from None

@@ -1,0 +1,328 @@
+"""Google Vertex AI custom jobs: plan offline, submit through aiplatform_v1's JobServiceClient (REST), follow Cloud
+Logging, cancel, list, and resubmit jobs that ended preempted.
+
+Every node runs cloudtrain's bootstrap (the same file a local node runs) as the container command of the prebuilt
+PyTorch image, read from the staged bundle through Vertex's /gcs mount; the bootstrap reads CLUSTER_SPEC and starts
+torchrun with static ranks. Jobs get a numeric id from Vertex; handles are gcp://PROJECT/REGION/ID.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from cloudtrain.errors import HandleError, SpecError, UserError
+from cloudtrain.handles import JobHandle
+from cloudtrain.nodes import bootstrap_args, node_command
+from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.plan import Plan
+from cloudtrain.providers.base import JobStatus, Provider
+from cloudtrain.providers.gcp import request as rq
+from cloudtrain.providers.gcp.clients import (
+    DEFAULT_REGION,
+    aiplatform,
+    configured_project,
+    configured_region,
+    credentials_for,
+    gcp_errors,
+    http_session,
+    job_client,
+    logging_endpoint,
+    vertex_endpoint,
+)
+from cloudtrain.providers.gcp.images import training_image
+from cloudtrain.providers.gcp.machines import machine_for
+from cloudtrain.providers.gcp.schema import check_request
+from cloudtrain.providers.gcp.status import describe_details, job_state
+from cloudtrain.spec import JobSpec
+from cloudtrain.staging import bundle_prefix, new_job_id, stage_bundle
+
+# CustomJob fields the service sets: cleared before a job is created again from a copy.
+OUTPUT_ONLY = ("name", "state", "create_time", "start_time", "end_time", "update_time", "error", "web_access_uris",
+               "satisfies_pzs", "satisfies_pzi")
+
+
+class VertexProvider(Provider):
+    name = "gcp"
+    capabilities = frozenset({"multi_node", "spot", "accelerators", "resubmit"})
+
+    def __init__(self, endpoint: str | None = None, credentials: Any = None, logging_endpoint: str | None = None,
+                 log_poll: float | None = None) -> None:
+        self.endpoint = endpoint  # None: CLOUDTRAIN_VERTEX_ENDPOINT, else the region's Vertex endpoint
+        self.logging_endpoint = logging_endpoint
+        self.credentials = credentials  # None: anonymous for a local http:// endpoint, else ADC
+        self.log_poll = log_poll or float(os.environ.get("CLOUDTRAIN_GCP_LOG_POLL", "5"))  # seconds, `logs -f`
+        self.poll_seconds = float(os.environ.get("CLOUDTRAIN_GCP_POLL", "5"))  # `wait`, read by the CLI
+        self.create_timeout = 60.0  # seconds for a create's answer; then the job is looked up by its plan label
+        self._clients: dict[str, Any] = {}
+
+    def _client(self, region: str) -> Any:
+        endpoint = vertex_endpoint(region, self.endpoint)
+        if endpoint not in self._clients:
+            creds = credentials_for(endpoint, self.credentials)
+            self._clients[endpoint] = job_client(endpoint, creds)
+        return self._clients[endpoint]
+
+    # -- plan (pure: no network, no credentials) --------------------------------------------------------
+    def _target(self, spec: JobSpec) -> tuple[rq.Target, list[str]]:
+        options = spec.providers.gcp
+        notes: list[str] = []
+        region = configured_region(options.region)
+        if not region:
+            region = DEFAULT_REGION
+            notes.append(f"gcp: no region set (providers.gcp.region, CLOUDTRAIN_GCP_REGION or gcloud's ai/region): "
+                         f"using {region}")
+        machine = machine_for(spec.accelerator_model, spec.gpus_per_node, options.machine_type,
+                              options.accelerator_type)
+        if spec.image.uri:
+            image = spec.image.uri
+        else:
+            given = spec.image.model_fields_set  # a version left at its default may follow what Vertex offers
+            image, image_notes = training_image(spec.image.torch_version, spec.image.python_version, region,
+                                                torch_set="torch_version" in given,
+                                                python_set="python_version" in given)
+            notes += image_notes
+        project = configured_project(options.project) or rq.PLACEHOLDER_PROJECT
+        bucket = options.bucket or os.environ.get("CLOUDTRAIN_GCP_BUCKET") or rq.PLACEHOLDER_BUCKET
+        for value, placeholder, field, env in ((project, rq.PLACEHOLDER_PROJECT, "project", "CLOUDTRAIN_GCP_PROJECT"),
+                                               (bucket, rq.PLACEHOLDER_BUCKET, "bucket", "CLOUDTRAIN_GCP_BUCKET")):
+            if value == placeholder:
+                notes.append(f"gcp: providers.gcp.{field} is not set (nor {env}): the plan shows a placeholder, "
+                             "and submit refuses until it is set")
+        return rq.Target(project=project, region=region, bucket=bucket, machine=machine, image=image), notes
+
+    def _plan(self, spec: JobSpec, package: Package) -> Plan:
+        assert spec.name
+        target, notes = self._target(spec)
+        home = f"gs://{target.bucket}/cloudtrain"
+        if spec.spot and not spec.checkpoint.uri:
+            spec = spec.model_copy(deep=True)
+            spec.checkpoint.uri = f"{home}/checkpoints/{spec.name}"
+            notes.append(f"gcp: spot without checkpoint.uri: checkpoints go to {spec.checkpoint.uri}, so an "
+                         "interrupted job resumes instead of starting over")
+        job_id = new_job_id(str(spec.name))
+        prefix = bundle_prefix(home, package)
+        output = spec.output_uri if spec.output_uri and spec.output_uri.startswith("gs://") else \
+            f"{home}/output/{spec.name}"
+        gpus = target.machine.accelerator_count
+        nproc = str(spec.procs_per_node) if isinstance(spec.procs_per_node, int) else str(gpus) if gpus else "auto"
+        mounted = rq.gcs_path(prefix)
+        args = bootstrap_args(spec, bundle=f"{mounted}/{BUNDLE_NAME}", digest=package.digest, workdir=rq.WORKDIR,
+                              job_id=job_id, nproc=nproc)
+        command = [rq.PYTHON, f"{mounted}/{BOOTSTRAP_NAME}"]
+        options = spec.providers.gcp
+        request, more_notes = rq.custom_job(spec, job_id=job_id, target=target, digest=package.digest,
+                                            command=command, args=args, output_dir=output,
+                                            strategy=options.capacity.upper() if options.capacity else None,
+                                            max_wait=options.flex_start_max_wait)
+        check_request(request["customJob"])
+        env = rq.node_environment(spec)
+        hosts = {"workerpool0": [f"workerpool0-0:{rq.CLUSTER_PORT}"]}
+        if spec.nodes > 1:
+            hosts["workerpool1"] = [f"workerpool1-{i}:{rq.CLUSTER_PORT}" for i in range(spec.nodes - 1)]
+        nodes = []
+        for rank in range(spec.nodes):
+            # each node's torchrun line, derived under the CLUSTER_SPEC Vertex gives that replica (GPUs included)
+            task = {"type": "workerpool0", "index": 0} if rank == 0 else {"type": "workerpool1", "index": rank - 1}
+            seen = {**env, "CLUSTER_SPEC": json.dumps({"cluster": hosts, "task": task, "environment": "cloud"}),
+                    "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
+            node = node_command(rank, rq.PYTHON, command[1], args, seen, job_id)
+            nodes.append(replace(node, env=env))
+        return Plan(provider=self.name, job_id=job_id, spec=spec, package=package, request=request, nodes=nodes,
+                    staging={"prefix": prefix, "bundle": f"{prefix}/{BUNDLE_NAME}", "project": target.project,
+                             "region": target.region},
+                    notes=[*notes, *more_notes])
+
+    # -- submit ----------------------------------------------------------------------------------------
+    def _submit(self, plan: Plan) -> JobHandle:
+        project, region = plan.staging["project"], plan.staging["region"]
+        for value, placeholder, field in ((project, rq.PLACEHOLDER_PROJECT, "project"),
+                                          (plan.staging["prefix"], rq.PLACEHOLDER_BUCKET, "bucket")):
+            if placeholder in value:
+                raise UserError("is not set: the plan holds a placeholder", field=f"providers.gcp.{field}",
+                                remedy=f"set providers.gcp.{field} in the spec (or --set providers.gcp.{field}=...), "
+                                       f"or CLOUDTRAIN_GCP_{field.upper()}")
+        job = self._proto(plan.request["customJob"])  # the SDK's own parser: the last check before sending
+        parent = plan.request["parent"]
+        with gcp_errors(f"staging the bundle under {plan.staging['prefix']}"):
+            stage_bundle(plan.package, plan.staging["prefix"])
+        client = self._client(region)
+        digest = plan.package.digest.split(":", 1)[-1][:63]
+        found = self._find(client, parent, plan.job_id, digest)
+        if found:  # this plan was submitted already (a retried submit)
+            return JobHandle(self.name, found, (project, region))
+        from google.api_core import exceptions as api
+
+        with gcp_errors(f"creating custom job {plan.job_id}"):
+            try:
+                created = client.create_custom_job(parent=parent, custom_job=job, timeout=self.create_timeout)
+            except (api.DeadlineExceeded, api.ServiceUnavailable, api.InternalServerError, OSError):
+                # the answer was lost: the job may exist, and it is ours if it carries this plan's label
+                found = self._find(client, parent, plan.job_id, digest)
+                if found:
+                    return JobHandle(self.name, found, (project, region))
+                raise
+        return JobHandle(self.name, created.name.rsplit("/", 1)[1], (project, region))
+
+    @staticmethod
+    def _proto(body: dict[str, Any]) -> Any:
+        try:
+            return aiplatform().CustomJob.from_json(json.dumps(body), ignore_unknown_fields=False)
+        except Exception as exc:  # json_format.ParseError (and ValueError/TypeError from proto-plus)
+            raise UserError(f"the CustomJob does not parse as aiplatform_v1.CustomJob: {exc}",
+                            remedy="check the plan (`cloudtrain plan --provider gcp -o json`)") from None
+
+    def _find(self, client: Any, parent: str, plan_id: str, digest: str | None = None) -> str | None:
+        """The id of the job a plan (or a resubmission) already created, if any."""
+        with gcp_errors(f"looking up custom jobs labelled {rq.PLAN_LABEL}={plan_id}"):
+            pager = client.list_custom_jobs(request={"parent": parent, "filter": f'labels.{rq.PLAN_LABEL}="{plan_id}"',
+                                                     "page_size": 10})
+            jobs = [j for j in pager if j.labels.get(rq.PLAN_LABEL) == plan_id]  # whatever the filter did
+        if not jobs:
+            return None
+        if digest and jobs[0].labels.get(rq.DIGEST_LABEL) != digest:
+            raise UserError(f"a custom job labelled {rq.PLAN_LABEL}={plan_id} already exists and is not this plan's",
+                            remedy="plan the job again (it gets a new name)")
+        return str(jobs[0].name.rsplit("/", 1)[1])
+
+    def _resubmit(self, handle: JobHandle, new_name: str) -> JobHandle:
+        """A copy of the job as Vertex holds it (same image, bundle, checkpoint URI, environment), named
+        ``new_name``; a job already labelled with that name is the one a retried call created."""
+        CustomJob = aiplatform().CustomJob
+
+        project, region = self._scope(handle)
+        client = self._client(region)
+        parent = f"projects/{project}/locations/{region}"
+        found = self._find(client, parent, new_name)
+        if found:
+            return JobHandle(self.name, found, handle.scope)
+        with gcp_errors(f"reading {handle} to resubmit it"):
+            job = client.get_custom_job(name=self._resource(handle))
+        copy = CustomJob.deserialize(CustomJob.serialize(job))
+        for field in OUTPUT_ONLY:
+            CustomJob.pb(copy).ClearField(field)
+        copy.display_name = new_name
+        copy.labels[rq.PLAN_LABEL] = new_name
+        copy.labels[rq.RESUBMIT_LABEL] = handle.job_id
+        with gcp_errors(f"resubmitting {handle} as {new_name}"):
+            created = client.create_custom_job(parent=parent, custom_job=copy, timeout=self.create_timeout)
+        return JobHandle(self.name, created.name.rsplit("/", 1)[1], handle.scope)
+
+    # -- follow ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _scope(handle: JobHandle) -> tuple[str, str]:
+        if len(handle.scope) != 2:
+            raise HandleError(f"{handle} is not a Vertex job handle", remedy="handles look like gcp://PROJECT/REGION/ID")
+        return handle.scope[0], handle.scope[1]
+
+    def _resource(self, handle: JobHandle) -> str:
+        project, region = self._scope(handle)
+        return f"projects/{project}/locations/{region}/customJobs/{handle.job_id}"
+
+    def _job(self, handle: JobHandle) -> dict[str, Any]:
+        client = self._client(self._scope(handle)[1])
+        with gcp_errors(f"describing {handle}"):
+            return self._as_json(client.get_custom_job(name=self._resource(handle)))
+
+    @staticmethod
+    def _as_json(job: Any) -> dict[str, Any]:
+        return dict(json.loads(type(job).to_json(job, use_integers_for_enums=False)))
+
+    @staticmethod
+    def _status(handle: JobHandle, job: dict[str, Any]) -> JobStatus:
+        error = (job.get("error") or {}).get("message", "")
+        state, message = job_state(job.get("state", ""), error, started=bool(job.get("startTime")))
+
+        def stamp(key: str) -> float | None:
+            value = job.get(key)
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
+
+        return JobStatus(handle=handle, name=job.get("displayName", handle.job_id), state=state, message=message,
+                         created_at=stamp("createTime"), started_at=stamp("startTime"), ended_at=stamp("endTime"),
+                         details=describe_details(job))
+
+    def _describe(self, handle: JobHandle) -> JobStatus:
+        return self._status(handle, self._job(handle))
+
+    def _cancel(self, handle: JobHandle) -> None:
+        client = self._client(self._scope(handle)[1])
+        with gcp_errors(f"cancelling {handle}"):
+            client.cancel_custom_job(name=self._resource(handle))
+
+    def _list(self, limit: int) -> builtins.list[JobStatus]:
+        project, region = configured_project(None), configured_region(None) or DEFAULT_REGION
+        if not project:
+            raise SpecError("no Google Cloud project is set", field="providers.gcp.project",
+                            remedy="set CLOUDTRAIN_GCP_PROJECT (or GOOGLE_CLOUD_PROJECT, or `gcloud config set "
+                                   "project`)")
+        client = self._client(region)
+        found: list[dict[str, Any]] = []
+        with gcp_errors("listing Vertex custom jobs"):
+            pager = client.list_custom_jobs(request={"parent": f"projects/{project}/locations/{region}",
+                                                     "filter": f'labels.{rq.MANAGED_LABEL}="true"',
+                                                     "page_size": min(100, limit)})
+            for job in pager:
+                if job.labels.get(rq.MANAGED_LABEL) == "true":
+                    found.append(self._as_json(job))
+                if len(found) >= limit:
+                    break
+        found.sort(key=lambda j: j.get("createTime") or "", reverse=True)
+        return [self._status(JobHandle(self.name, j["name"].rsplit("/", 1)[1], (project, region)), j)
+                for j in found[:limit]]
+
+    def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]:
+        """Every node's Cloud Logging entries (resource ml_job), oldest first, each prefixed with its task name."""
+        project, _ = self._scope(handle)
+        endpoint = logging_endpoint(self.logging_endpoint)
+        session = http_session(credentials_for(endpoint, self.credentials))
+        base = f'resource.type="ml_job" AND resource.labels.job_id="{handle.job_id}"'
+        since, seen = "", set[str]()  # entries at the newest timestamp read, so a re-read prints nothing twice
+        while True:
+            ended = follow and self._describe(handle).state.terminal  # read once more after the end, then stop
+            printed = False
+            query = f'{base} AND timestamp>="{since}"' if since else base
+            for entry in self._entries(session, endpoint, project, query, handle):
+                key = entry.get("insertId") or json.dumps(entry, sort_keys=True)
+                if key in seen:
+                    continue
+                if entry.get("timestamp", "") > since:
+                    since, seen = entry["timestamp"], set()
+                seen.add(key)
+                printed = True
+                task = (entry.get("resource", {}).get("labels", {}).get("task_name") or
+                        entry.get("labels", {}).get("ml.googleapis.com/task_name") or "job")
+                text = entry.get("textPayload")
+                if text is None:
+                    text = (entry.get("jsonPayload") or {}).get("message", "")
+                for line in str(text).rstrip("\n").split("\n"):
+                    yield f"[{task}] {line}"
+            if not follow or (ended and not printed):
+                return
+            if not printed:
+                time.sleep(self.log_poll)
+
+    @staticmethod
+    def _entries(session: Any, endpoint: str, project: str, query: str, handle: JobHandle) -> Iterator[dict[str, Any]]:
+        token = None
+        while True:
+            body: dict[str, Any] = {"resourceNames": [f"projects/{project}"], "filter": query,
+                                    "orderBy": "timestamp asc", "pageSize": 1000}
+            if token:
+                body["pageToken"] = token
+            with gcp_errors(f"reading logs of {handle}"):
+                from google.api_core.exceptions import from_http_response
+
+                response = session.post(f"{endpoint.rstrip('/')}/v2/entries:list", json=body, timeout=60)
+                if response.status_code >= 400:
+                    raise from_http_response(response)
+                page = response.json()
+            yield from page.get("entries", [])
+            token = page.get("nextPageToken")
+            if not token:
+                return
