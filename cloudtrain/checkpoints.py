@@ -60,7 +60,8 @@ def _steps_present(uri: str) -> dict[int, set[str]]:
     """step -> names of the objects under that step folder (relative)."""
     found: dict[int, set[str]] = {}
     base = uri.rstrip("/") + "/"
-    for obj in storage.store_for(uri).list(uri):
+    listing = storage.with_retries(lambda: storage.store_for(uri).list(uri), f"listing {uri}")
+    for obj in listing:
         rel = obj[len(base):] if obj.startswith(base) else obj
         head, _, rest = rel.partition("/")
         match = _STEP_DIR.match(head)
@@ -78,7 +79,10 @@ def list_complete(uri: str, log: Log = _print) -> list[Checkpoint]:
             continue
         folder = storage.join(uri, step_dir(step))
         try:
-            manifest = json.loads(store.read_bytes(storage.join(folder, MANIFEST)))
+            # a read cut short must be retried, never taken as "no checkpoint" (retention would then delete it)
+            data = storage.with_retries(functools.partial(store.read_bytes, storage.join(folder, MANIFEST)),
+                                        f"reading {folder}/{MANIFEST}", log=log)
+            manifest = json.loads(data)
             missing = [f["path"] for f in manifest["files"] if f["path"] not in names]
         except (ValueError, KeyError, TypeError) as exc:
             log(f"checkpoint {folder} has an unreadable manifest ({exc}); skipped")

@@ -22,11 +22,15 @@ class AzureBlobStore:
 
     def _service(self, account: str | None) -> Any:
         if account not in self._services:
-            from azure.storage.blob import BlobServiceClient
+            from azure.storage.blob import BlobServiceClient, ExponentialRetry
 
+            # the SDK's default first retry waits ~15 s: too long inside a preemption grace period; cloudtrain's own
+            # with_retries backs off around these quicker client retries
+            policy = ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=3)
+            retry: dict[str, Any] = {"retry_policy": policy}
             conn = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
             if conn and (account is None or f"AccountName={account};" in conn + ";"):
-                self._services[account] = BlobServiceClient.from_connection_string(conn)
+                self._services[account] = BlobServiceClient.from_connection_string(conn, **retry)
             else:
                 name = account or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
                 if not name:
@@ -36,7 +40,7 @@ class AzureBlobStore:
                 from azure.identity import DefaultAzureCredential
 
                 self._services[account] = BlobServiceClient(f"https://{name}.blob.core.windows.net",
-                                                            credential=DefaultAzureCredential())
+                                                            credential=DefaultAzureCredential(), **retry)
         return self._services[account]
 
     def _split(self, uri: str) -> tuple[str | None, str, str]:

@@ -1,0 +1,307 @@
+"""Storage faults: the checkpoint protocol through a fault-injecting proxy in front of each storage emulator.
+
+Real parts only: moto's S3 server, gcp-storage-emulator and Azurite, reached by boto3, google-cloud-storage and
+azure-storage-blob through ``tests/faultproxy.py``, which resets connections, answers 500/503 (S3 SlowDown),
+delays and truncates responses. What must hold: an upload that returned was published whole and restores
+bit-exact; one that failed left no manifest, and restore falls back to the newest complete checkpoint; retention
+never removes the newest complete one; no acknowledged checkpoint is lost.
+
+``pytest -s`` prints one report line per backend; CLOUDTRAIN_FAULT_REPORT=path also writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cloudtrain import checkpoints, storage
+from cloudtrain.errors import CloudtrainError
+from tests.emulators import Emulator, ensure, root_uri
+from tests.faultproxy import KINDS, FaultPlan, FaultProxy, Request
+
+ENDPOINT_ENV = {"s3": "AWS_ENDPOINT_URL_S3", "gs": "STORAGE_EMULATOR_HOST", "az": "AZURE_STORAGE_CONNECTION_STRING"}
+MIB = 1 << 20
+# One file per checkpoint above the size at which each client switches to its multi-request upload: the store's own
+# 16 MiB S3 multipart threshold, GCS's 8 MiB resumable threshold, the 4 MiB single-put limit set for Azure below.
+SHARD_BYTES = {"s3": 17 * MIB, "gs": 9 * MIB, "az": 9 * MIB}
+# Seed 9 draws 9 faults in the first 30 requests at this rate: every kind is hit even on the shortest run.
+PLAN = FaultPlan(rate=0.25, seed=9, delay=0.3)
+KEEP = 2
+REPORT: dict[str, dict[str, Any]] = {}
+
+
+@dataclass
+class Faulty:
+    scheme: str
+    proxy: FaultProxy
+    root: str
+    client_retries: _Tally  # retries the cloud client made on its own
+
+
+class _Tally:
+    """A counter bumped from the clients' worker threads (TransferManager, Azure's parallel block upload)."""
+
+    def __init__(self) -> None:
+        self._lock, self.value = threading.Lock(), 0
+
+    def add(self, n: int = 1) -> None:
+        with self._lock:
+            self.value += n
+
+
+class _RetryLog(logging.Handler):
+    """google-api-core logs each retry it sleeps before ("Retrying due to ..."); that is the count GCS exposes."""
+
+    def __init__(self, tally: _Tally) -> None:
+        super().__init__(logging.DEBUG)
+        self.tally = tally
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Retrying due to"):
+            self.tally.add()
+
+
+def _instrument(scheme: str, root: str, conn: str) -> tuple[_Tally, Callable[[], None]]:
+    """Count the client's own retries; returns (tally, undo)."""
+    store: Any = storage.store_for(root)
+    tally = _Tally()
+    if scheme == "s3":
+        def after_call(parsed: dict[str, Any], **_: Any) -> None:
+            tally.add(int(parsed.get("ResponseMetadata", {}).get("RetryAttempts", 0)))
+
+        store.client.meta.events.register("after-call.s3", after_call)
+        return tally, lambda: None
+    if scheme == "gs":
+        handler, logger = _RetryLog(tally), logging.getLogger("google.api_core.retry")
+        level = logger.level
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(handler)
+
+        def undo() -> None:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+
+        return tally, undo
+    from azure.storage.blob import BlobServiceClient, LinearRetry
+
+    class CountingRetry(LinearRetry):
+        def sleep(self, settings: Any, transport: Any) -> None:
+            tally.add()
+            super().sleep(settings, transport)
+
+    # The SDK's default ExponentialRetry waits 15-21 s before its first retry; same client, shorter waits. A 4 MiB
+    # single-put limit sends the few-MB shard as Put Block + Put Block List, the path above 64 MiB by default.
+    store._services[None] = BlobServiceClient.from_connection_string(
+        conn, max_single_put_size=4 * MIB, max_block_size=4 * MIB,
+        retry_policy=CountingRetry(backoff=0, random_jitter_range=1, retry_total=3))
+    return tally, lambda: None
+
+
+@pytest.fixture
+def faulty(request: pytest.FixtureRequest, emulators: dict[str, Emulator | str],
+           tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faulty]:
+    """The emulator for ``request.param`` behind a fresh FaultProxy; the client env points at the proxy."""
+    scheme = request.param
+    tmp = tmp_path_factory.getbasetemp()
+    ensure(scheme, emulators, tmp)
+    emulator = emulators[scheme]
+    assert isinstance(emulator, Emulator)
+    proxy = FaultProxy(emulator.port, flavor=scheme, plan=PLAN).start()
+    name = ENDPOINT_ENV[scheme]
+    conn = os.environ[name].replace(f"127.0.0.1:{emulator.port}", f"127.0.0.1:{proxy.port}")
+    monkeypatch.setenv(name, conn)
+    storage._store.cache_clear()  # stores are cached per scheme with the client built from the env of the day
+    count, undo = _instrument(scheme, root_uri(scheme, tmp), conn)
+    try:
+        yield Faulty(scheme, proxy, root_uri(scheme, tmp), count)
+    finally:
+        undo()
+        proxy.stop()
+        storage._store.cache_clear()  # later tests get clients for the emulator itself again
+
+
+def _make_checkpoint(local: Path, step: int, shard_bytes: int) -> tuple[Path, list[dict[str, Any]]]:
+    folder = local / checkpoints.step_dir(step)
+    (folder / "extra").mkdir(parents=True, exist_ok=True)
+    (folder / "__0_0.distcp").write_bytes(random.Random(step).randbytes(shard_bytes))
+    (folder / "extra" / "rank-0.pt").write_bytes(f"rng-{step}".encode() * 64)
+    return folder, checkpoints.describe_files(folder, ["__0_0.distcp", "extra/rank-0.pt"])
+
+
+def _save(folder: Path, files: list[dict[str, Any]], root: str, step: int, log: Callable[[str], None]) -> None:
+    """What the Checkpointer does after a save: upload, publish (manifest last), then retention."""
+    remote = storage.join(root, checkpoints.step_dir(step))
+    checkpoints.upload_files(folder, files, remote, log=log)
+    checkpoints.publish(remote, step, files, world_size=1, log=log)
+    storage.with_retries(lambda: checkpoints.apply_retention(root, KEEP, log=log), f"retention under {root}", log=log)
+
+
+def _has_manifest(root: str, step: int) -> bool:
+    return storage.exists(storage.join(root, checkpoints.step_dir(step), checkpoints.MANIFEST))
+
+
+def _publish_report(row: dict[str, Any]) -> None:
+    REPORT[row["backend"]] = row
+    faults = " ".join(f"{k}={v}" for k, v in sorted(row["faults"].items()))
+    print(f"\n[faults] {row['backend']}: requests={row['requests']} faults={row['faults_total']} ({faults}) "
+          f"retried={row['retried']} (cloudtrain={row['retried_cloudtrain']} client={row['retried_client']}) "
+          f"published={row['published']} not_published={row['not_published']} lost={row['lost']} "
+          f"restored=step-{row['restored_step']} in {row['seconds']:.1f}s")
+    if path := os.environ.get("CLOUDTRAIN_FAULT_REPORT"):
+        Path(path).write_text(json.dumps(REPORT, indent=1, sort_keys=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("faulty", ["s3", "gs", "az"], indirect=True)
+def test_checkpoints_survive_storage_faults(faulty: Faulty, tmp_path: Path) -> None:
+    started = time.monotonic()
+    proxy, root = faulty.proxy, faulty.root
+    messages: list[str] = []
+    published: list[int] = []  # save returned: the caller was told the checkpoint exists
+    not_published: list[int] = []
+    lost: set[int] = set()  # published, yet missing or not verifying when it should be there
+    sources: dict[int, Path] = {}
+
+    def verify(step: int, complete: dict[int, checkpoints.Checkpoint]) -> None:
+        try:  # download checks every file's size and sha256 against the manifest
+            checkpoints.download(complete[step], tmp_path / "verify" / checkpoints.step_dir(step))
+        except (KeyError, ValueError, OSError, CloudtrainError):
+            lost.add(step)
+
+    for step in (10, 20, 30):
+        folder, files = _make_checkpoint(tmp_path / "local", step, SHARD_BYTES[faulty.scheme])
+        sources[step] = folder
+        try:
+            _save(folder, files, root, step, messages.append)
+            published.append(step)
+        except CloudtrainError:
+            not_published.append(step)
+        with proxy.calm():  # read back the ground truth
+            complete = {c.step: c for c in checkpoints.list_complete(root, log=messages.append)}
+            if step in published:
+                verify(step, complete)
+            else:
+                assert not _has_manifest(root, step), f"step {step} failed yet has a manifest"
+            if published:
+                assert max(complete) == published[-1], "retention or a fault removed the newest complete"
+    assert len(published) >= 2, f"too few checkpoints survived transient faults: {not_published} failed"
+
+    # An outage beyond every retry budget while the shard of step 40 is already up: it must stay unpublished.
+    folder, files = _make_checkpoint(tmp_path / "local", 40, SHARD_BYTES[faulty.scheme])
+    refused = f"{checkpoints.step_dir(40)}/extra/"
+    with (proxy.fail_matching(lambda r: r.method in ("PUT", "POST") and r.mentions(refused)),
+          pytest.raises(CloudtrainError, match="failed after 5 attempts")):
+        _save(folder, files, root, 40, messages.append)
+    not_published.append(40)
+
+    # Read back with the proxy calm: reads under faults are test_restore_survives_a_read_cut_short's business.
+    with proxy.calm():
+        uploaded = storage.store_for(root).list(storage.join(root, checkpoints.step_dir(40)))
+        assert [u.rsplit("/", 1)[1] for u in uploaded] == ["__0_0.distcp"], "step 40 should be left partial"
+        assert not _has_manifest(root, 40)
+        complete = {c.step: c for c in checkpoints.list_complete(root, log=messages.append)}
+        assert not set(complete) & set(not_published)
+        assert sorted(complete) == published[-KEEP:], "retention kept the wrong checkpoints"
+        for step in published[-KEEP:]:
+            verify(step, complete)
+        found = checkpoints.restore_latest(root, tmp_path / "restore", log=messages.append)
+    assert found is not None and found.step == published[-1], "restore must take the newest complete checkpoint"
+    restored = tmp_path / "restore" / checkpoints.step_dir(found.step) / "__0_0.distcp"
+    assert restored.read_bytes() == (sources[found.step] / "__0_0.distcp").read_bytes()
+    assert not lost, f"published checkpoints lost: {sorted(lost)}"
+
+    missing = [k for k in PLAN.kinds if proxy.injected[k] == 0]
+    assert not missing, f"no {missing} fault was injected in {proxy.requests} requests"
+    assert proxy.injected["http_403"] >= 5, "every attempt at the refused upload must have reached the storage"
+    retried_cloudtrain = sum(" failed (" in m and "; retry " in m for m in messages)
+    retried_client = faulty.client_retries.value
+    assert retried_cloudtrain >= 4, "cloudtrain must retry the refused upload before giving up"
+    assert retried_client + retried_cloudtrain - 4 > 0, "transient faults were absorbed without a single retry?"
+    _publish_report({
+        "backend": faulty.scheme, "requests": proxy.requests, "faults": dict(proxy.injected),
+        "faults_total": proxy.faults, "retried": retried_cloudtrain + retried_client,
+        "retried_cloudtrain": retried_cloudtrain, "retried_client": retried_client, "published": len(published),
+        "not_published": len(not_published), "lost": len(lost), "restored_step": found.step,
+        "seconds": round(time.monotonic() - started, 1),
+    })
+
+
+def _manifest_read(request: Request) -> bool:
+    """The GET of a manifest's content (S3/Azure: the object path; GCS: ``.../o/<name>?alt=media``)."""
+    return request.method == "GET" and request.mentions(checkpoints.MANIFEST)
+
+
+def _listing(request: Request) -> bool:
+    """S3 ListObjectsV2, Azure List Blobs, GCS objects.list."""
+    target = request.target.split("?")[0]
+    return request.method == "GET" and ("list-type=2" in request.target or "comp=list" in request.target
+                                        or target.endswith("/o"))
+
+
+# boto3 retries a listing cut short (the body is read inside the call) but not an object body read after it returned:
+# list_complete retries its manifest reads itself, which the s3 manifest case proves.
+_READ_FAULTS = [pytest.param(scheme, what, kind, id=f"{scheme}-{what.__name__.strip('_')}-{kind}")
+                for scheme in ("s3", "gs", "az")
+                for what, kind in ((_manifest_read, "truncate"), (_listing, "reset_mid"))]
+
+
+@pytest.mark.parametrize(("faulty", "what", "kind"), _READ_FAULTS, indirect=["faulty"])
+def test_restore_survives_a_read_cut_short(faulty: Faulty, what: Callable[[Request], bool], kind: str,
+                                           tmp_path: Path) -> None:
+    """One transient fault on a read restore depends on must not stop (or downgrade) the restore."""
+    with faulty.proxy.calm():
+        for step in (10, 20):
+            folder, files = _make_checkpoint(tmp_path / "local", step, 64 * 1024)
+            remote = storage.join(faulty.root, checkpoints.step_dir(step))
+            checkpoints.upload_files(folder, files, remote)
+            checkpoints.publish(remote, step, files, world_size=1)
+    with faulty.proxy.calm(), faulty.proxy.fail_matching(what, kind=kind, times=1):
+        found = checkpoints.restore_latest(faulty.root, tmp_path / "restore", log=lambda _m: None)
+    assert faulty.proxy.injected[kind] == 1
+    assert found is not None and found.step == 20
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_fault_kind_reaches_a_client_that_does_not_retry(kind: str, emulators: dict[str, Emulator | str],
+                                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The proxy's faults are real failures, not something an HTTP stack shrugs off; and it relays cleanly."""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    ensure("s3", emulators, tmp_path_factory.getbasetemp())
+    emulator = emulators["s3"]
+    assert isinstance(emulator, Emulator)
+    proxy = FaultProxy(emulator.port, flavor="s3", plan=FaultPlan(rate=0.0)).start()
+    try:
+        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{proxy.port}",
+                              config=Config(retries={"total_max_attempts": 1}))
+        key = f"probe/{kind}.bin"
+        client.put_object(Bucket="cloudtrain-test", Key=key, Body=b"x" * 4096)
+        assert client.get_object(Bucket="cloudtrain-test", Key=key)["Body"].read() == b"x" * 4096
+        with proxy.fail_matching(lambda r: r.method == "GET", kind=kind, times=1):
+            if kind == "slow":
+                started = time.monotonic()
+                assert client.get_object(Bucket="cloudtrain-test", Key=key)["Body"].read() == b"x" * 4096
+                assert time.monotonic() - started >= proxy.plan.delay
+            else:
+                with pytest.raises((BotoCoreError, ClientError)) as failure:
+                    client.get_object(Bucket="cloudtrain-test", Key=key)["Body"].read()
+                if kind == "http_503":
+                    assert isinstance(failure.value, ClientError)
+                    assert failure.value.response["Error"]["Code"] == "SlowDown"
+        assert proxy.injected == {kind: 1} and proxy.requests == 3
+        # the same keep-alive client goes on working once the fault is over
+        assert client.get_object(Bucket="cloudtrain-test", Key=key)["Body"].read() == b"x" * 4096
+    finally:
+        proxy.stop()
