@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -20,12 +21,12 @@ import pytest
 from cloudtrain.errors import SpecError
 from cloudtrain.handles import JobHandle
 from cloudtrain.providers.azure.status import job_state
-from cloudtrain.providers.base import JobState
+from cloudtrain.providers.base import JobState, JobStatus
 from cloudtrain.recovery import load as load_recovery
 from cloudtrain.sdk import Job, Run
 from tests.azureml_fake import PREEMPTED, AzureMLFake
 from tests.conftest import REPO, cli_env, wait_for
-from tests.emulators import ensure, free_port
+from tests.emulators import BUCKET, ensure, free_port
 
 WORKSPACE = {"subscription_id": "sub-1", "resource_group": "rg-1", "workspace": "ws-1"}
 
@@ -269,40 +270,41 @@ def test_no_workspace_and_no_credentials_are_clear(project: Path, ct_home: Path,
     assert "az login" in status.stderr and "Traceback" not in status.stderr
 
 
+def start_node(azure: AzureMLFake, job_name: str, rank: int, nnodes: int, port: int, root: Path,
+               inputs: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Play Azure ML for one node of a job: download the job's code asset into a working folder, substitute
+    ${{inputs.*}} in the command as the service does, and start it with the job's environment variables plus what
+    PyTorchDistribution sets per node (MASTER_ADDR, MASTER_PORT, NODE_RANK, WORLD_SIZE = one process per node)."""
+    sent = azure.jobs[job_name]["properties"]
+    code = next(c for c in azure.codes.values() if c["id"] == sent["codeId"])
+    prefix = code["properties"]["codeUri"].split(f"/{azure.container.container_name}/", 1)[1]
+    workdir = root / f"{job_name}-node-{rank}" / "code"
+    for blob in azure.container.list_blobs(name_starts_with=prefix + "/"):
+        target = workdir / blob.name[len(prefix) + 1:]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(azure.container.download_blob(blob.name).readall())
+    command = sent["command"]
+    for name, path in (inputs or {}).items():
+        command = command.replace(f"${{{{inputs.{name}}}}}", path)
+    command = command.replace("/tmp/cloudtrain", str(root / f"{job_name}-node-{rank}" / "work"))
+    env = {**os.environ, **sent["environmentVariables"], "AZUREML_RUN_ID": job_name, "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "NODE_RANK": str(rank), "WORLD_SIZE": str(nnodes), "RANK": str(rank),
+           "LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable if a == "python" else a for a in shlex.split(command)]
+    return subprocess.Popen(argv, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
 @pytest.mark.slow
 def test_the_plan_runs_under_the_azure_ml_contract(azure: AzureMLFake, project: Path, tmp_path: Path) -> None:
-    """Submit for real (code uploaded to Azurite), then play Azure ML on two nodes: download the job's code asset
-    into a working folder, substitute ${{inputs.*}} in the command as the service does, and start it with the job's
-    environment variables plus what PyTorchDistribution sets per node (MASTER_ADDR, MASTER_PORT, NODE_RANK,
-    WORLD_SIZE = one process per node)."""
-    from azure.storage.blob import ContainerClient
-
+    """Submit for real (code uploaded to Azurite), then run both nodes the way Azure ML starts them."""
     data = tmp_path / "mounted-input"
     data.mkdir()
     run = Job(script="show_input.py", source_dir=str(project), nodes=2, procs_per_node=2,
               inputs={"train": "abfss://data@acct.dfs.core.windows.net/train/"},
               providers={"azure": WORKSPACE}).submit("azure")
-    sent = azure.jobs[run.handle.job_id]["properties"]
-    code = next(c for c in azure.codes.values() if c["id"] == sent["codeId"])
-    container = ContainerClient.from_container_url(azure._sas("").split("?")[0].rstrip("/") + "?" +
-                                                   azure._sas("").split("?")[1])
-    prefix = code["properties"]["codeUri"].split(f"/{container.container_name}/", 1)[1]
     port = free_port()
-    procs = []
-    for rank in range(2):
-        workdir = tmp_path / f"node-{rank}" / "code"
-        for blob in container.list_blobs(name_starts_with=prefix + "/"):
-            target = workdir / blob.name[len(prefix) + 1:]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(container.download_blob(blob.name).readall())
-        command = re.sub(r"\$\{\{inputs\.train\}\}", str(data), sent["command"])
-        command = command.replace("/tmp/cloudtrain", str(tmp_path / f"node-{rank}" / "work"))
-        env = {**os.environ, **sent["environmentVariables"], "AZUREML_RUN_ID": run.handle.job_id,
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(rank), "WORLD_SIZE": "2",
-               "RANK": str(rank), "LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-        argv = [sys.executable if a == "python" else a for a in shlex.split(command)]
-        procs.append(subprocess.Popen(argv, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+    procs = [start_node(azure, run.handle.job_id, rank, 2, port, tmp_path, {"train": str(data)}) for rank in (0, 1)]
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert "node 0/2 on azureml: 2 processes, rendezvous static" in outputs[0]
@@ -310,3 +312,45 @@ def test_the_plan_runs_under_the_azure_ml_contract(azure: AzureMLFake, project: 
     for rank in range(4):
         assert f"rank {rank}/4 input={data}" in outputs[0] + outputs[1]
     assert Run(run.handle).status().state is JobState.PENDING  # the fake's job itself never ran
+
+
+@pytest.mark.slow
+def test_a_job_preempted_twice_resumes_from_the_checkpoint_store_and_completes(
+        azure: AzureMLFake, project: Path, tmp_path: Path) -> None:
+    """Real training under the Azure ML contract, checkpointing to Azurite: SIGTERM (the platform's pre-emption)
+    ends the job with a final checkpoint; Azure reports it Failed/PreemptionError; cloudtrain's recovery resubmits a
+    copy, whose node resumes from the checkpoint store. Twice; the third run completes the training."""
+    from cloudtrain import checkpoints, storage
+
+    ckpt = storage.join(f"az://{BUCKET}", f"azure-recovery-{os.urandom(4).hex()}")
+    run = Job(script="train_ddp.py", source_dir=str(project), procs_per_node=2, spot=True, max_restarts=2,
+              checkpoint={"uri": ckpt}, providers={"azure": WORKSPACE},
+              args=["--epochs", "1", "--checkpoint-every", "8", "--step-sleep", "0.15"]).submit("azure")
+    outcome: list[JobStatus] = []
+    watcher = threading.Thread(target=lambda: outcome.append(run.wait(timeout=300, poll=0.1, recover=True)))
+    watcher.start()
+    names = [run.handle.job_id, f"{run.handle.job_id[:55]}-r1", f"{run.handle.job_id[:55]}-r2"]
+    resumed = []
+    for attempt, name in enumerate(names):
+        wait_for(lambda name=name: name in azure.jobs, timeout=60)
+        azure.set_status(name, "Running")
+        node = start_node(azure, name, 0, 1, free_port(), tmp_path)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda node=node, lines=lines: lines.extend(node.stdout or []))
+        reader.start()
+        if attempt < 2:  # pre-empted once it has published a checkpoint of its own
+            wait_for(lambda lines=lines, attempt=attempt: sum("published" in x for x in lines) > attempt, timeout=120)
+            os.killpg(node.pid, signal.SIGTERM)
+            assert node.wait(timeout=90) == 143
+            reader.join(10)
+            azure.set_status(name, "Failed", PREEMPTED)
+        else:
+            assert node.wait(timeout=180) == 0, "".join(lines)[-3000:]
+            reader.join(10)
+            azure.set_status(name, "Completed")
+        found = [re.search(r"resumed from step (\d+)", x) for x in lines]
+        resumed.append(next((int(m.group(1)) for m in found if m), 0))
+    watcher.join(60)
+    assert outcome and outcome[0].state is JobState.SUCCEEDED and outcome[0].handle.job_id == names[2]
+    assert resumed[0] == 0 and 0 < resumed[1] < resumed[2] < 32  # each run picked up where the last one stopped
+    assert [c.step for c in checkpoints.list_complete(ckpt)][-1] == 32  # the final state is in the store
