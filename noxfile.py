@@ -1,5 +1,6 @@
-"""Sessions: tests, lint, typecheck, demo, and live (real clouds, opt-in). Every install goes through
-constraints/test.txt, which pins the CPU build of torch so pip never swaps in a multi-GB CUDA wheel."""
+"""Sessions: tests, lint, typecheck, demo, soak (the full preemption soak) and live (real clouds, opt-in).
+Every install goes through constraints/test.txt, which pins the CPU build of torch so pip never swaps in a
+multi-GB CUDA wheel."""
 
 from __future__ import annotations
 
@@ -56,3 +57,10 @@ def live(session: nox.Session) -> None:
     install(session, "-e", ".[dev]")  # dev holds every provider that has a live test
     clouds = session.posargs or ["aws"]
     session.run("pytest", "-m", "live", "-v", "-s", *[f"tests/live/test_{cloud}_live.py" for cloud in clouds])
+
+
+@nox.session(python="3.11")
+def soak(session: nox.Session) -> None:
+    """Preemption soak: 20+ random SIGTERM/SIGKILL interruptions of a 2x2 FSDP job (~10 min on 2 cores)."""
+    install(session, "-e", ".[local]")
+    session.run("python", "benchmarks/soak.py", *(session.posargs or ["--interruptions", "20", "--seed", "1"]))

@@ -56,12 +56,19 @@ class Checkpoint:
     manifest: dict[str, Any]
 
 
-def _steps_present(uri: str) -> dict[int, set[str]]:
-    """step -> names of the objects under that step folder (relative)."""
+def _temp_objects(store: Any, prefix: str) -> list[str]:
+    """Temp objects a killed uploader left under ``prefix`` (file:// only; object stores write atomically)."""
+    list_temp = getattr(store, "list_temp", None)
+    return list(list_temp(prefix)) if list_temp else []
+
+
+def _steps_present(uri: str, temp: bool = False) -> dict[int, set[str]]:
+    """step -> names of the objects under that step folder (relative); with ``temp``, stale temp files too."""
     found: dict[int, set[str]] = {}
     base = uri.rstrip("/") + "/"
-    listing = storage.with_retries(lambda: storage.store_for(uri).list(uri), f"listing {uri}")
-    for obj in listing:
+    store = storage.store_for(uri)
+    listing = storage.with_retries(lambda: store.list(uri), f"listing {uri}")
+    for obj in [*listing, *(_temp_objects(store, uri) if temp else [])]:
         rel = obj[len(base):] if obj.startswith(base) else obj
         head, _, rest = rel.partition("/")
         match = _STEP_DIR.match(head)
@@ -116,6 +123,9 @@ def publish(folder_uri: str, step: int, files: list[dict[str, Any]], *, world_si
                 "files": sorted(files, key=lambda f: f["path"]), **(extra or {})}
     data = json.dumps(manifest, indent=1).encode()
     store = storage.store_for(folder_uri)
+    stale = _temp_objects(store, folder_uri)  # every rank's upload is done: any temp file is a killed attempt's
+    if stale:
+        store.delete(stale)
     storage.with_retries(lambda: store.write_bytes(storage.join(folder_uri, MANIFEST), data),
                          f"publishing {folder_uri}", log=log)
 
@@ -132,7 +142,7 @@ def apply_retention(uri: str, keep: int, log: Log = _print) -> list[int]:
     newest = complete[-1].step
     store = storage.store_for(uri)
     removed = []
-    for step, names in sorted(_steps_present(uri).items()):
+    for step, names in sorted(_steps_present(uri, temp=True).items()):
         if step in keep_steps or step >= newest:
             continue  # never the kept ones, never anything newer than the newest complete (may be in flight)
         folder = storage.join(uri, step_dir(step))

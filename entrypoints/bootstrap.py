@@ -317,8 +317,9 @@ def log(message: str) -> None:
     print(f"[cloudtrain] {message}", flush=True)
 
 
-def run_torchrun(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, bool]:
-    """Run torchrun, forwarding SIGTERM/SIGINT to it. Returns (exit code, whether we were asked to stop)."""
+def run_torchrun(argv: list[str], cwd: Path, env: dict[str, str], early: list[int] | None = None) -> tuple[int, bool]:
+    """Run torchrun, forwarding SIGTERM/SIGINT to it. Returns (exit code, whether we were asked to stop).
+    ``early``: signals that arrived before the forwarding handler was installed; they are forwarded at once."""
     child = subprocess.Popen(argv, cwd=cwd, env=env)
     stopping = {"signal": None}
 
@@ -328,6 +329,8 @@ def run_torchrun(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, 
             child.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    if early:  # a stop that landed between the last check and the handler above: not lost
+        forward(early[-1], None)
     try:
         while True:
             try:
@@ -426,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             log("torchrun: " + " ".join(argv_[1:]))
             syncer = start_checkpoint_sync(env, src, cluster)
-            code, stopped = run_torchrun(argv_, src, env)
+            code, stopped = run_torchrun(argv_, src, env, early_stop)
             finish_checkpoint_sync(syncer, env, src)
     except BootstrapError as exc:
         log(f"error: {exc}")

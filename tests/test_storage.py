@@ -92,6 +92,22 @@ def test_plain_script_sync_publishes_complete_folders_and_leaves_runtime_dirs_al
     assert [c.step for c in checkpoints.list_complete(remote)] == [1, 2]
 
 
+def test_temp_files_of_a_killed_uploader_are_removed(tmp_path: Path) -> None:
+    """A writer killed mid-upload leaves its temp file (file:// writes atomically through one): publishing that step
+    again removes it, and retention removes a folder that holds nothing else."""
+    root = (tmp_path / "store").as_uri()
+    base = tmp_path / "store"
+    (base / checkpoints.step_dir(5)).mkdir(parents=True)
+    (base / checkpoints.step_dir(5) / ".__0_0.distcp.abcd.part").write_bytes(b"half")  # killed before step 5 landed
+    (base / checkpoints.step_dir(10)).mkdir(parents=True)
+    (base / checkpoints.step_dir(10) / ".__0_0.distcp.ef01.part").write_bytes(b"half")  # killed, then re-saved
+    for step in (10, 20, 30):
+        _write_checkpoint(tmp_path / "local", root, step)
+    assert not list((base / checkpoints.step_dir(10)).glob(".*.part"))
+    checkpoints.apply_retention(root, keep=2)
+    assert sorted(p.name for p in base.iterdir()) == [checkpoints.step_dir(20), checkpoints.step_dir(30)]
+
+
 def test_unsupported_scheme_is_a_clear_error() -> None:
     with pytest.raises(storage.UserError, match="not supported"):
         storage.store_for("ftp://host/x")

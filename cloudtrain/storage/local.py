@@ -74,6 +74,14 @@ class LocalStore:
         return sorted(f"{base}/{p.relative_to(root).as_posix()}" for p in root.rglob("*")
                       if p.is_file() and not p.name.endswith(".part"))
 
+    def list_temp(self, prefix: str) -> builtins.list[str]:
+        """Temp files under ``prefix`` (uploads in flight, or left by a writer that was killed): ``list`` hides them."""
+        root = local_path(prefix)
+        if not root.is_dir():
+            return []
+        base = prefix.rstrip("/")
+        return sorted(f"{base}/{p.relative_to(root).as_posix()}" for p in root.rglob(".*.part") if p.is_file())
+
     def delete(self, uris: builtins.list[str]) -> None:
         for uri in uris:
             path = local_path(uri)
