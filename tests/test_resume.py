@@ -78,6 +78,10 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
         assert torch.equal(a[key], b[key]), f"{key} differs"
 
 
+# Every backend once and each trainer on several (not the full 2 x 4 product: each case is a ~40 s multi-process
+# run, and the storage protocol itself is covered per backend by test_storage.py and test_faults.py).
+@pytest.mark.parametrize(("baseline", "store_root"), [("ddp", "file"), ("ddp", "gs"), ("fsdp", "s3"), ("fsdp", "az"),
+                                                      ("fsdp", "file")], indirect=True)
 def test_preempted_then_hard_killed_resumes_bitwise(baseline: tuple[str, dict], store_root: str,
                                                     tmp_path: Path) -> None:
     """SIGTERM mid-epoch (final checkpoint, automatic restart), then SIGKILL between checkpoints of the restarted
