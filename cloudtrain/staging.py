@@ -8,6 +8,7 @@ import time
 
 from cloudtrain import storage
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.spec import JobSpec
 
 
 def new_job_id(name: str) -> str:
@@ -31,3 +32,19 @@ def stage_bundle(package: Package, prefix: str) -> bool:
     storage.put_file(package.path, storage.join(prefix, BUNDLE_NAME))
     storage.write_bytes(manifest_uri, json.dumps(package.manifest(), indent=1).encode())
     return True
+
+
+def cloud_locations(spec: JobSpec, home: str, provider: str) -> tuple[JobSpec, str, list[str]]:
+    """For a cloud whose staging lives under ``home`` (``s3://bucket/cloudtrain``): the spec with a checkpoint URI
+    for spot jobs that have none (an interrupted job must have somewhere to resume from), the output location (the
+    spec's when it is on this cloud's storage), and notes saying what was chosen."""
+    notes = []
+    if spec.spot and not spec.checkpoint.uri:
+        spec = spec.model_copy(deep=True)
+        spec.checkpoint.uri = f"{home}/checkpoints/{spec.name}"
+        notes.append(f"{provider}: spot without checkpoint.uri: checkpoints go to {spec.checkpoint.uri}, so an "
+                     "interrupted job resumes instead of starting over")
+    scheme = home.split("://", 1)[0] + "://"
+    output = spec.output_uri if spec.output_uri and spec.output_uri.startswith(scheme) else \
+        f"{home}/output/{spec.name}"
+    return spec, output, notes

@@ -27,7 +27,7 @@ from cloudtrain.providers.aws.status import describe_details, job_state
 from cloudtrain.providers.aws.validate import check_request
 from cloudtrain.providers.base import JobStatus, Provider
 from cloudtrain.spec import JobSpec
-from cloudtrain.staging import bundle_prefix, new_job_id, stage_bundle
+from cloudtrain.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
@@ -70,15 +70,10 @@ class SageMakerProvider(Provider):
             notes.append("aws: providers.aws.bucket is not set (nor CLOUDTRAIN_AWS_BUCKET): the plan shows a "
                          "placeholder, and submit refuses until it is set")
         home = f"s3://{target.bucket}/cloudtrain"
-        if spec.spot and not spec.checkpoint.uri:
-            spec = spec.model_copy(deep=True)
-            spec.checkpoint.uri = f"{home}/checkpoints/{spec.name}"
-            notes.append(f"aws: spot without checkpoint.uri: checkpoints go to {spec.checkpoint.uri}, so an "
-                         "interrupted job resumes instead of starting over")
+        spec, output, located = cloud_locations(spec, home, "aws")
+        notes += located
         job_name = new_job_id(str(spec.name))
         prefix = bundle_prefix(home, package)
-        output = spec.output_uri if spec.output_uri and spec.output_uri.startswith("s3://") else \
-            f"{home}/output/{spec.name}"
         gpus = catalog.gpus_of("aws", target.instance_type) or spec.gpus_per_node
         nproc = str(spec.procs_per_node) if isinstance(spec.procs_per_node, int) else str(gpus) if gpus else "auto"
         args = bootstrap_args(spec, bundle=f"{rq.CHANNEL_DIR}/{BUNDLE_NAME}", digest=package.digest,

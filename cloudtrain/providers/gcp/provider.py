@@ -41,7 +41,7 @@ from cloudtrain.providers.gcp.machines import machine_for
 from cloudtrain.providers.gcp.schema import check_request
 from cloudtrain.providers.gcp.status import describe_details, job_state
 from cloudtrain.spec import JobSpec
-from cloudtrain.staging import bundle_prefix, new_job_id, stage_bundle
+from cloudtrain.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
 
 # CustomJob fields the service sets: cleared before a job is created again from a copy.
 OUTPUT_ONLY = ("name", "state", "create_time", "start_time", "end_time", "update_time", "error", "web_access_uris",
@@ -101,15 +101,10 @@ class VertexProvider(Provider):
         assert spec.name
         target, notes = self._target(spec)
         home = f"gs://{target.bucket}/cloudtrain"
-        if spec.spot and not spec.checkpoint.uri:
-            spec = spec.model_copy(deep=True)
-            spec.checkpoint.uri = f"{home}/checkpoints/{spec.name}"
-            notes.append(f"gcp: spot without checkpoint.uri: checkpoints go to {spec.checkpoint.uri}, so an "
-                         "interrupted job resumes instead of starting over")
+        spec, output, located = cloud_locations(spec, home, "gcp")
+        notes += located
         job_id = new_job_id(str(spec.name))
         prefix = bundle_prefix(home, package)
-        output = spec.output_uri if spec.output_uri and spec.output_uri.startswith("gs://") else \
-            f"{home}/output/{spec.name}"
         gpus = target.machine.accelerator_count
         nproc = str(spec.procs_per_node) if isinstance(spec.procs_per_node, int) else str(gpus) if gpus else "auto"
         mounted = rq.gcs_path(prefix)
