@@ -135,6 +135,11 @@ def main() -> None:
     if rank == 0:
         print(f"done: optimizer_steps={step} allreduce_calls={comms.calls} micro_batches={len(loader) * args.epochs} "
               f"weights_equal_across_ranks={equal} logdir={os.path.abspath(args.logdir)}", flush=True)
+    # Tear down in order: every rank done with collectives, then DDP's reducer (it holds the comm hook and gloo
+    # work) freed while its process group still exists, then the group. Left to interpreter exit, the reducer can be
+    # destroyed after the group's threads and abort the process ("terminate called without an active exception").
+    dist.barrier()
+    del model, opt
     dist.destroy_process_group()
     if not equal:
         raise SystemExit("replicas diverged")

@@ -132,6 +132,8 @@ def main() -> None:
         print(f"sync_sgd: world_size={world} steps={args.steps} loss_first={first:.6f} loss_last={last:.6f} "
               f"hand_vs_ddp_max_abs_diff={diff:.3e} hand_vs_ddp_bitwise={bitwise} "
               f"hand_vs_single_process_max_abs_diff={max_diff(by_hand, single):.3e}", flush=True)
+    dist.barrier()  # as in ddp_playbook.py: free DDP's reducer while its group exists, then the group
+    del ddp
     dist.destroy_process_group()
     if diff > 1e-6 or not same_across:
         raise SystemExit(f"rank {rank}: hand-averaged SGD and DDP disagree (max_abs_diff={diff})")
