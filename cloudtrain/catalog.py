@@ -1,60 +1,217 @@
-"""Which machine each provider uses for a spec's ``accelerator`` ("A100:8"): one table per provider, no SDK needed.
+"""The accelerator catalog: which machine each provider runs a spec's ``accelerator`` ("A100:8") on, what it holds
+(GPU model, count, memory) and what it costs by the hour, read from ``data/catalog.json``; no SDK needed.
 
 A spec names GPUs (model and count per node), the way users think of them; each platform sells them as instance
-types. ``providers.<name>.instance_type`` (or machine type) always wins over this table.
+types (SageMaker ``ml.*``, Azure VM sizes, Vertex machine type + accelerator). An explicit instance type in the
+spec always wins over this table. Prices are list prices in one reference region per provider, dated and sourced in
+the data file: estimates to read before paying, never a bill.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
 from cloudtrain.errors import SpecError
 
-# (GPU model, GPUs per node) -> SageMaker training instance type.
-AWS: dict[tuple[str, int], str] = {
-    ("T4", 1): "ml.g4dn.xlarge", ("T4", 4): "ml.g4dn.12xlarge", ("T4", 8): "ml.g4dn.metal",
-    ("A10G", 1): "ml.g5.xlarge", ("A10G", 4): "ml.g5.12xlarge", ("A10G", 8): "ml.g5.48xlarge",
-    ("L4", 1): "ml.g6.xlarge", ("L4", 4): "ml.g6.12xlarge", ("L4", 8): "ml.g6.48xlarge",
-    ("L40S", 1): "ml.g6e.xlarge", ("L40S", 4): "ml.g6e.12xlarge", ("L40S", 8): "ml.g6e.48xlarge",
-    ("V100", 1): "ml.p3.2xlarge", ("V100", 4): "ml.p3.8xlarge", ("V100", 8): "ml.p3.16xlarge",
-    ("A100", 8): "ml.p4d.24xlarge", ("A100-80GB", 8): "ml.p4de.24xlarge",
-    ("H100", 8): "ml.p5.48xlarge", ("H200", 8): "ml.p5e.48xlarge",
-}
-AWS_CPU_DEFAULT = "ml.m5.xlarge"
+DATA = Path(__file__).with_name("data") / "catalog.json"
+PROVIDERS = ("aws", "azure", "gcp")
+_INSTANCE_FIELD = {"aws": "providers.aws.instance_type", "azure": "providers.azure.instance_type",
+                   "gcp": "providers.gcp.machine_type"}
 
-# (GPU model, GPUs per node) -> Azure VM size (serverless compute; a named cluster has its own size).
-AZURE: dict[tuple[str, int], str] = {
-    ("T4", 1): "Standard_NC4as_T4_v3", ("T4", 4): "Standard_NC64as_T4_v3",
-    ("V100", 1): "Standard_NC6s_v3", ("V100", 2): "Standard_NC12s_v3", ("V100", 4): "Standard_NC24s_v3",
-    ("V100", 8): "Standard_ND40rs_v2",
-    ("A100", 1): "Standard_NC24ads_A100_v4", ("A100", 2): "Standard_NC48ads_A100_v4",
-    ("A100", 4): "Standard_NC96ads_A100_v4", ("A100", 8): "Standard_ND96asr_v4",
-    ("A100-80GB", 8): "Standard_ND96amsr_A100_v4", ("H100", 8): "Standard_ND96isr_H100_v5",
-}
-AZURE_CPU_DEFAULT = "Standard_DS3_v2"
 
-TABLES: dict[str, dict[tuple[str, int], str]] = {"aws": AWS, "azure": AZURE}
-CPU_DEFAULTS = {"aws": AWS_CPU_DEFAULT, "azure": AZURE_CPU_DEFAULT}
+@dataclass(frozen=True)
+class Machine:
+    """One node's machine on one provider (for Vertex: a machine type with its attached accelerators)."""
+
+    provider: str
+    instance_type: str
+    gpu: str | None  # the model as a spec names it ("A100-80GB"); None: a CPU machine
+    gpus: int
+    gpu_memory_gb: float | None = None  # per GPU
+    vcpus: int | None = None
+    memory_gb: float | None = None
+    on_demand: float | None = None  # USD per node-hour, list price in the catalog's region; None: not known
+    spot: float | None = None  # USD per node-hour on spot/low-priority capacity; None: not published
+    accelerator_type: str | None = None  # Vertex's AcceleratorType enum value
+    confidence: str | None = None  # "sourced" (read from a price list) or "recalled" (a known figure, less sure)
+    cpu_default: bool = False  # the machine a job without accelerators gets
+
+    @property
+    def accelerator(self) -> str:
+        return f"{self.gpu}:{self.gpus}" if self.gpu else "-"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "cpu_default"}
+
+
+@dataclass(frozen=True)
+class PriceSource:
+    """Where a provider's prices come from: region, date and page, and how spot is billed there."""
+
+    provider: str
+    region: str
+    as_of: str
+    source: str
+    spot_note: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@functools.cache
+def _data() -> dict[str, Any]:
+    return dict(json.loads(DATA.read_text(encoding="utf-8")))
+
+
+def _check_provider(provider: str) -> None:
+    if provider not in PROVIDERS:
+        raise SpecError(f"the catalog covers {', '.join(PROVIDERS)}, not {provider!r}", field="--provider",
+                        remedy=f"use one of {', '.join(PROVIDERS)} (a local job runs on this machine)")
+
+
+@functools.cache
+def machines(provider: str) -> tuple[Machine, ...]:
+    _check_provider(provider)
+    return tuple(Machine(provider=provider, **row) for row in _data()[provider]["machines"])
+
+
+def price_source(provider: str) -> PriceSource:
+    _check_provider(provider)
+    meta = _data()[provider]
+    return PriceSource(provider, meta["region"], meta["as_of"], meta["source"], meta["spot_note"])
+
+
+def parse_accelerator(text: str) -> tuple[str, int]:
+    """``"a100:8"`` -> ``("A100", 8)``; a bare model means one GPU."""
+    model, _, count = text.partition(":")
+    if not model or (count and not count.isdigit()) or count == "0":
+        raise SpecError(f"{text!r} is not MODEL or MODEL:COUNT", field="--gpus", remedy="write e.g. --gpus A100:8")
+    return model.upper(), int(count or 1)
+
+
+def find(provider: str, instance_type: str, accelerator_type: str | None = None,
+         accelerator_count: int | None = None) -> Machine | None:
+    """The catalog's entry for a machine a plan chose (None: a type cloudtrain has no data for)."""
+    for machine in machines(provider):
+        if machine.instance_type != instance_type:
+            continue
+        if provider == "gcp" and (machine.accelerator_type, machine.gpus) != (accelerator_type,
+                                                                               accelerator_count or 0):
+            continue  # an N1 machine type comes with several accelerator choices
+        return machine
+    return None
+
+
+# A spec's "A100" is satisfied by the 80 GB part where a provider sells only that one at a given count
+# (Azure's NC A100 v4 sizes).
+_LARGER = {"A100": "A100-80GB"}
+
+
+def lookup(provider: str, model: str | None, count: int) -> Machine | None:
+    """The machine for ``count`` x ``model`` GPUs per node (no model: the CPU default)."""
+    if model is None:
+        return next(m for m in machines(provider) if m.cpu_default)
+    for wanted in (model, _LARGER.get(model)):
+        found = next((m for m in machines(provider) if (m.gpu, m.gpus) == (wanted, count)), None)
+        if found:
+            return found
+    return None
+
+
+def machine_of(provider: str, instance_type: str, gpu: str | None, gpus: int,
+               accelerator_type: str | None = None) -> Machine:
+    """The catalog's entry for the machine a plan chose, else what the spec says of it (GPUs, no prices): an
+    explicit instance type cloudtrain has no data for still gets its GPU count checked and a plan summary."""
+    found = find(provider, instance_type, accelerator_type, gpus)
+    return found or Machine(provider, instance_type, gpu, gpus, accelerator_type=accelerator_type)
+
+
+def offered(provider: str, model: str) -> list[int]:
+    return sorted({m.gpus for m in machines(provider) if m.gpu in (model, _LARGER.get(model))})
+
+
+def unknown_accelerator(provider: str, model: str, count: int) -> SpecError:
+    """The error for a GPU model and count the provider's table has no machine for, listing what it has."""
+    counts = offered(provider, model)
+    if counts:
+        hint = f"{model} comes {', '.join(f'{model}:{c}' for c in counts)} per node on {provider}"
+    else:
+        models = sorted({m.gpu for m in machines(provider) if m.gpu})
+        hint = f"known GPU models on {provider}: {', '.join(models)}"
+    return SpecError(f"no {provider} machine with {count} x {model} ({hint})", field="accelerator",
+                     remedy=f"pick one of those (`cloudtrain catalog --provider {provider}`), or set "
+                            f"{_INSTANCE_FIELD[provider]} explicitly")
 
 
 def gpus_of(provider: str, instance_type: str) -> int | None:
-    """GPUs per node of a machine in the table (None: not in it, e.g. a CPU instance or an explicit exotic type)."""
-    return next((count for (_, count), name in TABLES[provider].items() if name == instance_type), None)
+    """GPUs per node of a machine in the table (None: not in it, e.g. an explicit type cloudtrain has no data for)."""
+    found = find(provider, instance_type) if provider != "gcp" else None
+    return found.gpus if found else None
 
 
 def instance_for(provider: str, model: str | None, count: int, explicit: str | None, field: str) -> str:
     """The instance type for ``count`` x ``model`` GPUs per node (``explicit`` wins; no GPU: a CPU default)."""
     if explicit:
         return explicit
-    if model is None:
-        return CPU_DEFAULTS[provider]
-    table = TABLES[provider]
-    found = table.get((model, count))
-    if found:
-        return found
-    offered = sorted(c for m, c in table if m == model)
-    if offered:
-        hint = f"{model} comes {', '.join(f'{model}:{c}' for c in offered)} per node on {provider}"
-    else:
-        models = sorted({m for m, _ in table})
-        hint = f"known GPU models on {provider}: {', '.join(models)}"
-    raise SpecError(f"no {provider} machine with {count} x {model} ({hint})",
-                    field="accelerator", remedy=f"pick one of those, or set {field} explicitly")
+    found = lookup(provider, model, count)
+    if found is None:
+        raise unknown_accelerator(provider, str(model), count)
+    return found.instance_type
+
+
+def search(provider: str | None = None, accelerator: str | None = None) -> list[Machine]:
+    """Catalog rows, filtered by provider and by ``MODEL`` or ``MODEL:COUNT``."""
+    rows = [m for p in ([provider] if provider else PROVIDERS) for m in machines(p)]
+    if accelerator:
+        model, count = parse_accelerator(accelerator)
+        rows = [m for m in rows if m.gpu == model and (":" not in accelerator or m.gpus == count)]
+    return rows
+
+
+def estimate(machine: Machine | None, nodes: int, capacity: str, max_runtime_s: int,
+             region: str | None = None) -> dict[str, Any]:
+    """What the job may cost from list prices: per hour and for the whole ``max_runtime``, on-demand and spot.
+    ``capacity`` is how the job will be billed: ``on_demand``, ``spot`` or ``flex_start`` (Vertex).
+
+    Always an estimate: one reference region, compute only (no storage, egress or logging), and a job is billed for
+    the time it runs, which max_runtime only bounds."""
+    if machine is None or machine.on_demand is None:
+        what = machine.instance_type if machine else "this machine"
+        return {"available": False, "billed_as": capacity,
+                "reason": f"cloudtrain's catalog has no price for {what} (`cloudtrain catalog` lists those it has)"}
+    source = price_source(machine.provider)
+    hours = max_runtime_s / 3600
+
+    def priced(per_node: float | None) -> dict[str, float] | None:
+        if per_node is None:
+            return None
+        return {"per_node_hour": round(per_node, 4), "hourly": round(per_node * nodes, 2),
+                "max_runtime": round(per_node * nodes * hours, 2)}
+
+    result: dict[str, Any] = {
+        "available": True,
+        "currency": "USD",
+        "instance_type": machine.instance_type,
+        "nodes": nodes,
+        "max_runtime_hours": round(hours, 3),
+        "billed_as": capacity,
+        "on_demand": priced(machine.on_demand),
+        "spot": priced(machine.spot),
+        "price_region": source.region,
+        "as_of": source.as_of,
+        "source": source.source,
+        "basis": "estimate from list prices: compute only (no storage, egress or logs); a job is billed for the "
+                 "time it runs, which max_runtime bounds",
+    }
+    if machine.spot is None:
+        result["spot_note"] = source.spot_note
+    if capacity == "flex_start":
+        result["capacity_note"] = "flex-start (Dynamic Workload Scheduler) has its own discounted prices, not in " \
+                                  "the catalog; on-demand is the upper bound"
+    if region and region != source.region:
+        result["region_note"] = f"prices are {source.region} list prices; {region} may differ"
+    return result

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from cloudtrain.catalog import Machine
     from cloudtrain.packaging import Package
     from cloudtrain.spec import JobSpec
 
@@ -38,10 +39,18 @@ class Plan:
     nodes: list[NodeCommand]
     staging: dict[str, str] = field(default_factory=dict)  # where the bundle and bootstrap go
     notes: list[str] = field(default_factory=list)
+    image: str | None = None  # the container image (or Azure ML environment) every node runs
+    machine: Machine | None = None  # each node's machine (None: this computer, or a cluster cloudtrain can't see)
+    estimate: dict[str, Any] | None = None  # what it may cost, from the catalog's list prices (Provider.plan adds it)
 
     @property
     def nproc_per_node(self) -> int:
         return self.nodes[0].nproc_per_node
+
+    def _repr_html_(self) -> str:
+        from cloudtrain.reprs import plan_html
+
+        return plan_html(self)
 
     def __enter__(self) -> Plan:
         return self
@@ -59,6 +68,9 @@ class Plan:
             "request": self.request,
             "package": self.package.manifest(),
             "staging": self.staging,
+            "image": self.image,
+            "machine": self.machine.to_dict() if self.machine else None,
+            "estimate": self.estimate,
             "nodes": [n.to_dict() for n in self.nodes],
             "spec": self.spec.model_dump(mode="json", exclude_defaults=True),
             "notes": self.notes,

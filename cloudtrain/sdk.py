@@ -9,11 +9,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from cloudtrain.handles import JobHandle
+from cloudtrain.outputs import OutputFile
 from cloudtrain.plan import Plan
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import JobStatus, Provider
@@ -21,10 +23,13 @@ from cloudtrain.spec import JobSpec, apply_overrides, check_local_paths, load_sp
 
 
 def plan_job(spec: JobSpec, provider: str | Provider) -> Plan:
-    """Validate paths, package the source and ask the provider for its request. Nothing is staged or sent."""
+    """Validate paths, package the source and ask the provider for its request. Nothing is staged or sent.
+    Provider settings the spec leaves unset come from the environment or the active profile (cloudtrain.config)."""
+    from cloudtrain.config import with_defaults
     from cloudtrain.packaging import PackageLimits, build_package
 
     impl = get_provider(provider) if isinstance(provider, str) else provider
+    spec = with_defaults(spec, impl.name)
     source = check_local_paths(spec)
     rules = spec.package
     limits = PackageLimits(max_bytes=rules.max_mb * 1024 * 1024, max_files=rules.max_files,
@@ -52,16 +57,26 @@ class Job:
     def plan(self, provider: str = "local") -> Plan:
         return plan_job(self.spec, provider)
 
-    def submit(self, provider: str = "local") -> Run:
+    def submit(self, provider: str = "local", progress: bool = True) -> Run:
+        """Package, stage and start the job; returns at once (follow it with ``Run.logs(follow=True)``)."""
+        from cloudtrain.progress import Progress
+
         impl = get_provider(provider)
         plan = plan_job(self.spec, impl)
-        with plan.package:
+        with plan.package, Progress(f"submitting {plan.job_id} to {impl.name}", total=plan.package.bundle_bytes,
+                                    enabled=progress) as bar:
             handle = impl.submit(plan)
+            bar.advance(plan.package.bundle_bytes)
         return Run(handle, impl)
 
     def __repr__(self) -> str:
         s = self.spec
         return f"Job(name={s.name!r}, nodes={s.nodes}, procs_per_node={s.nproc_per_node}, strategy={s.strategy!r})"
+
+    def _repr_html_(self) -> str:
+        from cloudtrain.reprs import job_html
+
+        return job_html(self.spec)
 
 
 class Run:
@@ -82,24 +97,49 @@ class Run:
         return self.provider.logs(self.handle, follow=follow)
 
     def wait(self, timeout: float | None = None, poll: float = 1.0, recover: bool = False,
-             max_restarts: int | None = None) -> JobStatus:
+             max_restarts: int | None = None, progress: bool = True) -> JobStatus:
         """The final status. ``recover=True``: while the job ends preempted and restarts are left (the spec's
         ``max_restarts``, or ``max_restarts``), resubmit it; it resumes from its newest checkpoint. This Run then
-        follows the newest submission."""
-        if not recover:
-            return self.provider.wait(self.handle, timeout=timeout, poll=poll)
-        from cloudtrain.recovery import wait_with_recovery
+        follows the newest submission. ``progress``: show the state and elapsed time while waiting."""
+        from cloudtrain.progress import Progress
 
-        status = wait_with_recovery(self.provider, self.handle, max_restarts=max_restarts, timeout=timeout,
-                                    poll=poll)
-        self.handle = status.handle
+        started = time.monotonic()
+        with Progress(f"waiting for {self.handle}", unit="s", enabled=progress, every=30) as bar:
+            def waited(status: JobStatus) -> None:
+                bar.label = f"{status.handle}: {status.state.value}, waited"
+                bar.done = time.monotonic() - started
+                bar.advance(0)
+
+            if not recover:
+                status = self.provider.wait(self.handle, timeout=timeout, poll=poll, on_poll=waited)
+            else:
+                from cloudtrain.recovery import wait_with_recovery
+
+                status = wait_with_recovery(self.provider, self.handle, max_restarts=max_restarts, timeout=timeout,
+                                            poll=poll)
+                self.handle = status.handle
+            waited(status)
         return status
 
     def cancel(self) -> JobStatus:
         return self.provider.cancel(self.handle)
 
+    def outputs(self, download: str | Path | None = None) -> list[OutputFile]:
+        """The job's outputs (final model, node logs) at its output location; ``download``: copy them into that
+        folder too (with progress) and return where each landed."""
+        from cloudtrain.outputs import download as fetch
+        from cloudtrain.outputs import list_outputs, output_uri
+
+        uri = output_uri(self.provider, self.handle)
+        return fetch(uri, Path(download)) if download is not None else list_outputs(uri)
+
     def __repr__(self) -> str:
         return f"Run({str(self.handle)!r})"
+
+    def _repr_html_(self) -> str:
+        from cloudtrain.reprs import status_html
+
+        return status_html(self.status())
 
 
 def list_runs(provider: str = "local", limit: int = 50) -> list[JobStatus]:

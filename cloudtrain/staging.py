@@ -34,17 +34,24 @@ def stage_bundle(package: Package, prefix: str) -> bool:
     return True
 
 
-def cloud_locations(spec: JobSpec, home: str, provider: str) -> tuple[JobSpec, str, list[str]]:
+def cloud_locations(spec: JobSpec, home: str, provider: str, job_id: str) -> tuple[JobSpec, str, list[str]]:
     """For a cloud whose staging lives under ``home`` (``s3://bucket/cloudtrain``): the spec with a checkpoint URI
-    for spot jobs that have none (an interrupted job must have somewhere to resume from), the output location (the
-    spec's when it is on this cloud's storage), and notes saying what was chosen."""
+    for spot jobs that have none (an interrupted job must have somewhere to resume from) and with its output URI
+    (default: ``home/outputs/<job id>``, so no run overwrites another's), the location the platform itself writes
+    to (the output URI when it is on this cloud's storage), and notes saying what was chosen."""
     notes = []
+    spec = spec.model_copy(deep=True)
     if spec.spot and not spec.checkpoint.uri:
-        spec = spec.model_copy(deep=True)
         spec.checkpoint.uri = f"{home}/checkpoints/{spec.name}"
         notes.append(f"{provider}: spot without checkpoint.uri: checkpoints go to {spec.checkpoint.uri}, so an "
                      "interrupted job resumes instead of starting over")
+    if not spec.output_uri:
+        spec.output_uri = default_output_uri(home, job_id)
     scheme = home.split("://", 1)[0] + "://"
-    output = spec.output_uri if spec.output_uri and spec.output_uri.startswith(scheme) else \
-        f"{home}/output/{spec.name}"
+    output = spec.output_uri if spec.output_uri.startswith(scheme) else default_output_uri(home, job_id)
     return spec, output, notes
+
+
+def default_output_uri(home: str, job_id: str) -> str:
+    """Where a job's outputs (final model, node logs) go when its spec names no output_uri."""
+    return f"{home}/outputs/{job_id}"

@@ -310,6 +310,19 @@ def finish_checkpoint_sync(syncer: subprocess.Popen[bytes] | None, env: dict[str
         log(f"warning: final checkpoint sync failed (exit {result.returncode})")
 
 
+def upload_logs(env: dict[str, str], cwd: Path, workdir: Path, cluster: ClusterInfo) -> None:
+    """Each node's worker logs go to the job's outputs (``<output>/logs/node-<rank>``), where `cloudtrain outputs`
+    finds them on every platform. Best effort: a node's result never depends on it."""
+    output, logs = env.get("CLOUDTRAIN_OUTPUT_URI"), workdir / "worker-logs"
+    if not output or not logs.is_dir():
+        return
+    target = f"{output.rstrip('/')}/logs/node-{cluster.node_rank}"
+    cmd = [sys.executable, "-m", "cloudtrain.outputs", "upload-logs", str(logs), target]
+    result = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        log(f"warning: copying logs to {target} failed (exit {result.returncode})")
+
+
 # -- running -------------------------------------------------------------------------------------------
 
 
@@ -431,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
             syncer = start_checkpoint_sync(env, src, cluster)
             code, stopped = run_torchrun(argv_, src, env, early_stop)
             finish_checkpoint_sync(syncer, env, src)
+            upload_logs(env, src, workdir, cluster)
     except BootstrapError as exc:
         log(f"error: {exc}")
         status.update(outcome="failed", error=str(exc), returncode=EXIT_USAGE, ended=time.time())

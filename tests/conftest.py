@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,6 +12,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A developer's own ~/.config/cloudtrain profile must not leak into what the tests plan (subprocesses inherit this).
+os.environ["CLOUDTRAIN_CONFIG"] = str(Path(tempfile.mkdtemp(prefix="ct-config-")) / "config.yaml")
+os.environ.pop("CLOUDTRAIN_PROFILE", None)
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 

@@ -191,3 +191,21 @@ def test_notebook_plans_every_cloud_and_runs_locally(ct_home: Path, tmp_path: Pa
     finished = one(r"local run (local://collectives-\S+): succeeded world_size=2", text)
     runs = {str(s.handle): s.state.value for s in list_runs("local")}
     assert runs.get(finished.group(1)) == "succeeded"
+
+    # the estimate of each plan, from the catalog's prices for the machine chosen, x 2 nodes
+    from cloudtrain import catalog
+
+    for cloud, machine in (("aws", "ml.p4d.24xlarge"), ("azure", "Standard_ND96asr_v4"), ("gcp", "a2-highgpu-8g")):
+        row = next(m for m in catalog.machines(cloud) if m.instance_type == machine and m.gpus == 8)
+        assert row.on_demand is not None
+        found = one(rf"estimate {cloud}: 2 x {machine} on-demand \$([0-9.]+)/h spot (\S+).*\(billed as spot\)", text)
+        assert float(found.group(1)) == pytest.approx(2 * row.on_demand, abs=0.01)
+        assert (found.group(2) == "not") == (row.spot is None)
+    # rich outputs: the plan and the finished run as HTML tables, in the notebook's saved outputs
+    html = [o["data"]["text/html"] for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs
+            if "text/html" in o.get("data", {})]
+    assert any("Plan for gcp" in h and "a2-highgpu-8g" in h and "on-demand $" in h for h in html)
+    assert any(f"Run {finished.group(1)}" in h and ">succeeded<" in h for h in html)
+    # outputs: each node's logs, copied to the job's output location; list_runs shows the run
+    assert one(r"output: logs/node-0/\S+/stdout\.log", text) and one(r"output: logs/node-1/\S+", text)
+    assert f"run: {finished.group(1)} succeeded" in text

@@ -13,22 +13,36 @@ from cloudtrain.errors import EXIT_INTERRUPTED, CloudtrainError, SpecError, User
 PROVIDERS_HELP = "local, aws, azure or gcp (default: local)"
 
 
+OUTPUTS = ["text", "json", "yaml"]
+
+
+def _output_flag(p: argparse.ArgumentParser, default: str = "text", choices: list[str] | None = None) -> None:
+    p.add_argument("-o", "--output", choices=choices or OUTPUTS, default=default,
+                   help=f"text for people (default: {default}), json or yaml for programs")
+
+
+def _profile_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", help="settings profile from the config file (default: $CLOUDTRAIN_PROFILE or "
+                                     "'default'; see `cloudtrain config`)")
+
+
 def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("script", nargs="?", help="training script (its folder is packaged unless --source-dir is given)")
     p.add_argument("-f", "--file", help="job spec YAML (default: ./cloudtrain.yaml when no SCRIPT is given)")
     p.add_argument("-m", "--module", help="run a module (python -m) instead of a script")
     p.add_argument("-p", "--provider", default="local", help=PROVIDERS_HELP)
-    p.add_argument("--name")
-    p.add_argument("--source-dir")
-    p.add_argument("--nodes", type=int)
+    p.add_argument("--name", help="job name (default: from the script)")
+    p.add_argument("--source-dir", help="folder to package (default: the script's folder)")
+    p.add_argument("--nodes", type=int, help="number of nodes (machines)")
     p.add_argument("--procs-per-node", help="processes per node, or 'auto' (one per GPU)")
     p.add_argument("--strategy", choices=["ddp", "fsdp"])
-    p.add_argument("--gpus", help="accelerator per node, e.g. A100:8")
-    p.add_argument("--checkpoint-uri")
-    p.add_argument("--output-uri")
+    p.add_argument("--gpus", help="accelerator per node, e.g. A100:8 (`cloudtrain catalog` lists them)")
+    p.add_argument("--checkpoint-uri", help="where checkpoints are kept: s3://, gs://, az://, file://")
+    p.add_argument("--output-uri", help="where the job writes its outputs (default: per job, under the staging "
+                                        "bucket or the local store)")
     p.add_argument("--image", help="custom container image URI")
     p.add_argument("--spot", action="store_true", default=None, help="use spot/preemptible capacity")
-    p.add_argument("--max-restarts", type=int)
+    p.add_argument("--max-restarts", type=int, help="resubmissions after preemption")
     p.add_argument("--max-runtime", help="e.g. 3600, 90m, 2h")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
@@ -37,7 +51,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                    help="package a secret-looking file anyway (repeatable)")
     p.add_argument("--emulate", choices=["sagemaker", "azure", "azureml", "vertex"],
                    help="local only: run nodes under that platform's environment contract")
-    p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
+    _profile_flag(p)
+    _output_flag(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,17 +72,19 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--detach", action="store_true", help="return once the job is submitted")
     mode.add_argument("--follow", action="store_true", default=True, help="stream logs until the job ends (default)")
 
-    plan = sub.add_parser("plan", help="show what submit would send (= submit --dry-run)")
+    plan = sub.add_parser("plan", help="show what submit would send, with a cost estimate (= submit --dry-run)")
     _job_flags(plan)
 
     for name, text in (("status", "show a job's state"), ("cancel", "stop a job (idempotent)"),
                        ("preempt", "local jobs: send a rehearsed spot interruption (SIGTERM to every node)")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("handle")
-        p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
+        p.add_argument("handle", help="a job handle, e.g. local://train-ddp-20260101-120000-ab12")
+        _profile_flag(p)
+        _output_flag(p)
     logs = sub.add_parser("logs", help="print a job's logs")
     logs.add_argument("handle")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    _profile_flag(logs)
     wait = sub.add_parser("wait", help="block until a job ends; exit 0 only if it succeeded")
     wait.add_argument("handle")
     wait.add_argument("--timeout", type=float, help="seconds")
@@ -76,16 +93,56 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--max-restarts", type=int, help="with --recover: at most this many resubmissions "
                                                         "(default: what the job's spec asked for)")
     wait.add_argument("--retry-failed", action="store_true", help="with --recover: resubmit failed jobs too")
-    wait.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
+    _profile_flag(wait)
+    _output_flag(wait)
     lst = sub.add_parser("list", help="list jobs")
     lst.add_argument("-p", "--provider", default="local", help=PROVIDERS_HELP)
     lst.add_argument("--limit", type=int, default=50)
-    lst.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
+    _profile_flag(lst)
+    _output_flag(lst)
+    outputs = sub.add_parser("outputs", help="list a job's outputs (final model, node logs); --download fetches them")
+    outputs.add_argument("handle")
+    outputs.add_argument("--download", metavar="DIR", help="copy every output into this folder")
+    _profile_flag(outputs)
+    _output_flag(outputs)
+
+    catalog = sub.add_parser("catalog", help="machines per accelerator, with GPU memory and list prices")
+    catalog.add_argument("-p", "--provider", choices=["aws", "azure", "gcp"], help="one provider (default: all)")
+    catalog.add_argument("--gpus", help="a GPU model, or MODEL:COUNT per node, e.g. A100 or H100:8")
+    _output_flag(catalog)
+    config = sub.add_parser("config", help="show provider settings and where each comes from; set user defaults")
+    config_sub = config.add_subparsers(dest="config_command", metavar="ACTION")
+    show = config_sub.add_parser("show", help="each setting, its value and its source (the default action)")
+    for p in (config, show):
+        p.add_argument("-p", "--provider", choices=["aws", "azure", "gcp", "local"], help="one provider")
+        p.add_argument("-f", "--file", help="job spec YAML (default: ./cloudtrain.yaml if present)")
+        p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
+                       help="as on submit: shows how a flag would override the rest")
+        _profile_flag(p)
+        _output_flag(p)
+    setter = config_sub.add_parser("set", help="store a default in a profile, e.g. `config set aws.region us-east-1`")
+    setter.add_argument("key", help="PROVIDER.SETTING, e.g. aws.role, gcp.project, azure.workspace")
+    setter.add_argument("value")
+    unset = config_sub.add_parser("unset", help="remove a default from a profile")
+    unset.add_argument("key")
+    for p in (setter, unset):
+        _profile_flag(p)
+    config_sub.add_parser("path", help="print the config file's path")
+    doctor = sub.add_parser("doctor", help="check installed extras and credentials per provider, with fixes")
+    doctor.add_argument("-p", "--provider", choices=["local", "aws", "azure", "gcp"], action="append",
+                        help="check only this provider (repeatable)")
+    _output_flag(doctor)
+
     init = sub.add_parser("init", help="write a starter cloudtrain.yaml (and a reference trainer if none exists)")
     init.add_argument("--template", default="ddp", help="ddp or fsdp (see templates/)")
     init.add_argument("--dir", default=".", help="folder to write into")
     init.add_argument("--force", action="store_true", help="overwrite an existing cloudtrain.yaml")
-    sub.add_parser("schema", help="print the job spec's JSON Schema")
+    _output_flag(init, choices=["text", "json"])
+    schema = sub.add_parser("schema", help="print the job spec's JSON Schema")
+    _output_flag(schema, default="json", choices=["json", "yaml"])
+    completion = sub.add_parser("completion", help="print a shell completion script: "
+                                                   "eval \"$(cloudtrain completion bash)\"")
+    completion.add_argument("shell", choices=["bash", "zsh", "fish"])
     return parser
 
 
@@ -177,7 +234,7 @@ def cmd_plan(args: argparse.Namespace, script_args: list[str]) -> int:
     spec = spec_from_args(args, script_args)
     with plan_job(spec, args.provider) as plan:
         if args.output == "text":
-            print(plan_text(plan))
+            print(plan_text(plan, colour()))
         else:
             emit(plan.to_dict(), args.output)
     return 0
@@ -244,7 +301,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     provider, handle = _provider_for(args.handle)
     status = provider.describe(handle)
-    print(status_text(status)) if args.output == "text" else emit(status.to_dict(), args.output)
+    print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
     return 0
 
 
@@ -253,7 +310,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     provider, handle = _provider_for(args.handle)
     status = provider.cancel(handle)
-    print(status_text(status)) if args.output == "text" else emit(status.to_dict(), args.output)
+    print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
     return 0
 
 
@@ -265,7 +322,7 @@ def cmd_preempt(args: argparse.Namespace) -> int:
         raise UserError(f"provider {handle.provider!r} cannot be preempted on request",
                         remedy="`cloudtrain preempt` rehearses spot interruptions on local jobs")
     status = provider.preempt(handle)
-    print(status_text(status)) if args.output == "text" else emit(status.to_dict(), args.output)
+    print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
     return 0
 
 
@@ -288,7 +345,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
                                     log=lambda m: print(m, file=sys.stderr, flush=True))
     else:
         status = provider.wait(handle, timeout=args.timeout, poll=_poll(provider))
-    print(status_text(status)) if args.output == "text" else emit(status.to_dict(), args.output)
+    print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
     return 0 if status.state.value == "succeeded" else 1
 
 
@@ -302,26 +359,124 @@ def cmd_list(args: argparse.Namespace) -> int:
     from cloudtrain.providers import get_provider
 
     statuses = get_provider(args.provider).list(args.limit)
-    print(table(statuses)) if args.output == "text" else emit([s.to_dict() for s in statuses], args.output)
+    print(table(statuses, colour())) if args.output == "text" else emit([s.to_dict() for s in statuses], args.output)
+    return 0
+
+
+def cmd_outputs(args: argparse.Namespace) -> int:
+    from cloudtrain.cli.render import columns, emit, size
+    from cloudtrain.outputs import download, list_outputs, output_uri
+
+    provider, handle = _provider_for(args.handle)
+    uri = output_uri(provider, handle)
+    if args.download:
+        files = download(uri, Path(args.download))
+        found = [{"uri": f.uri, "name": f.name, "bytes": f.bytes, "path": str(f.path)} for f in files]
+    else:
+        found = [{"uri": f.uri, "name": f.name, "bytes": f.bytes} for f in list_outputs(uri)]
+    if args.output != "text":
+        emit({"handle": str(handle), "output_uri": uri, "files": found}, args.output)
+        return 0
+    if not found:
+        print(f"no outputs yet under {uri}")
+        return 0
+    rows = [("NAME", "SIZE", "PATH" if args.download else "URI")]
+    rows += [(str(f["name"]), size(f["bytes"]) if isinstance(f["bytes"], int) else "-", str(f.get("path") or f["uri"]))
+             for f in found]
+    print(columns(rows, colour()))
+    return 0
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from cloudtrain import catalog
+    from cloudtrain.cli.render import catalog_text, emit
+
+    machines = catalog.search(args.provider, args.gpus)
+    if args.output != "text":
+        sources = {p: catalog.price_source(p).to_dict() for p in dict.fromkeys(m.provider for m in machines)}
+        emit({"machines": [m.to_dict() for m in machines], "prices": sources}, args.output)
+    else:
+        print(catalog_text(machines, colour()))
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from cloudtrain import config
+
+    action = args.config_command or "show"
+    if action == "path":
+        print(config.config_path())
+        return 0
+    if action in ("set", "unset"):
+        path = config.set_value(args.key, args.value if action == "set" else None, args.profile)
+        done = f"{args.key} = {args.value}" if action == "set" else f"{args.key} removed"
+        print(f"{done} in profile {args.profile or config.profile_name()} ({path})")
+        return 0
+    from cloudtrain.cli.render import emit, settings_text
+    from cloudtrain.spec import SPEC_FILENAME, read_spec_file
+
+    spec_file = args.file or (SPEC_FILENAME if Path(SPEC_FILENAME).is_file() else None)
+    raw = read_spec_file(spec_file) if spec_file else {}
+    flags = _set_pairs(args.set_fields)
+    providers = [args.provider] if args.provider else list(config.PROVIDERS)
+    shown = {p: config.explain(p, raw, flags) for p in providers}
+    if args.output != "text":
+        emit({"config_file": str(config.config_path()), "profile": config.profile_name(), "spec_file": spec_file,
+              "settings": [s.to_dict() for settings in shown.values() for s in settings]}, args.output)
+        return 0
+    print(f"config file {config.config_path()}  profile {config.profile_name()}  spec {spec_file or '-'}")
+    for provider, settings in shown.items():
+        print()
+        print(settings_text(provider, settings, colour()))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from cloudtrain.cli.render import emit
+    from cloudtrain.doctor import diagnose, render
+
+    checks = diagnose(args.provider)
+    if args.output != "text":
+        emit([c.to_dict() for c in checks], args.output)
+    else:
+        print(render(checks, color=colour()))
+    return 1 if any(c.status == "missing" for c in checks) else 0
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from cloudtrain.cli.completion import script
+
+    print(script(args.shell, build_parser()))
     return 0
 
 
 def cmd_init(args: argparse.Namespace) -> int:
     from cloudtrain.templates import write_starter
 
-    for path in write_starter(args.template, Path(args.dir), force=args.force):
+    written = write_starter(args.template, Path(args.dir), force=args.force)
+    if args.output == "json":
+        from cloudtrain.cli.render import emit
+
+        emit({"written": [str(p) for p in written]}, "json")
+        return 0
+    for path in written:
         print(f"wrote {path}")
     print("next: cloudtrain plan   (then: cloudtrain submit)")
     return 0
 
 
-def cmd_schema(_args: argparse.Namespace) -> int:
-    import json
-
+def cmd_schema(args: argparse.Namespace) -> int:
+    from cloudtrain.cli.render import emit
     from cloudtrain.spec import json_schema
 
-    print(json.dumps(json_schema(), indent=2))
+    emit(json_schema(), args.output)
     return 0
+
+
+def colour(stream: Any = None) -> bool:
+    from cloudtrain.cli.style import colour_enabled
+
+    return colour_enabled(stream or sys.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "profile", None):
+            from cloudtrain.config import use_profile
+
+            use_profile(args.profile)
         if args.command in ("submit", "plan"):
             return (cmd_submit if args.command == "submit" else cmd_plan)(args, script_args)
         if script_args:
@@ -343,7 +502,9 @@ def main(argv: list[str] | None = None) -> int:
         handler = globals()[f"cmd_{args.command}"]
         return int(handler(args))
     except CloudtrainError as exc:
-        print(f"error: {exc.render()}", file=sys.stderr)
+        from cloudtrain.cli.style import paint
+
+        print(f"{paint('error:', 'red', colour(sys.stderr))} {exc.render()}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

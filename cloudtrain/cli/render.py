@@ -1,4 +1,5 @@
-"""How results look on the terminal: short human text by default, one JSON/YAML document with --output."""
+"""How results look on the terminal: short human text by default, one JSON/YAML document with --output.
+Colour only where ``colour=True`` (the CLI passes it for a TTY; see style.colour_enabled)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,14 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from cloudtrain.cli.style import paint, state
+
 if TYPE_CHECKING:
+    from cloudtrain.catalog import Machine
+    from cloudtrain.config import Setting
     from cloudtrain.plan import Plan
     from cloudtrain.providers.base import JobStatus
 
@@ -22,36 +28,98 @@ def emit(data: Any, fmt: str) -> None:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
-def _size(n: int) -> str:
+def size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000  # type: ignore[assignment]
+        n /= 1000
     return str(n)
 
 
-def plan_text(plan: Plan) -> str:
+def money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+def columns(rows: Sequence[Sequence[str]], colour: bool = False) -> str:
+    """Left-aligned columns under a bold header row; the last column is not padded."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = []
+    for n, row in enumerate(rows):
+        line = "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+        lines.append(paint(line.rstrip(), "bold", colour and n == 0))
+    return "\n".join(lines)
+
+
+def estimate_text(estimate: dict[str, Any] | None) -> list[str]:
+    """The estimate as one or two lines: billed rate first, then the other rate, and the max_runtime bound."""
+    if not estimate:
+        return ["none (runs on this machine)"]
+    if not estimate.get("available"):
+        return [f"unavailable: {estimate['reason']}"]
+    billed = estimate["billed_as"]
+    hours = estimate["max_runtime_hours"]
+    parts = []
+    for kind in ("on_demand", "spot"):
+        rate = estimate.get(kind)
+        label = kind.replace("_", "-")
+        if rate:
+            parts.append(f"{label} {money(rate['hourly'])}/h, up to {money(rate['max_runtime'])} in {hours:g}h"
+                         + (" (billed)" if kind == billed else ""))
+        elif kind == "spot":
+            parts.append("spot: no list price" + (" (billed)" if billed == "spot" else ""))
+    lines = ["; ".join(parts)]
+    lines.append(f"{estimate['nodes']} node(s) x {estimate['instance_type']}, {estimate['price_region']} list prices "
+                 f"as of {estimate['as_of']}: an estimate, compute only")
+    for key in ("capacity_note", "region_note"):
+        if estimate.get(key):
+            lines.append(estimate[key])
+    return lines
+
+
+def plan_text(plan: Plan, colour: bool = False) -> str:
+    """A summary to read before paying, then the provider-native request (secrets masked)."""
+    from cloudtrain.secrets import redact
+
     spec = plan.spec
     pkg = plan.package
     nproc = plan.nproc_per_node
+    machine = plan.machine
+    if machine is not None:
+        gpus = f"{machine.gpus} x {machine.gpu}" + (f" {machine.gpu_memory_gb:g} GB" if machine.gpu_memory_gb else "") \
+            if machine.gpu else "no GPU"
+        instance = f"{machine.instance_type} ({gpus})"
+    else:
+        instance = "this machine" if plan.provider == "local" else "the compute cluster's VM size"
+
+    def row(label: str, value: str) -> str:
+        return f"{paint(label.ljust(12), 'bold', colour)} {value}"
+
     lines = [
-        f"provider     {plan.provider}",
-        f"job          {plan.job_id}",
-        f"layout       {spec.nodes} node(s) x {nproc} process(es) = world size {spec.nodes * nproc}, "
-        f"strategy {spec.strategy}",
-        f"accelerator  {spec.accelerator or 'none (CPU)'}",
-        f"spot         {'yes' if spec.spot else 'no'}",
-        f"checkpoint   {spec.checkpoint.uri or 'none'}",
-        f"package      {len(pkg.files)} files, {_size(pkg.source_bytes)} source, {_size(pkg.bundle_bytes)} bundle, "
-        f"{pkg.digest[:19]}",
-        f"staged at    {plan.staging.get('prefix', '-')}",
+        row("provider", plan.provider),
+        row("job", plan.job_id),
+        row("layout", f"{spec.nodes} node(s) x {nproc} process(es) = world size {spec.nodes * nproc}, "
+                      f"strategy {spec.strategy}"),
+        row("instance", instance),
+        row("image", plan.image or "this machine's Python and torch"),
+        row("spot", "yes" + (f", up to {spec.max_restarts} restart(s)" if spec.max_restarts else "") if spec.spot
+            else "no"),
+        row("max runtime", f"{spec.max_runtime / 3600:g}h"),
+        row("checkpoint", spec.checkpoint.uri or "none"),
+        row("package", f"{len(pkg.files)} files, {size(pkg.source_bytes)} source, {size(pkg.bundle_bytes)} bundle, "
+                       f"{pkg.digest[:19]}"),
+        row("staged at", plan.staging.get("prefix", "-")),
     ]
+    for n, text in enumerate(estimate_text(plan.estimate)):
+        lines.append(row("estimate" if n == 0 else "", text))
+    if spec.env:
+        masked = redact(dict(spec.env))
+        lines.append(row("env", " ".join(f"{k}={v}" for k, v in masked.items())))
     for node in plan.nodes[:2]:
-        lines.append(f"node {node.rank}       {shlex.join(node.torchrun[1:])}")
+        lines.append(row(f"node {node.rank}", shlex.join(node.torchrun[1:])))
     if len(plan.nodes) > 2:
-        lines.append(f"...          {len(plan.nodes) - 2} more node(s), same command with their own rank")
-    lines += [f"note         {n}" for n in plan.notes]
-    lines += ["", "request:", json.dumps(plan.to_dict()["request"], indent=2)]  # redacted
+        lines.append(row("...", f"{len(plan.nodes) - 2} more node(s), same command with their own rank"))
+    lines += [row("note", paint(n, "yellow", colour)) for n in plan.notes]
+    lines += ["", paint("request:", "bold", colour), json.dumps(plan.to_dict()["request"], indent=2)]  # redacted
     return "\n".join(lines)
 
 
@@ -59,8 +127,9 @@ def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
-def status_text(status: JobStatus) -> str:
-    lines = [f"{status.handle}  {status.state.value}" + (f"  ({status.message})" if status.message else "")]
+def status_text(status: JobStatus, colour: bool = False) -> str:
+    lines = [f"{status.handle}  {state(status.state.value, colour)}"
+             + (f"  ({status.message})" if status.message else "")]
     lines.append(f"  created {_when(status.created_at)}  started {_when(status.started_at)}  "
                  f"ended {_when(status.ended_at)}")
     scalars = {k: v for k, v in status.details.items() if v is not None and not isinstance(v, (list, dict))}
@@ -74,10 +143,43 @@ def status_text(status: JobStatus) -> str:
     return "\n".join(lines)
 
 
-def table(statuses: list[JobStatus]) -> str:
+def table(statuses: list[JobStatus], colour: bool = False) -> str:
+    if not statuses:
+        return "no jobs"
     rows = [("HANDLE", "STATE", "CREATED", "MESSAGE")]
     rows += [(str(s.handle), s.state.value, _when(s.created_at), s.message[:60]) for s in statuses]
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r[:3], widths, strict=True)) + "  " + r[3] for r in rows
-    )
+    text = columns(rows, colour)
+    if colour:  # colour the state words after aligning (escape codes have no width)
+        lines = text.split("\n")
+        for n, s in enumerate(statuses, start=1):
+            lines[n] = lines[n].replace(f"  {s.state.value}", f"  {state(s.state.value, True)}", 1)
+        text = "\n".join(lines)
+    return text
+
+
+def catalog_text(machines: list[Machine], colour: bool = False) -> str:
+    """The catalog as a table; '~' marks a price recalled rather than read from a price list."""
+    from cloudtrain.catalog import price_source
+
+    rows = [("PROVIDER", "INSTANCE", "GPUS", "GPU MEM", "VCPUS", "ON-DEMAND/H", "SPOT/H")]
+    for m in machines:
+        mark = "~" if m.confidence == "recalled" else ""
+        rows.append((m.provider, m.instance_type, m.accelerator, f"{m.gpu_memory_gb:g} GB" if m.gpu_memory_gb else "-",
+                     str(m.vcpus or "-"), mark + money(m.on_demand) if m.on_demand is not None else "-",
+                     mark + money(m.spot) if m.spot is not None else "-"))
+    if len(rows) == 1:
+        return "no machine matches"
+    lines = [columns(rows, colour), ""]
+    for provider in dict.fromkeys(m.provider for m in machines):
+        src = price_source(provider)
+        lines.append(f"{provider}: {src.region} list prices as of {src.as_of}, USD per node-hour, estimates. "
+                     f"Source: {src.source}")
+        lines.append(f"  spot: {src.spot_note}")
+    lines.append("~ recalled figure (less certain than one read from a price list); - not known")
+    return "\n".join(lines)
+
+
+def settings_text(provider: str, settings: list[Setting], colour: bool = False) -> str:
+    rows = [("SETTING", "VALUE", "SOURCE")]
+    rows += [(s.key, "-" if s.value is None else str(s.value), s.source) for s in settings]
+    return columns(rows, colour)

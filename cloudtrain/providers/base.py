@@ -10,11 +10,11 @@ import builtins
 import enum
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from cloudtrain.errors import CloudtrainError, UserError
+from cloudtrain.errors import CloudtrainError, SpecError, UserError
 from cloudtrain.handles import JobHandle
 
 if TYPE_CHECKING:
@@ -48,6 +48,11 @@ class JobStatus:
     ended_at: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
+    def _repr_html_(self) -> str:
+        from cloudtrain.reprs import status_html
+
+        return status_html(self)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "handle": str(self.handle),
@@ -69,7 +74,14 @@ class Provider(ABC):
     # -- public template methods ------------------------------------------------------------------------
     def plan(self, spec: JobSpec, package: Package) -> Plan:
         self._check_capabilities(spec)
-        return self._plan(spec, package)
+        plan = self._plan(spec, package)
+        self._check_processes(plan)
+        if self.name != "local":  # a local job costs nothing but this computer's time
+            from cloudtrain.catalog import estimate
+
+            plan.estimate = estimate(plan.machine, spec.nodes, self._capacity(spec), spec.max_runtime,
+                                     plan.staging.get("region"))
+        return plan
 
     def submit(self, plan: Plan) -> JobHandle:
         if plan.provider != self.name:
@@ -104,12 +116,15 @@ class Provider(ABC):
                             remedy="submit the same spec again; it resumes from checkpoint.uri")
         return self._resubmit(self._own(handle), new_name)
 
-    def wait(self, handle: JobHandle, timeout: float | None = None, poll: float = 1.0) -> JobStatus:
+    def wait(self, handle: JobHandle, timeout: float | None = None, poll: float = 1.0,
+             on_poll: Callable[[JobStatus], None] | None = None) -> JobStatus:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             status = self.describe(handle)
             if status.state.terminal:
                 return status
+            if on_poll:
+                on_poll(status)
             if deadline is not None and time.monotonic() >= deadline:
                 raise CloudtrainError(f"{handle} still {status.state.value} after {timeout:.0f}s",
                                       remedy="wait longer (--timeout) or check `cloudtrain logs`")
@@ -122,6 +137,25 @@ class Provider(ABC):
         if missing:
             raise UserError(f"provider {self.name!r} does not support: {', '.join(missing)}",
                             remedy="remove those settings or choose another provider")
+
+    @staticmethod
+    def _check_processes(plan: Plan) -> None:
+        """One process per GPU at most (NCCL cannot share a device between ranks); fewer is allowed, and said."""
+        machine, procs = plan.machine, plan.spec.procs_per_node
+        if machine is None or not machine.gpus or not isinstance(procs, int):
+            return
+        if procs > machine.gpus:
+            raise SpecError(f"{procs} processes per node, but {machine.instance_type} has {machine.gpus} GPU(s)",
+                            field="procs_per_node",
+                            remedy=f"set procs_per_node to at most {machine.gpus} (or 'auto': one per GPU), or pick "
+                                   "a larger accelerator")
+        if procs < machine.gpus:
+            plan.notes.append(f"{plan.provider}: {procs} process(es) per node use {procs} of the "
+                              f"{machine.gpus} GPUs of {machine.instance_type}")
+
+    def _capacity(self, spec: JobSpec) -> str:
+        """How the job is billed: on_demand or spot (Vertex adds flex_start)."""
+        return "spot" if spec.spot else "on_demand"
 
     def _own(self, handle: JobHandle) -> JobHandle:
         if handle.provider != self.name:

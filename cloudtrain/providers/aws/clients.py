@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,8 +15,11 @@ _LOGIN_HINT = ("log in again (`aws sso login`, or `aws configure`), or choose a 
 
 
 def configured_region(explicit: str | None) -> str:
-    """The spec's region, else AWS_REGION / AWS_DEFAULT_REGION, else the profile's ``region`` (read locally)."""
-    region = explicit or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    """The spec's region, else AWS_REGION / AWS_DEFAULT_REGION, else the cloudtrain profile's, else the AWS
+    profile's ``region`` (read locally)."""
+    from cloudtrain.config import lookup
+
+    region = lookup("aws", "region", explicit)
     if not region:
         import botocore.session
 
@@ -25,7 +27,7 @@ def configured_region(explicit: str | None) -> str:
     if not region:
         raise SpecError("no AWS region is set", field="providers.aws.region",
                         remedy="set providers.aws.region (or --set providers.aws.region=us-east-1), AWS_REGION, "
-                               "or a region in your AWS profile")
+                               "`cloudtrain config set aws.region us-east-1`, or a region in your AWS profile")
     return str(region)
 
 

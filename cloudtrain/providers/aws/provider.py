@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from cloudtrain import catalog
+from cloudtrain.config import lookup
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.nodes import bootstrap_args, node_command
@@ -56,8 +57,8 @@ class SageMakerProvider(Provider):
         image = spec.image.uri or training_image(spec.image.torch_version, spec.image.python_version, instance_type,
                                                  region)
         return rq.Target(region=region, instance_type=instance_type, image=image,
-                         role=options.role or os.environ.get("CLOUDTRAIN_AWS_ROLE") or rq.PLACEHOLDER_ROLE,
-                         bucket=options.bucket or os.environ.get("CLOUDTRAIN_AWS_BUCKET") or rq.PLACEHOLDER_BUCKET)
+                         role=lookup("aws", "role", options.role) or rq.PLACEHOLDER_ROLE,
+                         bucket=lookup("aws", "bucket", options.bucket) or rq.PLACEHOLDER_BUCKET)
 
     def _plan(self, spec: JobSpec, package: Package) -> Plan:
         assert spec.name
@@ -70,11 +71,12 @@ class SageMakerProvider(Provider):
             notes.append("aws: providers.aws.bucket is not set (nor CLOUDTRAIN_AWS_BUCKET): the plan shows a "
                          "placeholder, and submit refuses until it is set")
         home = f"s3://{target.bucket}/cloudtrain"
-        spec, output, located = cloud_locations(spec, home, "aws")
-        notes += located
         job_name = new_job_id(str(spec.name))
+        spec, output, located = cloud_locations(spec, home, "aws", job_name)
+        notes += located
         prefix = bundle_prefix(home, package)
-        gpus = catalog.gpus_of("aws", target.instance_type) or spec.gpus_per_node
+        machine = catalog.machine_of("aws", target.instance_type, spec.accelerator_model, spec.gpus_per_node)
+        gpus = machine.gpus
         nproc = str(spec.procs_per_node) if isinstance(spec.procs_per_node, int) else str(gpus) if gpus else "auto"
         args = bootstrap_args(spec, bundle=f"{rq.CHANNEL_DIR}/{BUNDLE_NAME}", digest=package.digest,
                               workdir=rq.WORKDIR, job_id=job_name, nproc=nproc)
@@ -91,7 +93,7 @@ class SageMakerProvider(Provider):
             nodes.append(replace(command, env=request["Environment"]))
         return Plan(provider=self.name, job_id=job_name, spec=spec, package=package, request=request, nodes=nodes,
                     staging={"prefix": prefix, "bundle": f"{prefix}/{BUNDLE_NAME}", "region": target.region},
-                    notes=[*notes, *more_notes])
+                    notes=[*notes, *more_notes], machine=machine, image=target.image)
 
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:

@@ -49,6 +49,8 @@ def describe_details(job: dict[str, Any]) -> dict[str, Any]:
         "instance_count": (job.get("ResourceConfig") or {}).get("InstanceCount"),
         "spot": bool(job.get("EnableManagedSpotTraining")),
         "spot_interruptions": sum(1 for t in transitions if t.get("Status") == "Interrupted"),
+        "output_uri": (job.get("Environment") or {}).get("CLOUDTRAIN_OUTPUT_URI")
+        or (job.get("OutputDataConfig") or {}).get("S3OutputPath"),
     }
     for key, name in (("TrainingTimeInSeconds", "training_seconds"), ("BillableTimeInSeconds", "billable_seconds"),
                       ("FailureReason", "failure_reason"), ("TrainingJobArn", "arn")):

@@ -82,7 +82,9 @@ class AzureMLProvider(Provider):
         options = spec.providers.azure
         instance = None if options.compute else catalog.instance_for(
             "azure", spec.accelerator_model, spec.gpus_per_node, options.instance_type, "providers.azure.instance_type")
-        gpus = (catalog.gpus_of("azure", instance) if instance else None) or spec.gpus_per_node
+        machine = catalog.machine_of("azure", instance, spec.accelerator_model, spec.gpus_per_node) if instance \
+            else None  # a named cluster: its VM size is the workspace's, unseen offline
+        gpus = machine.gpus if machine else spec.gpus_per_node
         nproc = str(spec.procs_per_node) if isinstance(spec.procs_per_node, int) else str(gpus) if gpus else "auto"
         args = bootstrap_args(spec, bundle=BUNDLE_NAME, digest=package.digest, workdir=aj.WORKDIR, job_id=job_name,
                               nproc=nproc)
@@ -100,7 +102,8 @@ class AzureMLProvider(Provider):
         return Plan(provider=self.name, job_id=job_name, spec=spec, package=package,
                     request={"job": job, "rest": rest}, nodes=nodes,
                     staging={"prefix": str(code_dir), "code": str(code_dir),
-                             "upload": "the workspace's default datastore, by content hash"}, notes=notes)
+                             "upload": "the workspace's default datastore, by content hash"}, notes=notes,
+                    machine=machine, image=_image_of(job["environment"]))
 
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:
@@ -172,7 +175,8 @@ class AzureMLProvider(Provider):
         created: Any = getattr(getattr(job, "creation_context", None), "created_at", None)
         details = {"azure_status": status, "max_restarts": int(tags.get(aj.RESTARTS_TAG, "0") or 0),
                    "restart_of": tags.get(aj.RESTART_OF_TAG), "compute": job.compute,
-                   "experiment": job.experiment_name, "studio_url": getattr(job, "studio_url", None)}
+                   "experiment": job.experiment_name, "studio_url": getattr(job, "studio_url", None),
+                   "output_uri": (getattr(job, "environment_variables", None) or {}).get("CLOUDTRAIN_OUTPUT_URI")}
         return JobStatus(handle=handle, name=job.display_name or job.name, state=state, message=message,
                          created_at=float(created.timestamp()) if hasattr(created, "timestamp") else None,
                          details={k: v for k, v in details.items() if v is not None})
@@ -248,3 +252,7 @@ class AzureMLProvider(Provider):
         offsets[name] = start + len(data)
         return data.decode("utf-8", errors="replace")
 
+
+def _image_of(environment: str | dict[str, Any]) -> str:
+    """An Azure ML environment reference, or the image of an inline one."""
+    return environment if isinstance(environment, str) else str(environment.get("image", environment))

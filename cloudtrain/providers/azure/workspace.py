@@ -18,34 +18,44 @@ _LOGIN_HINT = "run `az login` (or set AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIE
 ENDPOINT_ENV = "CLOUDTRAIN_AZURE_ENDPOINT"
 
 
-def workspace_of(options: Any) -> tuple[str, str, str]:
-    """(subscription, resource group, workspace): the spec's options, else the standard ``config.json``
-    (``.azureml/config.json`` or ``config.json`` in this folder or a parent), as the Azure ML tools find it."""
-    found = {"subscription_id": options.subscription_id, "resource_group": options.resource_group,
-             "workspace_name": options.workspace}
-    if not all(found.values()):
-        import json
+def config_json() -> tuple[dict[str, Any], str] | None:
+    """The workspace ``config.json`` as the Azure ML tools find it (``.azureml/config.json`` or ``config.json`` in
+    this folder or a parent), with its path."""
+    import json
 
-        for folder in [Path.cwd(), *Path.cwd().parents]:
-            for candidate in (folder / ".azureml" / "config.json", folder / "config.json"):
-                if candidate.is_file():
-                    try:
-                        data = json.loads(candidate.read_text())
-                    except ValueError:
-                        continue
-                    for key in found:
-                        found[key] = found[key] or data.get(key)
-                    break
-            if all(found.values()):
-                break
+    for folder in [Path.cwd(), *Path.cwd().parents]:
+        for candidate in (folder / ".azureml" / "config.json", folder / "config.json"):
+            if candidate.is_file():
+                try:
+                    data = json.loads(candidate.read_text())
+                except ValueError:
+                    continue
+                if isinstance(data, dict) and "subscription_id" in data:
+                    return data, str(candidate)
+    return None
+
+
+def workspace_of(options: Any) -> tuple[str, str, str]:
+    """(subscription, resource group, workspace): the spec's options, else the cloudtrain profile's, else the
+    workspace's ``config.json``."""
+    from cloudtrain.config import lookup
+
+    found = {"subscription_id": lookup("azure", "subscription_id", options.subscription_id),
+             "resource_group": lookup("azure", "resource_group", options.resource_group),
+             "workspace_name": lookup("azure", "workspace", options.workspace)}
+    if not all(found.values()):
+        data = (config_json() or ({}, ""))[0]
+        for key in found:
+            found[key] = found[key] or data.get(key)
     missing = [k for k, v in found.items() if not v]
     if missing:
         names = {"subscription_id": "subscription_id", "resource_group": "resource_group",
                  "workspace_name": "workspace"}
         raise SpecError(f"no Azure ML workspace: {', '.join(names[m] for m in missing)} not set",
                         field=f"providers.azure.{names[missing[0]]}",
-                        remedy="set providers.azure.subscription_id/resource_group/workspace, or download the "
-                               "workspace's config.json into this folder")
+                        remedy="set providers.azure.subscription_id/resource_group/workspace (in the spec, or once "
+                               "with `cloudtrain config set azure.workspace NAME` ...), or download the workspace's "
+                               "config.json into this folder")
     return str(found["subscription_id"]), str(found["resource_group"]), str(found["workspace_name"])
 
 

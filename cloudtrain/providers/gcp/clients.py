@@ -34,18 +34,34 @@ def _gcloud_config() -> configparser.ConfigParser:
     return parser
 
 
+def gcloud_setting(key: str) -> tuple[str, str] | None:
+    """(value, where) of gcloud's own setting for ``project`` (core/project) or ``region`` (ai/region, else
+    compute/region), read from its config file."""
+    config = _gcloud_config()
+    sections = [("core", "project")] if key == "project" else [("ai", "region"), ("compute", "region")]
+    for section, name in sections:
+        value = config.get(section, name, fallback=None)
+        if value:
+            return value, f"gcloud config ({section}/{name})"
+    return None
+
+
 def configured_project(explicit: str | None) -> str | None:
-    return explicit or os.environ.get("CLOUDTRAIN_GCP_PROJECT") or os.environ.get("GOOGLE_CLOUD_PROJECT") or \
-        os.environ.get("CLOUDSDK_CORE_PROJECT") or _gcloud_config().get("core", "project", fallback=None)
+    """The spec's project, else CLOUDTRAIN_GCP_PROJECT / GOOGLE_CLOUD_PROJECT / CLOUDSDK_CORE_PROJECT, else the
+    cloudtrain profile's, else gcloud's core/project. None: not set anywhere."""
+    from cloudtrain.config import lookup
+
+    found = lookup("gcp", "project", explicit) or gcloud_setting("project")
+    return found[0] if isinstance(found, tuple) else found
 
 
 def configured_region(explicit: str | None) -> str | None:
-    """The spec's region, else CLOUDTRAIN_GCP_REGION / CLOUDSDK_AI_REGION / CLOUDSDK_COMPUTE_REGION, else gcloud's
-    ai/region or compute/region. None: not set anywhere."""
-    config = _gcloud_config()
-    return explicit or os.environ.get("CLOUDTRAIN_GCP_REGION") or os.environ.get("CLOUDSDK_AI_REGION") or \
-        os.environ.get("CLOUDSDK_COMPUTE_REGION") or config.get("ai", "region", fallback=None) or \
-        config.get("compute", "region", fallback=None)
+    """The spec's region, else CLOUDTRAIN_GCP_REGION / CLOUDSDK_AI_REGION / CLOUDSDK_COMPUTE_REGION, else the
+    cloudtrain profile's, else gcloud's ai/region or compute/region. None: not set anywhere."""
+    from cloudtrain.config import lookup
+
+    found = lookup("gcp", "region", explicit) or gcloud_setting("region")
+    return found[0] if isinstance(found, tuple) else found
 
 
 def vertex_endpoint(region: str, override: str | None = None) -> str:

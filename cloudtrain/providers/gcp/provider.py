@@ -17,6 +17,8 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from cloudtrain import catalog
+from cloudtrain.config import lookup
 from cloudtrain.errors import HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.nodes import bootstrap_args, node_command
@@ -89,7 +91,7 @@ class VertexProvider(Provider):
                                                 python_set="python_version" in given)
             notes += image_notes
         project = configured_project(options.project) or rq.PLACEHOLDER_PROJECT
-        bucket = options.bucket or os.environ.get("CLOUDTRAIN_GCP_BUCKET") or rq.PLACEHOLDER_BUCKET
+        bucket = lookup("gcp", "bucket", options.bucket) or rq.PLACEHOLDER_BUCKET
         for value, placeholder, field, env in ((project, rq.PLACEHOLDER_PROJECT, "project", "CLOUDTRAIN_GCP_PROJECT"),
                                                (bucket, rq.PLACEHOLDER_BUCKET, "bucket", "CLOUDTRAIN_GCP_BUCKET")):
             if value == placeholder:
@@ -101,9 +103,9 @@ class VertexProvider(Provider):
         assert spec.name
         target, notes = self._target(spec)
         home = f"gs://{target.bucket}/cloudtrain"
-        spec, output, located = cloud_locations(spec, home, "gcp")
-        notes += located
         job_id = new_job_id(str(spec.name))
+        spec, output, located = cloud_locations(spec, home, "gcp", job_id)
+        notes += located
         prefix = bundle_prefix(home, package)
         gpus = target.machine.accelerator_count
         nproc = str(spec.procs_per_node) if isinstance(spec.procs_per_node, int) else str(gpus) if gpus else "auto"
@@ -129,10 +131,19 @@ class VertexProvider(Provider):
                     "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
             node = node_command(rank, rq.PYTHON, command[1], args, seen, job_id)
             nodes.append(replace(node, env=env))
+        chosen = target.machine
+        machine = catalog.machine_of("gcp", chosen.machine_type, spec.accelerator_model, chosen.accelerator_count,
+                                     chosen.accelerator_type)
         return Plan(provider=self.name, job_id=job_id, spec=spec, package=package, request=request, nodes=nodes,
                     staging={"prefix": prefix, "bundle": f"{prefix}/{BUNDLE_NAME}", "project": target.project,
                              "region": target.region},
-                    notes=[*notes, *more_notes])
+                    notes=[*notes, *more_notes], machine=machine, image=target.image)
+
+    def _capacity(self, spec: JobSpec) -> str:
+        capacity = spec.providers.gcp.capacity
+        if capacity == "flex_start":
+            return "flex_start"
+        return "spot" if spec.spot or capacity == "spot" else "on_demand"
 
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:

@@ -62,5 +62,5 @@ def describe_details(job: dict[str, Any]) -> dict[str, Any]:
         details["error"] = job["error"]["message"]
     output = (spec.get("baseOutputDirectory") or {}).get("outputUriPrefix")
     if output:
-        details["output_dir"] = output
+        details["output_uri"] = output
     return details

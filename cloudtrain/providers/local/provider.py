@@ -28,7 +28,7 @@ from cloudtrain.providers.base import JobState, JobStatus, Provider
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.providers.local.procs import is_alive, kill_tagged, signal_group, start_ticks
 from cloudtrain.spec import JobSpec
-from cloudtrain.staging import bundle_prefix, new_job_id, stage_bundle
+from cloudtrain.staging import bundle_prefix, default_output_uri, new_job_id, stage_bundle
 
 _ACTIVE = ("pending", "running", "stopping")
 
@@ -77,6 +77,8 @@ class LocalProvider(Provider):
         assert spec.name
         job_id = new_job_id(spec.name)
         store = spec.providers.local.store_uri or default_store_uri()
+        if not spec.output_uri:  # as on a cloud: each job's outputs in their own folder of the store
+            spec = spec.model_copy(update={"output_uri": default_output_uri(store, job_id)})
         prefix = bundle_prefix(store, package)
         bundle_uri = storage.join(prefix, BUNDLE_NAME)
         bootstrap_path = str(storage.local_path(storage.join(prefix, BOOTSTRAP_NAME)))
@@ -191,7 +193,8 @@ class LocalProvider(Provider):
             handle=JobHandle(self.name, record.id), name=record.name, state=JobState(record.state),
             message=record.message, created_at=record.created_at, started_at=record.started_at,
             ended_at=record.ended_at,
-            details={"nodes": nodes, "world_size": plan.get("world_size"), "job_dir": record.job_dir, **restarts},
+            details={"nodes": nodes, "world_size": plan.get("world_size"), "job_dir": record.job_dir, **restarts,
+                     "output_uri": record.plan.get("spec", {}).get("output_uri")},
         )
 
     def _describe(self, handle: JobHandle) -> JobStatus:

@@ -1,0 +1,279 @@
+"""User defaults per provider (region, role, bucket, workspace, project ...) in profiles, and where each setting of a
+job comes from.
+
+The file is YAML under the user's config dir (``$CLOUDTRAIN_CONFIG``, else ``$XDG_CONFIG_HOME/cloudtrain/config.yaml``,
+else ``~/.config/cloudtrain/config.yaml``); its top-level keys are profile names, each holding provider blocks with
+the same keys as ``providers.<name>`` in a job spec:
+
+    default:
+      aws: {region: us-east-1, role: "arn:aws:iam::123456789012:role/SageMakerExecution", bucket: my-bucket}
+    research:
+      gcp: {project: my-project, region: europe-west4, bucket: my-bucket}
+
+Precedence, highest first: a flag (``--set``), the job spec, an environment variable, the profile (``--profile``,
+``CLOUDTRAIN_PROFILE``, else ``default``), then what the platform's own tools are configured with (AWS profile,
+gcloud, Azure ``config.json``) and cloudtrain's built-in default.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cloudtrain.errors import UserError
+
+if TYPE_CHECKING:
+    from cloudtrain.spec import JobSpec
+
+CONFIG_ENV = "CLOUDTRAIN_CONFIG"
+PROFILE_ENV = "CLOUDTRAIN_PROFILE"
+DEFAULT_PROFILE = "default"
+PROVIDERS = ("aws", "azure", "gcp", "local")
+
+# The environment variables each provider reads for a setting, in order. Providers resolve through `lookup`, so
+# this table is the one place that says which variable means what.
+ENV: dict[str, dict[str, tuple[str, ...]]] = {
+    "aws": {"region": ("AWS_REGION", "AWS_DEFAULT_REGION"), "role": ("CLOUDTRAIN_AWS_ROLE",),
+            "bucket": ("CLOUDTRAIN_AWS_BUCKET",)},
+    "gcp": {"project": ("CLOUDTRAIN_GCP_PROJECT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"),
+            "region": ("CLOUDTRAIN_GCP_REGION", "CLOUDSDK_AI_REGION", "CLOUDSDK_COMPUTE_REGION"),
+            "bucket": ("CLOUDTRAIN_GCP_BUCKET",)},
+    "azure": {},
+    "local": {},
+}
+
+_selected: str | None = None  # set by `--profile` / use_profile(); else $CLOUDTRAIN_PROFILE
+
+
+def config_path(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    if env.get(CONFIG_ENV):
+        return Path(env[CONFIG_ENV]).expanduser()
+    if sys.platform == "win32" and env.get("APPDATA"):
+        return Path(env["APPDATA"]) / "cloudtrain" / "config.yaml"
+    base = Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else Path.home() / ".config"
+    return base / "cloudtrain" / "config.yaml"
+
+
+def use_profile(name: str | None) -> None:
+    """Pick the profile for this process (the CLI's ``--profile``); None goes back to $CLOUDTRAIN_PROFILE/default."""
+    global _selected
+    _selected = name
+
+
+def profile_name() -> str:
+    return _selected or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
+
+
+def _options_model(provider: str) -> Any:
+    from cloudtrain.spec import ProviderOptions
+
+    return ProviderOptions.model_fields[provider].annotation
+
+
+def read_config(path: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every profile in the file, each provider block checked against the spec's own option models (so a typo is
+    an error naming the profile and key, not a silently ignored setting). A missing file is an empty config."""
+    import yaml
+    from pydantic import ValidationError
+
+    path = path or config_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}", field=CONFIG_ENV,
+                        remedy="fix the file's permissions, or point CLOUDTRAIN_CONFIG elsewhere") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path} is not valid YAML{where}", remedy="fix its syntax, or remove the file") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must map profile names to provider settings",
+                        remedy="start with `cloudtrain config set aws.region us-east-1`")
+    for profile, blocks in data.items():
+        if not isinstance(blocks, dict):
+            raise UserError(f"{path}: profile {profile!r} must map providers to settings",
+                            field=str(profile), remedy="write e.g. `default: {aws: {region: us-east-1}}`")
+        for provider, options in blocks.items():
+            if provider not in PROVIDERS:
+                raise UserError(f"{path}: profile {profile!r} names unknown provider {provider!r}",
+                                field=f"{profile}.{provider}", remedy=f"use one of {', '.join(PROVIDERS)}")
+            try:
+                _options_model(provider).model_validate(options or {})
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                key = ".".join(str(p) for p in (profile, provider, *err["loc"]))
+                raise UserError(f"{path}: {key}: {err['msg']}", field=key,
+                                remedy="correct or remove it (`cloudtrain schema` lists each provider's keys)") \
+                    from None
+    return data
+
+
+def profile_settings(provider: str, profile: str | None = None) -> dict[str, Any]:
+    return dict(read_config().get(profile or profile_name(), {}).get(provider) or {})
+
+
+def from_environment(provider: str, key: str, env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """(variable, value) of the first variable set for this setting."""
+    env = os.environ if env is None else env
+    return next(((name, env[name]) for name in ENV.get(provider, {}).get(key, ()) if env.get(name)), None)
+
+
+def lookup(provider: str, key: str, explicit: Any = None) -> Any:
+    """A setting as providers resolve it: the spec's value, else the environment, else the active profile."""
+    if explicit not in (None, "", []):
+        return explicit
+    found = from_environment(provider, key)
+    if found:
+        return found[1]
+    return profile_settings(provider).get(key)
+
+
+def with_defaults(spec: JobSpec, provider: str) -> JobSpec:
+    """The spec with every ``providers.<provider>`` setting it leaves unset filled from the environment or the
+    profile, so the plan shows (and the platform receives) the values actually used."""
+    options = getattr(spec.providers, provider, None)
+    if options is None:
+        return spec
+    filled = {key: value for key in type(options).model_fields if key not in options.model_fields_set
+              and (value := lookup(provider, key)) is not None}
+    if not filled:
+        return spec
+    merged = type(options).model_validate({**options.model_dump(exclude_unset=True), **filled})
+    providers = spec.providers.model_copy(update={provider: merged})
+    return spec.model_copy(update={"providers": providers})
+
+
+# -- `cloudtrain config`: each setting and where it came from -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str  # providers.aws.region
+    value: Any
+    source: str  # flag | spec | env NAME | profile NAME (path) | <platform's own config> | default | unset
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "value": self.value, "source": self.source}
+
+
+def _platform_default(provider: str, key: str) -> tuple[Any, str] | None:
+    """What the platform's own tools are configured with, read offline (below cloudtrain's profile)."""
+    if provider == "gcp" and key in ("project", "region"):
+        from cloudtrain.providers.gcp.clients import gcloud_setting
+
+        return gcloud_setting(key)
+    if provider == "azure" and key in ("subscription_id", "resource_group", "workspace"):
+        from cloudtrain.providers.azure.workspace import config_json
+
+        found = config_json()
+        if found:
+            data, where = found
+            value = data.get("workspace_name" if key == "workspace" else key)
+            return (value, f"azure {where}") if value else None
+    if provider == "aws" and key == "region":
+        try:
+            import botocore.session
+        except ImportError:
+            return None
+        value = botocore.session.get_session().get_config_variable("region")
+        return (value, "aws profile (~/.aws/config)") if value else None
+    return None
+
+
+def explain(provider: str, spec_raw: Mapping[str, Any], flags: Mapping[str, Any]) -> list[Setting]:
+    """Every ``providers.<provider>`` setting with its value and source. ``spec_raw`` is the spec file as read,
+    ``flags`` the dotted ``--set`` values."""
+    model = _options_model(provider)
+    in_spec = ((spec_raw.get("providers") or {}).get(provider) or {})
+    profile = profile_name()
+    from_profile = profile_settings(provider, profile)
+    path = config_path()
+    settings = []
+    for key, field in model.model_fields.items():
+        dotted = f"providers.{provider}.{key}"
+        env = from_environment(provider, key)
+        platform = None if env or key in from_profile else _platform_default(provider, key)
+        if dotted in flags:
+            found = Setting(dotted, flags[dotted], "flag")
+        elif key in in_spec:
+            found = Setting(dotted, in_spec[key], "spec")
+        elif env:
+            found = Setting(dotted, env[1], f"env {env[0]}")
+        elif key in from_profile:
+            found = Setting(dotted, from_profile[key], f"profile {profile} ({path})")
+        elif platform:
+            found = Setting(dotted, platform[0], platform[1])
+        elif field.default not in (None, [], {}) or field.default_factory is not None:
+            default = field.get_default(call_default_factory=True)
+            found = Setting(dotted, default, "default") if default not in ([], {}) else Setting(dotted, None, "unset")
+        else:
+            found = Setting(dotted, None, "unset")
+        settings.append(found)
+    return settings
+
+
+# -- `cloudtrain config set/unset` ------------------------------------------------------------------------
+
+
+def _split_key(key: str) -> tuple[str, str]:
+    provider, _, name = key.removeprefix("providers.").partition(".")
+    if provider not in PROVIDERS or not name:
+        raise UserError(f"{key!r} is not PROVIDER.SETTING", field="KEY",
+                        remedy="write e.g. aws.region, gcp.project or azure.workspace")
+    if name not in _options_model(provider).model_fields:
+        import difflib
+
+        known = list(_options_model(provider).model_fields)
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {provider}.{close[0]}?" if close else f" (known: {', '.join(known)})"
+        raise UserError(f"{provider} has no setting {name!r}{hint}", field="KEY", remedy="use one of those keys")
+    return provider, name
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    os.replace(tmp, path)  # never a half-written config
+
+
+def set_value(key: str, value: str | None, profile: str | None = None) -> Path:
+    """Set (or with ``value=None`` remove) one setting in a profile; the value is read as YAML and checked against
+    the spec's model before anything is written."""
+    import yaml
+    from pydantic import ValidationError
+
+    provider, name = _split_key(key)
+    profile = profile or profile_name()
+    path = config_path()
+    data = read_config(path)
+    block = dict((data.get(profile) or {}).get(provider) or {})
+    if value is None:
+        block.pop(name, None)
+    else:
+        try:
+            parsed = yaml.safe_load(value) if value else value
+        except yaml.YAMLError:
+            parsed = value
+        block[name] = parsed
+        try:
+            _options_model(provider).model_validate(block)
+        except ValidationError as exc:
+            raise UserError(f"{provider}.{name}: {exc.errors()[0]['msg']} (got {parsed!r})", field=key,
+                            remedy="give a valid value (`cloudtrain schema` describes it)") from None
+    profiles = {**data, profile: {**(data.get(profile) or {}), provider: block}}
+    if not block:
+        profiles[profile].pop(provider)
+    _write(path, profiles)
+    return path

@@ -1,0 +1,92 @@
+"""A job's outputs: the final model and anything else the job writes to its output URI, and each node's logs,
+which the bootstrap copies there when the node ends (``logs/node-<rank>/``). The same on every provider: the
+location is read from the job as the platform holds it, and fetched through cloudtrain's storage layer.
+
+    python -m cloudtrain.outputs upload-logs DIR URI     # what the bootstrap runs at the end of a node
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cloudtrain import storage
+from cloudtrain.errors import UserError
+
+if TYPE_CHECKING:
+    from cloudtrain.handles import JobHandle
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    uri: str
+    name: str  # relative to the output URI
+    bytes: int | None = None  # known for files on disk (file:// or downloaded)
+    path: Path | None = None  # where --download put it
+
+
+def output_uri(provider: Any, handle: JobHandle) -> str:
+    """The job's output location, as the platform holds the job (so it works from any machine)."""
+    uri = provider.describe(handle).details.get("output_uri")
+    if not uri:
+        raise UserError(f"{handle} has no output location cloudtrain can read",
+                        remedy="set output_uri in the spec (s3://, gs://, az:// or file://) for jobs you submit; "
+                               "jobs submitted by cloudtrain 0.1.0 before outputs existed have none")
+    return str(uri)
+
+
+def list_outputs(uri: str) -> list[OutputFile]:
+    found = storage.with_retries(lambda: storage.store_for(uri).list(uri), f"listing {uri}")
+    base = uri.rstrip("/") + "/"
+    files = []
+    for item in found:
+        size = storage.local_path(item).stat().st_size if item.startswith("file://") else None
+        files.append(OutputFile(item, item[len(base):] if item.startswith(base) else item.rsplit("/", 1)[-1], size))
+    return files
+
+
+def download(uri: str, dest: Path, show_progress: bool = True) -> list[OutputFile]:
+    """Copy every output under ``uri`` into ``dest`` (folders kept), reporting progress per file."""
+    from cloudtrain.progress import Progress
+
+    files = list_outputs(uri)
+    fetched = []
+    with Progress(f"downloading {uri}", total=len(files), unit="files", enabled=show_progress) as bar:
+        for item in files:
+            target = (dest / item.name).resolve()
+            if not target.is_relative_to(dest.resolve()):  # an object named '../x' must not write outside dest
+                raise UserError(f"output {item.name!r} would land outside {dest}", remedy="download it by hand")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            storage.with_retries(functools.partial(storage.store_for(item.uri).get_file, item.uri, target),
+                                 f"download of {item.uri}")
+            fetched.append(OutputFile(item.uri, item.name, target.stat().st_size, target))
+            bar.advance(1)
+    return fetched
+
+
+def upload_tree(folder: Path, uri: str) -> int:
+    """Copy every file under ``folder`` to ``uri`` (same relative names); returns the number of files."""
+    count = 0
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        target = storage.join(uri, path.relative_to(folder).as_posix())
+        storage.with_retries(functools.partial(storage.put_file, path, target), f"upload of {target}")
+        count += 1
+    return count
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] != "upload-logs":
+        print("usage: python -m cloudtrain.outputs upload-logs DIR URI", file=sys.stderr)
+        return 2
+    folder, uri = Path(args[1]), args[2]
+    count = upload_tree(folder, uri) if folder.is_dir() else 0
+    print(f"[cloudtrain] logs: {count} file(s) copied to {uri}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Rich representations for Jupyter: a Job, a Plan and a Run render as small HTML tables (text elsewhere).
+Everything shown is escaped, and a plan's environment is masked as in `cloudtrain plan`."""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cloudtrain.plan import Plan
+    from cloudtrain.providers.base import JobStatus
+    from cloudtrain.spec import JobSpec
+
+_STATE_COLOURS = {"succeeded": "#1a7f37", "running": "#0969da", "pending": "#9a6700", "stopping": "#9a6700",
+                  "failed": "#cf222e", "cancelled": "#57606a", "preempted": "#9a6700"}
+
+
+def table(title: str, rows: Iterable[tuple[str, Any]]) -> str:
+    body = "".join(f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(k)}</th>"
+                   f"<td style='text-align:left'>{v if isinstance(v, Markup) else html.escape(str(v))}</td></tr>"
+                   for k, v in rows)
+    return f"<div><strong>{html.escape(title)}</strong><table>{body}</table></div>"
+
+
+class Markup(str):
+    """HTML built here (already escaped), inserted as is."""
+
+
+def badge(state: str) -> Markup:
+    colour = _STATE_COLOURS.get(state, "#57606a")
+    return Markup(f"<span style='color:{colour};font-weight:bold'>{html.escape(state)}</span>")
+
+
+def spec_rows(spec: JobSpec) -> list[tuple[str, Any]]:
+    from cloudtrain.secrets import redact
+
+    rows: list[tuple[str, Any]] = [
+        ("entry", spec.script or f"-m {spec.module}"), ("source", spec.source_dir),
+        ("layout", f"{spec.nodes} node(s) x {spec.procs_per_node} process(es), {spec.strategy}"),
+        ("accelerator", spec.accelerator or "none (CPU)"), ("spot", spec.spot),
+        ("max runtime", f"{spec.max_runtime / 3600:g}h"), ("checkpoint", spec.checkpoint.uri or "-")]
+    if spec.env:
+        rows.append(("env", " ".join(f"{k}={v}" for k, v in redact(dict(spec.env)).items())))
+    return rows
+
+
+def job_html(spec: JobSpec) -> str:
+    return table(f"Job {spec.name}", spec_rows(spec))
+
+
+def plan_html(plan: Plan) -> str:
+    from cloudtrain.cli.render import estimate_text, size
+
+    machine = plan.machine
+    rows: list[tuple[str, Any]] = [
+        ("provider", plan.provider), ("job", plan.job_id),
+        ("instance", f"{machine.instance_type} ({machine.accelerator})" if machine else "this machine"),
+        ("image", plan.image or "this machine's Python"),
+        ("world size", f"{plan.spec.nodes} x {plan.nproc_per_node} = {plan.spec.nodes * plan.nproc_per_node}"),
+        ("package", f"{len(plan.package.files)} files, {size(plan.package.bundle_bytes)}, "
+                    f"{plan.package.digest[:19]}"),
+        ("estimate", Markup("<br>".join(html.escape(t) for t in estimate_text(plan.estimate)))),
+        ("node 0", " ".join(plan.nodes[0].torchrun[1:])),
+        *[("note", n) for n in plan.notes]]
+    return table(f"Plan for {plan.provider}", rows)
+
+
+def status_html(status: JobStatus) -> str:
+    def when(ts: float | None) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+    rows: list[tuple[str, Any]] = [("state", badge(status.state.value)), ("message", status.message or "-"),
+                                   ("created", when(status.created_at)), ("started", when(status.started_at)),
+                                   ("ended", when(status.ended_at))]
+    rows += [(k, v) for k, v in status.details.items() if v is not None and not isinstance(v, (list, dict))]
+    return table(f"Run {status.handle}", rows)
+
+
+def progress_html(text: str, done: float, total: float | None) -> str:
+    if total:
+        return (f"<div><progress value='{done:g}' max='{total:g}' style='width:20em'></progress> "
+                f"{html.escape(text)}</div>")
+    return f"<div>{html.escape(text)}</div>"
