@@ -205,7 +205,7 @@ def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = 2, log: Log
     ready = found if final else found[:-1]
     published = []
     for step, folder in ready:
-        if (folder / MANIFEST).exists() or (folder / ".metadata").exists():
+        if (folder / MANIFEST).exists():  # restored, or published already (a DCP folder from dcp.save is welcome)
             continue
         rel = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
         files = describe_files(folder, rel)

@@ -137,6 +137,13 @@ def lookup(provider: str, key: str, explicit: Any = None) -> Any:
     return profile_settings(provider).get(key)
 
 
+def placeholder_note(provider: str, key: str) -> str:
+    """The plan note for a setting found nowhere, naming every place it could come from."""
+    places = [f"providers.{provider}.{key}", *ENV.get(provider, {}).get(key, ()), f"profile {profile_name()!r}"]
+    return (f"{provider}: {key} is not set ({', '.join(places)}): the plan shows a placeholder, and submit refuses "
+            f"until it is set (e.g. `cloudtrain config set {provider}.{key} ...`)")
+
+
 def with_defaults(spec: JobSpec, provider: str) -> JobSpec:
     """The spec with every ``providers.<provider>`` setting it leaves unset filled from the environment or the
     profile, so the plan shows (and the platform receives) the values actually used."""
@@ -212,6 +219,10 @@ def explain(provider: str, spec_raw: Mapping[str, Any], flags: Mapping[str, Any]
             found = Setting(dotted, from_profile[key], f"profile {profile} ({path})")
         elif platform:
             found = Setting(dotted, platform[0], platform[1])
+        elif (provider, key) == ("gcp", "region"):
+            from cloudtrain.providers.gcp.clients import DEFAULT_REGION
+
+            found = Setting(dotted, DEFAULT_REGION, "default")
         elif field.default not in (None, [], {}) or field.default_factory is not None:
             default = field.get_default(call_default_factory=True)
             found = Setting(dotted, default, "default") if default not in ([], {}) else Setting(dotted, None, "unset")

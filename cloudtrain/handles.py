@@ -1,5 +1,6 @@
-"""Job handles are URLs: ``local://<id>``, ``aws://<region>/<job>``, ``azure://<workspace>/<job>``,
-``gcp://<project>/<region>/<job>``. They are parsed and printed here and nowhere else."""
+"""Job handles are URLs: ``local://<id>``, ``aws://<region>/<job>``,
+``azure://<subscription>/<resource group>/<workspace>/<job>``, ``gcp://<project>/<region>/<job>``. They are parsed
+and printed here and nowhere else."""
 
 from __future__ import annotations
 

@@ -313,8 +313,11 @@ class _GzipPipe:
         return self._sha.hexdigest()
 
 
-def build_package(source_dir: Path, limits: PackageLimits = PackageLimits()) -> Package:
-    """Bundle ``source_dir`` into a temp file; nothing is written anywhere else."""
+def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), progress: bool = False) -> Package:
+    """Bundle ``source_dir`` into a temp file; nothing is written anywhere else. ``progress``: a bar (or plain
+    lines) on stderr while a large tree is bundled."""
+    from cloudtrain.progress import Progress
+
     user_files = collect_files(source_dir, limits=limits)
     bootstrap = resource_dir("entrypoints") / BOOTSTRAP_NAME
     members = [(BOOTSTRAP_NAME, bootstrap), *_runtime_files(), *((f"src/{rel}", p) for rel, p, _ in user_files)]
@@ -324,9 +327,11 @@ def build_package(source_dir: Path, limits: PackageLimits = PackageLimits()) -> 
         with os.fdopen(fd, "wb") as raw:
             pipe = _GzipPipe(raw)
             try:
-                with tarfile.open(fileobj=pipe, mode="w", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+                bar = Progress(f"bundling {source_dir}", total=len(members), unit="files", enabled=progress)
+                with tarfile.open(fileobj=pipe, mode="w", format=tarfile.PAX_FORMAT) as tar, bar:  # type: ignore[call-overload]
                     for arcname, file in members:
                         _add(tar, arcname, file)
+                        bar.advance()
             finally:
                 digest = pipe.close()
     except BaseException:

@@ -28,11 +28,13 @@ class Progress:
     """``with Progress("uploading", total=n, unit="B") as bar: bar.advance(k)``. ``total=None``: a counter.
 
     ``mode`` is picked from where output goes: "tty" (one line redrawn), "notebook" (an HTML bar updated in place)
-    or "lines" (a line at start and at the end, and at most one per ``every`` seconds between)."""
+    or "lines" (at most one line per ``every`` seconds, and one at the end). Work that ends within ``quiet``
+    seconds shows nothing at all: a progress bar is for waits a person notices."""
 
     def __init__(self, label: str, total: float | None = None, unit: str = "B", stream: TextIO | None = None,
-                 enabled: bool = True, every: float = 10.0) -> None:
-        self.label, self.total, self.unit, self.every = label, total, unit, every
+                 enabled: bool = True, every: float = 10.0, quiet: float = 0.5) -> None:
+        self.label, self.total, self.unit, self.every, self.quiet = label, total, unit, every, quiet
+        self._shown = False
         self.stream = stream or sys.stderr
         self.done = 0.0
         self.enabled = enabled
@@ -62,6 +64,10 @@ class Progress:
         if not self.enabled:
             return
         now = time.monotonic()
+        if now - self._started < self.quiet and not (last and self._shown):
+            return
+        first = first or not self._shown
+        self._shown = True
         if self.mode == "lines":
             if first or last or now - self._last >= self.every:
                 self._last = now

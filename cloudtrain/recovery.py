@@ -102,7 +102,7 @@ def advance(provider: Provider, state: RecoveryState, status: JobStatus,
     state.chain.append(str(new))
     save(state)
     log(f"{current} ended {status.state.value}; resubmitted as {new} (restart {restart}/{state.max_restarts}), "
-        "resuming from its newest checkpoint")
+        "resuming from its newest checkpoint if it has a checkpoint.uri")
     return new
 
 

@@ -22,7 +22,7 @@ from cloudtrain.providers.base import JobStatus, Provider
 from cloudtrain.spec import JobSpec, apply_overrides, check_local_paths, load_spec, validate_spec
 
 
-def plan_job(spec: JobSpec, provider: str | Provider) -> Plan:
+def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True) -> Plan:
     """Validate paths, package the source and ask the provider for its request. Nothing is staged or sent.
     Provider settings the spec leaves unset come from the environment or the active profile (cloudtrain.config)."""
     from cloudtrain.config import with_defaults
@@ -34,7 +34,7 @@ def plan_job(spec: JobSpec, provider: str | Provider) -> Plan:
     rules = spec.package
     limits = PackageLimits(max_bytes=rules.max_mb * 1024 * 1024, max_files=rules.max_files,
                            allow_secrets=tuple(rules.allow_secrets), exclude=tuple(rules.exclude))
-    package = build_package(source, limits)
+    package = build_package(source, limits, progress=progress)
     try:
         return impl.plan(spec, package)
     except BaseException:
@@ -57,16 +57,13 @@ class Job:
     def plan(self, provider: str = "local") -> Plan:
         return plan_job(self.spec, provider)
 
-    def submit(self, provider: str = "local", progress: bool = True) -> Run:
-        """Package, stage and start the job; returns at once (follow it with ``Run.logs(follow=True)``)."""
-        from cloudtrain.progress import Progress
-
+    def submit(self, provider: str = "local") -> Run:
+        """Package, stage (with progress on a long upload) and start the job; returns at once (follow it with
+        ``Run.logs(follow=True)``)."""
         impl = get_provider(provider)
         plan = plan_job(self.spec, impl)
-        with plan.package, Progress(f"submitting {plan.job_id} to {impl.name}", total=plan.package.bundle_bytes,
-                                    enabled=progress) as bar:
+        with plan.package:
             handle = impl.submit(plan)
-            bar.advance(plan.package.bundle_bytes)
         return Run(handle, impl)
 
     def __repr__(self) -> str:

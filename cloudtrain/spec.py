@@ -75,6 +75,13 @@ class ImageSpec(_Model):
     python_version: str = Field("3.11", pattern=r"^3\.\d+$", description="e.g. '3.11'")
     uri: str | None = Field(None, description="A custom image URI; overrides the prebuilt image")
 
+    @field_validator("torch_version", "python_version", mode="before")
+    @classmethod
+    def _version_text(cls, value: Any) -> Any:
+        if isinstance(value, float):  # YAML reads 2.10 as the number 2.1: refuse rather than guess
+            raise ValueError(f"write the version as text in quotes, e.g. '{value}' (YAML reads 2.10 as 2.1)")
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
 
 class CheckpointSpec(_Model):
     uri: Uri | None = Field(None, description="Where checkpoints are kept; restored from on (re)start")

@@ -22,15 +22,20 @@ def bundle_prefix(store: str, package: Package) -> str:
     return storage.join(store, "bundles", package.digest.split(":", 1)[1])
 
 
-def stage_bundle(package: Package, prefix: str) -> bool:
+def stage_bundle(package: Package, prefix: str, progress: bool = True) -> bool:
     """Upload bootstrap and bundle under a digest-named prefix; the manifest goes last and marks it complete.
-    Returns False (uploading nothing) when that digest is already staged."""
+    Returns False (uploading nothing) when that digest is already staged. ``progress``: a bar (or plain lines) on
+    stderr while it uploads."""
+    from cloudtrain.progress import Progress
+
     manifest_uri = storage.join(prefix, "manifest.json")
     if storage.exists(manifest_uri):
         return False
-    storage.put_file(package.bootstrap, storage.join(prefix, BOOTSTRAP_NAME))
-    storage.put_file(package.path, storage.join(prefix, BUNDLE_NAME))
-    storage.write_bytes(manifest_uri, json.dumps(package.manifest(), indent=1).encode())
+    total = package.bootstrap.stat().st_size + package.bundle_bytes
+    with Progress(f"staging {prefix}", total=total, enabled=progress) as bar:
+        storage.put_file(package.bootstrap, storage.join(prefix, BOOTSTRAP_NAME), bar.advance)
+        storage.put_file(package.path, storage.join(prefix, BUNDLE_NAME), bar.advance)
+        storage.write_bytes(manifest_uri, json.dumps(package.manifest(), indent=1).encode())
     return True
 
 

@@ -79,16 +79,22 @@ def resolve_nproc(requested: str, env: dict[str, str]) -> int:
 
 
 def detect_local(env: dict[str, str], nproc: int) -> ClusterInfo:
-    """cloudtrain's local contract: the local provider sets CLOUDTRAIN_* for each simulated node."""
+    """cloudtrain's local contract: the local provider sets CLOUDTRAIN_* for each simulated node.
+
+    c10d ranks the agents by (address, pid). Every simulated node is on 127.0.0.1, so node 0 names itself by that
+    address and the others as 'localhost' (which sorts after it): global rank 0 then lives on node 0, as on every
+    cloud, where node 0 is the one that publishes a plain script's checkpoints. Only rank 0's address is ever
+    connected to."""
+    node_rank = _int_env(env, "CLOUDTRAIN_NODE_RANK", 0)
     return ClusterInfo(
         nnodes=_int_env(env, "CLOUDTRAIN_NNODES", 1),
-        node_rank=_int_env(env, "CLOUDTRAIN_NODE_RANK", 0),
+        node_rank=node_rank,
         master_addr=env.get("CLOUDTRAIN_MASTER_ADDR", "127.0.0.1"),
         master_port=_int_env(env, "CLOUDTRAIN_MASTER_PORT", 29500),
         nproc_per_node=nproc,
         rdzv=env.get("CLOUDTRAIN_RDZV", "c10d"),
         platform="local",
-        local_addr=env.get("CLOUDTRAIN_LOCAL_ADDR", "127.0.0.1"),
+        local_addr=env.get("CLOUDTRAIN_LOCAL_ADDR", "127.0.0.1" if node_rank == 0 else "localhost"),
     )
 
 
@@ -193,7 +199,7 @@ def torchrun_argv(cluster: ClusterInfo, target: list[str], job_id: str, python: 
         argv += ["--node-rank", str(cluster.node_rank), "--master-addr", cluster.master_addr,
                  "--master-port", str(cluster.master_port)]
     else:
-        # c10d: node 0 hosts the rendezvous store; ranks follow arrival order.
+        # c10d: node 0 hosts the rendezvous store; ranks follow the agents' (address, pid) order.
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{cluster.master_addr}:{cluster.master_port}",
                  "--rdzv-id", job_id, "--rdzv-conf", f"is_host={1 if cluster.node_rank == 0 else 0}"]
     if cluster.local_addr:

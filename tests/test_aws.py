@@ -111,7 +111,7 @@ def test_prebuilt_image_is_the_one_the_sagemaker_sdk_picks() -> None:
 
 @pytest.mark.parametrize(("flags", "field"), [
     (["--set", "providers.aws.instance_type=ml.p9.huge"], "ResourceConfig.InstanceType"),
-    (["--set", "image.torch_version=1.0"], "image.torch_version"),
+    (["--set", "image.torch_version=1.99"], "image.torch_version"),
     (["--gpus", "A100:3"], "accelerator"),
     (["--env", "LONG=" + "x" * 600], "Environment['LONG']"),
     (["--set", "tags={aws:team: x}"], "tags.aws:team"),
@@ -338,6 +338,13 @@ def test_the_plan_runs_under_the_sagemaker_contract(aws: SageMakerFront, project
     assert "node 0/2 on sagemaker: 1 processes, rendezvous static" in outputs[0]
     assert "node 1/2 on sagemaker: 1 processes, rendezvous static" in outputs[1]
     assert [c.step for c in checkpoints.list_complete(ckpt)] == [24, 32]
+    # the job's outputs, found from the job as SageMaker describes it: the final model and each node's logs
+    files = {f.name: f for f in run.outputs()}
+    assert "model.pt" in files and files["model.pt"].uri.startswith(f"s3://{BUCKET}/cloudtrain/outputs/")
+    for node in ("node-0", "node-1"):
+        assert any(name.startswith(f"logs/{node}/") and name.endswith("stdout.log") for name in files), files
+    fetched = {f.name: f.path for f in run.outputs(download=tmp_path / "out")}
+    assert fetched["model.pt"] is not None and fetched["model.pt"].stat().st_size > 1000
 
 
 def test_planning_imports_only_botocore(project: Path) -> None:

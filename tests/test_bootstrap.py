@@ -15,7 +15,10 @@ def test_local_contract_c10d_torchrun_line() -> None:
     argv = boot.torchrun_argv(cluster, ["train.py", "--lr", "1"], "job-1", python="py")
     assert argv == ["py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts",
                     "0", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29555", "--rdzv-id", "job-1",
-                    "--rdzv-conf", "is_host=0", "--local-addr", "127.0.0.1", "train.py", "--lr", "1"]
+                    "--rdzv-conf", "is_host=0", "--local-addr", "localhost", "train.py", "--lr", "1"]
+    # node 0 names itself 127.0.0.1, which c10d sorts first: global rank 0 lives on node 0, as on every cloud
+    first = boot.detect_cluster({**env, "CLOUDTRAIN_NODE_RANK": "0"}, "auto")
+    assert first.local_addr == "127.0.0.1" and sorted(["localhost", first.local_addr])[0] == first.local_addr
 
 
 def test_static_rendezvous_honours_node_rank_and_module_target() -> None:

@@ -116,7 +116,10 @@ def test_plan_matrix_round_trips_through_aiplatform_types(offline: None, project
         assert scheduling["timeout"] == "86400s"
         assert scheduling.get("strategy") == ("SPOT" if spot else None)
         assert scheduling.get("restartJobOnWorkerRestart", False) is (nodes > 1)
-        assert job["jobSpec"]["baseOutputDirectory"]["outputUriPrefix"] == "gs://my-bucket/cloudtrain/output/train-ddp"
+        # each job's outputs in a folder of their own, which the nodes also see as CLOUDTRAIN_OUTPUT_URI
+        output = f"gs://my-bucket/cloudtrain/outputs/{plan.job_id}"
+        assert job["jobSpec"]["baseOutputDirectory"]["outputUriPrefix"] == output
+        assert env["CLOUDTRAIN_OUTPUT_URI"] == output
         labels = job["labels"]
         assert labels["team"] == "vision" and labels[rq.MANAGED_LABEL] == "true"
         assert labels[rq.PLAN_LABEL] == plan.job_id and labels[rq.MAX_RESTARTS_LABEL] == "0"

@@ -77,6 +77,33 @@ def test_ddp_reference_trainer_in_the_foreground(cli, tmp_path: Path) -> None:
     assert float(done.group(1)) < float(first.group(1)) / 2
     assert "succeeded" in result.stderr
 
+    # its outputs: the final model and each node's worker logs, in the job's own folder of the local store
+    handle = re.search(r"submitted (local://\S+)", result.stderr).group(1)  # type: ignore[union-attr]
+    listed = cli("outputs", handle)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[0].split() == ["NAME", "SIZE", "URI"] and "model.pt" in listed.stdout
+    fetched = cli("outputs", handle, "--download", str(tmp_path / "out"), "-o", "json")
+    assert fetched.returncode == 0, fetched.stderr
+    files = {f["name"]: f for f in json.loads(fetched.stdout)["files"]}
+    assert files["model.pt"]["bytes"] == (tmp_path / "out" / "model.pt").stat().st_size > 0
+    for node in (0, 1):
+        logs = [n for n in files if n.startswith(f"logs/node-{node}/") and n.endswith("stdout.log")]
+        assert len(logs) == 2, files  # one per process of the node
+    assert any("done: world_size=4" in (tmp_path / "out" / n).read_text() for n in files if "stdout" in n)
+
+
+def test_global_rank_zero_runs_on_node_zero(cli, tmp_path: Path) -> None:
+    """As on every cloud (static node ranks), node 0 hosts global rank 0 under local c10d rendezvous too: it is the
+    node that publishes a plain script's checkpoints."""
+    script = tmp_path / "proj" / "ranks.py"
+    script.parent.mkdir()
+    script.write_text("import os\nprint(f\"placed node={os.environ['CLOUDTRAIN_NODE_RANK']} "
+                      "rank={os.environ['RANK']} of {os.environ['WORLD_SIZE']}\", flush=True)\n")
+    result = cli("submit", str(script), "--nodes", "3", "--procs-per-node", "1")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    placed = dict(re.findall(r"placed node=(\d) rank=(\d) of 3", result.stdout))
+    assert placed["0"] == "0" and sorted(placed.values()) == ["0", "1", "2"], placed
+
 
 def test_fsdp_reference_trainer_through_the_sdk(ct_home: Path) -> None:
     job = Job(script="train_fsdp.py", source_dir=str(ENTRYPOINTS), strategy="fsdp", nodes=1, procs_per_node=2,

@@ -91,6 +91,15 @@ def test_plain_script_sync_publishes_complete_folders_and_leaves_runtime_dirs_al
     assert checkpoints.sync_dir(managed, remote, final=True) == []
     assert [c.step for c in checkpoints.list_complete(remote)] == [1, 2]
 
+    # a plain script that saves with torch.distributed.checkpoint itself (a .metadata file) is published too,
+    # and a folder restored from the store (it carries a manifest) is not published again
+    (plain / checkpoints.step_dir(3)).mkdir()
+    (plain / checkpoints.step_dir(3) / ".metadata").write_bytes(b"dcp")
+    (plain / checkpoints.step_dir(3) / "__0_0.distcp").write_bytes(b"shard")
+    assert checkpoints.sync_dir(plain, remote, final=True, keep=3) == [3]
+    assert checkpoints.sync_dir(plain, remote, final=True, keep=3) == []
+    assert [c.step for c in checkpoints.list_complete(remote)] == [1, 2, 3]
+
 
 def test_temp_files_of_a_killed_uploader_are_removed(tmp_path: Path) -> None:
     """A writer killed mid-upload leaves its temp file (file:// writes atomically through one): publishing that step

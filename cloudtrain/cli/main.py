@@ -170,9 +170,11 @@ def _set_pairs(items: list[str]) -> dict[str, Any]:
             raise SpecError(f"{item!r} is not FIELD=VALUE", field="--set",
                             remedy="write --set providers.aws.region=us-east-1 (see `cloudtrain schema`)")
         try:
-            pairs[key] = yaml.safe_load(value) if value else value
+            parsed = yaml.safe_load(value) if value else value
         except yaml.YAMLError:
-            pairs[key] = value
+            parsed = value
+        # no spec field is a float: "2.10" is a version, which YAML would read as the number 2.1
+        pairs[key] = value if isinstance(parsed, float) else parsed
     return pairs
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -63,9 +64,16 @@ class AzureBlobStore:
     def write_bytes(self, uri: str, data: bytes) -> None:
         self._blob(uri).upload_blob(data, overwrite=True)
 
-    def put_file(self, source: Path, uri: str) -> int:
+    def put_file(self, source: Path, uri: str, progress: Callable[[int], None] | None = None) -> int:
+        sent = [0]
+
+        def hook(current: int, _total: int | None) -> None:  # the SDK reports a running total; we pass on deltas
+            if progress and current > sent[0]:
+                progress(current - sent[0])
+                sent[0] = current
+
         with open(source, "rb") as data:  # block blob: committed whole at the end, never visible half-written
-            self._blob(uri).upload_blob(data, overwrite=True, max_concurrency=8)
+            self._blob(uri).upload_blob(data, overwrite=True, max_concurrency=8, progress_hook=hook)
         return source.stat().st_size
 
     def get_file(self, uri: str, target: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -34,9 +35,12 @@ class GCSStore:
     def write_bytes(self, uri: str, data: bytes) -> None:
         self._blob(uri).upload_from_string(data)
 
-    def put_file(self, source: Path, uri: str) -> int:
+    def put_file(self, source: Path, uri: str, progress: Callable[[int], None] | None = None) -> int:
         self._blob(uri).upload_from_filename(str(source))  # resumable for large files; an object appears whole
-        return source.stat().st_size
+        size = source.stat().st_size
+        if progress:  # the client reports no progress of its own: all at once
+            progress(size)
+        return size
 
     def get_file(self, uri: str, target: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -51,10 +51,15 @@ class LocalStore:
     def write_bytes(self, uri: str, data: bytes) -> None:
         _atomic_write(local_path(uri), lambda out: out.write(data))
 
-    def put_file(self, source: Path, uri: str) -> int:
+    def put_file(self, source: Path, uri: str, progress: Callable[[int], None] | None = None) -> int:
         def copy(out: BinaryIO) -> None:
             with open(source, "rb") as src:
-                shutil.copyfileobj(src, out, 1024 * 1024)
+                if progress is None:
+                    shutil.copyfileobj(src, out, 1024 * 1024)
+                    return
+                while chunk := src.read(1024 * 1024):
+                    out.write(chunk)
+                    progress(len(chunk))
 
         _atomic_write(local_path(uri), copy)
         return source.stat().st_size

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import os
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -44,9 +45,9 @@ class S3Store:
         bucket, key = self._split(uri)
         self.client.put_object(Bucket=bucket, Key=key, Body=data)
 
-    def put_file(self, source: Path, uri: str) -> int:
+    def put_file(self, source: Path, uri: str, progress: Callable[[int], None] | None = None) -> int:
         bucket, key = self._split(uri)
-        self.client.upload_file(str(source), bucket, key, Config=self.transfer)
+        self.client.upload_file(str(source), bucket, key, Config=self.transfer, Callback=progress)
         return source.stat().st_size
 
     def get_file(self, uri: str, target: Path) -> None:

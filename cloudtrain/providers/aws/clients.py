@@ -59,7 +59,12 @@ def aws_errors(action: str) -> Iterator[None]:
         if code in _AUTH_CODES:
             raise CredentialsError(f"{action}: AWS refused the credentials ({code}: {message})",
                                    remedy=_LOGIN_HINT) from None
-        if code in ("ValidationException", "ResourceLimitExceeded", "ResourceNotFound"):
+        if code == "ResourceLimitExceeded":  # a service quota, per instance type and region
+            raise UserError(f"{action}: {code}: {message}",
+                            remedy="request a higher SageMaker quota for this instance type (Service Quotas console, "
+                                   "'training job usage' / 'spot training job usage'), or pick another instance "
+                                   "type or region (`cloudtrain catalog -p aws`)") from None
+        if code in ("ValidationException", "ResourceNotFound"):
             raise UserError(f"{action}: {code}: {message}") from None
         raise CloudtrainError(f"{action}: {code}: {message}", remedy="try again; if it persists, check the AWS "
                                                                     "console for the job") from None

@@ -70,7 +70,7 @@ def training_image(torch_version: str, python_version: str, instance_type: str, 
     py = "py" + python_version.replace(".", "")
     py_versions = entry.get("py_versions") or []
     if py not in py_versions:
-        offered_py = ", ".join(f"{p[2]}.{p[3:]}" for p in py_versions)
+        offered_py = ", ".join(f"{p[2]}.{p[3:]}" if len(p) > 3 else p[2] for p in py_versions)  # py311, py3
         raise SpecError(f"the SageMaker PyTorch {version} image has no Python {python_version}",
                         field="image.python_version", remedy=f"use {offered_py}, or set image.uri")
     entry = entry.get(py) or entry

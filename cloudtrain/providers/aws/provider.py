@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from cloudtrain import catalog
-from cloudtrain.config import lookup
+from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.nodes import bootstrap_args, node_command
@@ -65,11 +65,9 @@ class SageMakerProvider(Provider):
         target = self._target(spec)
         notes = []
         if target.role == rq.PLACEHOLDER_ROLE:
-            notes.append("aws: providers.aws.role is not set (nor CLOUDTRAIN_AWS_ROLE): the plan shows a "
-                         "placeholder, and submit refuses until it is set")
+            notes.append(placeholder_note("aws", "role"))
         if target.bucket == rq.PLACEHOLDER_BUCKET:
-            notes.append("aws: providers.aws.bucket is not set (nor CLOUDTRAIN_AWS_BUCKET): the plan shows a "
-                         "placeholder, and submit refuses until it is set")
+            notes.append(placeholder_note("aws", "bucket"))
         home = f"s3://{target.bucket}/cloudtrain"
         job_name = new_job_id(str(spec.name))
         spec, output, located = cloud_locations(spec, home, "aws", job_name)

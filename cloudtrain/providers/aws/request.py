@@ -74,7 +74,8 @@ def stopping_condition(spec: JobSpec) -> tuple[dict[str, int], list[str]]:
             raise SpecError(f"{wait}s is beyond SageMaker's limit of 28 days", field="max_wait",
                             remedy=f"use at most {MAX_SECONDS} ('28d')")
         if spec.max_wait is None:
-            notes.append(f"aws: spot max_wait defaults to {wait}s (twice max_runtime): time waiting for capacity "
+            why = "twice max_runtime" if wait == 2 * runtime else "SageMaker's 28-day limit"
+            notes.append(f"aws: spot max_wait defaults to {wait}s ({why}): time waiting for capacity "
                          "plus running, across interruptions")
         condition["MaxWaitTimeInSeconds"] = wait
     return condition, notes

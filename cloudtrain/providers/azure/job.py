@@ -108,4 +108,7 @@ def command_job(spec: JobSpec, *, job_name: str, code_dir: Path, digest: str,
     if spec.spot:
         notes.append("azure: Azure ML does not restart a preempted job; cloudtrain resubmits it "
                      f"(max_restarts={spec.max_restarts}) while `submit` follows it or `wait --recover` watches")
+        if not spec.checkpoint.uri:  # no bucket option on Azure to derive one from, unlike S3 and GCS
+            notes.append("azure: spot without checkpoint.uri: a preempted job starts over; set checkpoint.uri "
+                         "(az://ACCOUNT/CONTAINER/PATH) so it resumes")
     return job, notes

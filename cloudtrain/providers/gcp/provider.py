@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from cloudtrain import catalog
-from cloudtrain.config import lookup
+from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.nodes import bootstrap_args, node_command
@@ -92,15 +92,16 @@ class VertexProvider(Provider):
             notes += image_notes
         project = configured_project(options.project) or rq.PLACEHOLDER_PROJECT
         bucket = lookup("gcp", "bucket", options.bucket) or rq.PLACEHOLDER_BUCKET
-        for value, placeholder, field, env in ((project, rq.PLACEHOLDER_PROJECT, "project", "CLOUDTRAIN_GCP_PROJECT"),
-                                               (bucket, rq.PLACEHOLDER_BUCKET, "bucket", "CLOUDTRAIN_GCP_BUCKET")):
+        for value, placeholder, field in ((project, rq.PLACEHOLDER_PROJECT, "project"),
+                                          (bucket, rq.PLACEHOLDER_BUCKET, "bucket")):
             if value == placeholder:
-                notes.append(f"gcp: providers.gcp.{field} is not set (nor {env}): the plan shows a placeholder, "
-                             "and submit refuses until it is set")
+                notes.append(placeholder_note("gcp", field))
         return rq.Target(project=project, region=region, bucket=bucket, machine=machine, image=image), notes
 
     def _plan(self, spec: JobSpec, package: Package) -> Plan:
         assert spec.name
+        if spec.providers.gcp.capacity == "spot" and not spec.spot:  # the same job as `spot: true`, everywhere
+            spec = spec.model_copy(update={"spot": True})
         target, notes = self._target(spec)
         home = f"gs://{target.bucket}/cloudtrain"
         job_id = new_job_id(str(spec.name))
