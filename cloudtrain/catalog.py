@@ -87,8 +87,8 @@ def price_source(provider: str) -> PriceSource:
 
 def parse_accelerator(text: str) -> tuple[str, int]:
     """``"a100:8"`` -> ``("A100", 8)``; a bare model means one GPU."""
-    model, _, count = text.partition(":")
-    if not model or (count and not count.isdigit()) or count == "0":
+    model, colon, count = text.partition(":")
+    if not model or (colon and not (count.isdigit() and int(count) > 0)):  # "A100:", "A100:0", "A100:00"
         raise SpecError(f"{text!r} is not MODEL or MODEL:COUNT", field="--gpus", remedy="write e.g. --gpus A100:8")
     return model.upper(), int(count or 1)
 
@@ -111,11 +111,17 @@ def find(provider: str, instance_type: str, accelerator_type: str | None = None,
 _LARGER = {"A100": "A100-80GB"}
 
 
+def _wanted(model: str) -> tuple[str, ...]:
+    """The GPU models that satisfy ``model``, preferred first (never None: that would match the CPU rows)."""
+    larger = _LARGER.get(model)
+    return (model, larger) if larger else (model,)
+
+
 def lookup(provider: str, model: str | None, count: int) -> Machine | None:
     """The machine for ``count`` x ``model`` GPUs per node (no model: the CPU default)."""
     if model is None:
         return next(m for m in machines(provider) if m.cpu_default)
-    for wanted in (model, _LARGER.get(model)):
+    for wanted in _wanted(model):
         found = next((m for m in machines(provider) if (m.gpu, m.gpus) == (wanted, count)), None)
         if found:
             return found
@@ -127,11 +133,15 @@ def machine_of(provider: str, instance_type: str, gpu: str | None, gpus: int,
     """The catalog's entry for the machine a plan chose, else what the spec says of it (GPUs, no prices): an
     explicit instance type cloudtrain has no data for still gets its GPU count checked and a plan summary."""
     found = find(provider, instance_type, accelerator_type, gpus)
-    return found or Machine(provider, instance_type, gpu, gpus, accelerator_type=accelerator_type)
+    if found:
+        return found
+    if gpu is None and accelerator_type:  # an explicit Vertex machine_type + accelerator_type: name its GPUs
+        gpu = next((m.gpu for m in machines(provider) if m.accelerator_type == accelerator_type), None)
+    return Machine(provider, instance_type, gpu, gpus, accelerator_type=accelerator_type)
 
 
 def offered(provider: str, model: str) -> list[int]:
-    return sorted({m.gpus for m in machines(provider) if m.gpu in (model, _LARGER.get(model))})
+    return sorted({m.gpus for m in machines(provider) if m.gpu in _wanted(model)})
 
 
 def unknown_accelerator(provider: str, model: str, count: int) -> SpecError:
@@ -147,13 +157,7 @@ def unknown_accelerator(provider: str, model: str, count: int) -> SpecError:
                             f"{_INSTANCE_FIELD[provider]} explicitly")
 
 
-def gpus_of(provider: str, instance_type: str) -> int | None:
-    """GPUs per node of a machine in the table (None: not in it, e.g. an explicit type cloudtrain has no data for)."""
-    found = find(provider, instance_type) if provider != "gcp" else None
-    return found.gpus if found else None
-
-
-def instance_for(provider: str, model: str | None, count: int, explicit: str | None, field: str) -> str:
+def instance_for(provider: str, model: str | None, count: int, explicit: str | None) -> str:
     """The instance type for ``count`` x ``model`` GPUs per node (``explicit`` wins; no GPU: a CPU default)."""
     if explicit:
         return explicit
@@ -164,11 +168,17 @@ def instance_for(provider: str, model: str | None, count: int, explicit: str | N
 
 
 def search(provider: str | None = None, accelerator: str | None = None) -> list[Machine]:
-    """Catalog rows, filtered by provider and by ``MODEL`` or ``MODEL:COUNT``."""
-    rows = [m for p in ([provider] if provider else PROVIDERS) for m in machines(p)]
-    if accelerator:
-        model, count = parse_accelerator(accelerator)
-        rows = [m for m in rows if m.gpu == model and (":" not in accelerator or m.gpus == count)]
+    """Catalog rows, filtered by provider and by ``MODEL`` or ``MODEL:COUNT``: the machines a spec's
+    ``accelerator`` can get, so a count served only by the larger part (Azure's ``A100:1``) lists that part."""
+    providers = [provider] if provider else list(PROVIDERS)
+    if not accelerator:
+        return [m for p in providers for m in machines(p)]
+    model, count = parse_accelerator(accelerator)
+    exact = ":" in accelerator
+    rows = []
+    for p in providers:  # per count, the machine a plan would pick (lookup), in the table's order
+        picked = {lookup(p, model, n) for n in offered(p, model) if not exact or n == count}
+        rows += [m for m in machines(p) if m in picked]
     return rows
 
 

@@ -150,7 +150,8 @@ def with_defaults(spec: JobSpec, provider: str) -> JobSpec:
     options = getattr(spec.providers, provider, None)
     if options is None:
         return spec
-    filled = {key: value for key in type(options).model_fields if key not in options.model_fields_set
+    filled = {key: value for key in type(options).model_fields
+              if (key not in options.model_fields_set or getattr(options, key) is None)
               and (value := lookup(provider, key)) is not None}
     if not filled:
         return spec
@@ -208,14 +209,14 @@ def explain(provider: str, spec_raw: Mapping[str, Any], flags: Mapping[str, Any]
     for key, field in model.model_fields.items():
         dotted = f"providers.{provider}.{key}"
         env = from_environment(provider, key)
-        platform = None if env or key in from_profile else _platform_default(provider, key)
-        if dotted in flags:
+        platform = None if env or from_profile.get(key) is not None else _platform_default(provider, key)
+        if flags.get(dotted) is not None:
             found = Setting(dotted, flags[dotted], "flag")
-        elif key in in_spec:
+        elif in_spec.get(key) is not None:
             found = Setting(dotted, in_spec[key], "spec")
         elif env:
             found = Setting(dotted, env[1], f"env {env[0]}")
-        elif key in from_profile:
+        elif from_profile.get(key) is not None:
             found = Setting(dotted, from_profile[key], f"profile {profile} ({path})")
         elif platform:
             found = Setting(dotted, platform[0], platform[1])
@@ -250,6 +251,12 @@ def _split_key(key: str) -> tuple[str, str]:
     return provider, name
 
 
+def is_set(key: str, profile: str | None = None) -> bool:
+    """Whether the profile holds ``key`` (``aws.region``), so `config unset` can say what it did."""
+    provider, name = _split_key(key)
+    return name in profile_settings(provider, profile)
+
+
 def _write(path: Path, data: dict[str, Any]) -> None:
     import yaml
 
@@ -271,20 +278,33 @@ def set_value(key: str, value: str | None, profile: str | None = None) -> Path:
     data = read_config(path)
     block = dict((data.get(profile) or {}).get(provider) or {})
     if value is None:
-        block.pop(name, None)
+        if name not in block:
+            return path  # nothing to remove: the file stays as it is (or absent)
+        block.pop(name)
     else:
         try:
             parsed = yaml.safe_load(value) if value else value
         except yaml.YAMLError:
             parsed = value
-        block[name] = parsed
-        try:
-            _options_model(provider).model_validate(block)
-        except ValidationError as exc:
-            raise UserError(f"{provider}.{name}: {exc.errors()[0]['msg']} (got {parsed!r})", field=key,
-                            remedy="give a valid value (`cloudtrain schema` describes it)") from None
-    profiles = {**data, profile: {**(data.get(profile) or {}), provider: block}}
+        # text that YAML reads as a number or a boolean (a project number, a bucket named 2024) stays text where
+        # only text is valid
+        errors = []
+        for candidate in [parsed] if isinstance(parsed, str) else [parsed, value]:
+            try:
+                _options_model(provider).model_validate({**block, name: candidate})
+            except ValidationError as exc:
+                errors.append(exc.errors()[0]["msg"])
+                continue
+            block[name] = candidate
+            break
+        else:
+            raise UserError(f"{errors[0]} (got {parsed!r})", field=key,
+                            remedy="give a valid value (`cloudtrain schema` describes it)")
+    settings = {**(data.get(profile) or {}), provider: block}
     if not block:
-        profiles[profile].pop(provider)
+        settings.pop(provider)
+    profiles = {**data, profile: settings}
+    if not settings:  # the last setting of a profile went: so does the profile
+        profiles.pop(profile)
     _write(path, profiles)
     return path

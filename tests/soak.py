@@ -613,9 +613,12 @@ class Soak:
             extra = sorted(p.name for p in local.iterdir() if p.name != checkpoints.RUNTIME_MARKER)
             if len(extra) > 1:
                 self.report.problems.append(f"{local} holds {extra}; the newest checkpoint folder only expected")
-        out = sorted(p.name for p in (self.root / "soak" / "out").iterdir())
-        if out != ["model.pt"]:
-            self.report.problems.append(f"output folder holds {out}")
+        # the output holds what the trainer wrote and, beside it, each node's logs (bootstrap copies them at exit)
+        output = self.root / "soak" / "out"
+        out = sorted(p.name for p in output.iterdir())
+        nodes = sorted(p.name for p in (output / "logs").iterdir()) if (output / "logs").is_dir() else []
+        if out != ["logs", "model.pt"] or nodes != [f"node-{rank}" for rank in range(self.cfg.nodes)]:
+            self.report.problems.append(f"output folder holds {out}, logs {nodes}")
 
 
 def run_soak(root: Path, config: SoakConfig) -> SoakReport:

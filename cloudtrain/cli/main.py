@@ -410,8 +410,12 @@ def cmd_config(args: argparse.Namespace) -> int:
         print(config.config_path())
         return 0
     if action in ("set", "unset"):
+        had = config.is_set(args.key, args.profile)
         path = config.set_value(args.key, args.value if action == "set" else None, args.profile)
-        done = f"{args.key} = {args.value}" if action == "set" else f"{args.key} removed"
+        if action == "set":
+            done = f"{args.key} = {args.value}"
+        else:
+            done = f"{args.key} removed" if had else f"{args.key} was not set"
         print(f"{done} in profile {args.profile or config.profile_name()} ({path})")
         return 0
     from cloudtrain.cli.render import emit, settings_text

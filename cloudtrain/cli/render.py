@@ -85,8 +85,13 @@ def plan_text(plan: Plan, colour: bool = False) -> str:
     nproc = plan.nproc_per_node
     machine = plan.machine
     if machine is not None:
-        gpus = f"{machine.gpus} x {machine.gpu}" + (f" {machine.gpu_memory_gb:g} GB" if machine.gpu_memory_gb else "") \
-            if machine.gpu else "no GPU"
+        if machine.gpu:
+            memory = f" {machine.gpu_memory_gb:g} GB" if machine.gpu_memory_gb else ""
+            gpus = f"{machine.gpus} x {machine.gpu}{memory}"
+        elif machine.vcpus is None:  # an explicit type cloudtrain has no data for: say so, not "no GPU"
+            gpus = "not in cloudtrain's catalog" + (f"; {machine.gpus} process(es) per node" if machine.gpus else "")
+        else:
+            gpus = "no GPU"
         instance = f"{machine.instance_type} ({gpus})"
     else:
         instance = "this machine" if plan.provider == "local" else "the compute cluster's VM size"
@@ -99,6 +104,7 @@ def plan_text(plan: Plan, colour: bool = False) -> str:
         row("job", plan.job_id),
         row("layout", f"{spec.nodes} node(s) x {nproc} process(es) = world size {spec.nodes * nproc}, "
                       f"strategy {spec.strategy}"),
+        *([row("where", where)] if (where := _where(plan.staging)) else []),
         row("instance", instance),
         row("image", plan.image or "this machine's Python and torch"),
         row("spot", "yes" + (f", up to {spec.max_restarts} restart(s)" if spec.max_restarts else "") if spec.spot
@@ -121,6 +127,12 @@ def plan_text(plan: Plan, colour: bool = False) -> str:
     lines += [row("note", paint(n, "yellow", colour)) for n in plan.notes]
     lines += ["", paint("request:", "bold", colour), json.dumps(plan.to_dict()["request"], indent=2)]  # redacted
     return "\n".join(lines)
+
+
+def _where(staging: dict[str, str]) -> str:
+    """The account-side place a job goes: region, project, workspace and cluster, as the plan resolved them."""
+    return ", ".join(f"{key} {staging[key]}" for key in ("project", "region", "workspace", "compute")
+                     if staging.get(key))
 
 
 def _when(ts: float | None) -> str:
@@ -180,6 +192,11 @@ def catalog_text(machines: list[Machine], colour: bool = False) -> str:
 
 
 def settings_text(provider: str, settings: list[Setting], colour: bool = False) -> str:
+    def shown(value: Any) -> str:  # a list as subnet-a,subnet-b, not as Python prints it
+        if value is None or value == []:
+            return "-"
+        return ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+
     rows = [("SETTING", "VALUE", "SOURCE")]
-    rows += [(s.key, "-" if s.value is None else str(s.value), s.source) for s in settings]
+    rows += [(s.key, shown(s.value), s.source) for s in settings]
     return columns(rows, colour)

@@ -52,8 +52,7 @@ class SageMakerProvider(Provider):
     def _target(self, spec: JobSpec) -> rq.Target:
         options = spec.providers.aws
         region = configured_region(options.region)
-        instance_type = catalog.instance_for("aws", spec.accelerator_model, spec.gpus_per_node, options.instance_type,
-                                             "providers.aws.instance_type")
+        instance_type = catalog.instance_for("aws", spec.accelerator_model, spec.gpus_per_node, options.instance_type)
         image = spec.image.uri or training_image(spec.image.torch_version, spec.image.python_version, instance_type,
                                                  region)
         return rq.Target(region=region, instance_type=instance_type, image=image,

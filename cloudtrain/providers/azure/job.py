@@ -102,7 +102,7 @@ def command_job(spec: JobSpec, *, job_name: str, code_dir: Path, digest: str,
                          "'low_priority' (queue settings apply to serverless compute only)")
     else:  # serverless compute: Azure ML provisions the VMs for this job
         resources["instance_type"] = catalog.instance_for("azure", spec.accelerator_model, spec.gpus_per_node,
-                                                          options.instance_type, "providers.azure.instance_type")
+                                                          options.instance_type)
         if spec.spot:
             job["queue_settings"] = {"job_tier": "spot"}
     if spec.spot:

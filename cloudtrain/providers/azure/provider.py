@@ -81,7 +81,7 @@ class AzureMLProvider(Provider):
         code_dir = package.staging_folder()
         options = spec.providers.azure
         instance = None if options.compute else catalog.instance_for(
-            "azure", spec.accelerator_model, spec.gpus_per_node, options.instance_type, "providers.azure.instance_type")
+            "azure", spec.accelerator_model, spec.gpus_per_node, options.instance_type)
         machine = catalog.machine_of("azure", instance, spec.accelerator_model, spec.gpus_per_node) if instance \
             else None  # a named cluster: its VM size is the workspace's, unseen offline
         gpus = machine.gpus if machine else spec.gpus_per_node
@@ -99,10 +99,17 @@ class AzureMLProvider(Provider):
                     "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
             command = node_command(rank, "python", BOOTSTRAP_NAME, args, seen, job_name)
             nodes.append(replace(command, env=job["environment_variables"]))
+        staging = {"prefix": str(code_dir), "code": str(code_dir),
+                   "upload": "the workspace's default datastore, by content hash"}
+        try:  # offline: the spec, the profile or ./config.json; a dry run may leave it for later
+            staging["workspace"] = "/".join(workspace_of(options))
+        except SpecError as exc:
+            notes.append(f"azure: {exc.message}; submitting needs them (the spec, `cloudtrain config set "
+                         "azure.workspace ...` or the workspace's config.json)")
+        if options.compute:
+            staging["compute"] = options.compute
         return Plan(provider=self.name, job_id=job_name, spec=spec, package=package,
-                    request={"job": job, "rest": rest}, nodes=nodes,
-                    staging={"prefix": str(code_dir), "code": str(code_dir),
-                             "upload": "the workspace's default datastore, by content hash"}, notes=notes,
+                    request={"job": job, "rest": rest}, nodes=nodes, staging=staging, notes=notes,
                     machine=machine, image=_image_of(job["environment"]))
 
     # -- submit ----------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 import configparser
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,12 @@ def _gcloud_config() -> configparser.ConfigParser:
     """gcloud's active configuration (~/.config/gcloud/configurations/config_<name>), or an empty one."""
     parser = configparser.ConfigParser()
     root = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
-    try:
-        active = os.environ.get("CLOUDSDK_ACTIVE_CONFIG_NAME") or \
-            (root / "active_config").read_text().strip() or "default"
-        parser.read(root / "configurations" / f"config_{active}")
-    except (OSError, configparser.Error):
-        pass
+    active = os.environ.get("CLOUDSDK_ACTIVE_CONFIG_NAME")
+    if not active:
+        with suppress(OSError):  # no active_config: gcloud itself uses the configuration named "default"
+            active = (root / "active_config").read_text().strip()
+    with suppress(OSError, configparser.Error):
+        parser.read(root / "configurations" / f"config_{active or 'default'}")
     return parser
 
 
