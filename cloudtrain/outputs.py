@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,14 +68,25 @@ def download(uri: str, dest: Path, show_progress: bool = True) -> list[OutputFil
     return fetched
 
 
-def upload_tree(folder: Path, uri: str) -> int:
-    """Copy every file under ``folder`` to ``uri`` (same relative names); returns the number of files."""
+def upload_tree(folder: Path, uri: str, name: Callable[[str], str] = str) -> int:
+    """Copy every file under ``folder`` to ``uri`` under ``name(relative path)``; returns the number of files."""
     count = 0
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        target = storage.join(uri, path.relative_to(folder).as_posix())
+        target = storage.join(uri, name(path.relative_to(folder).as_posix()))
         storage.with_retries(functools.partial(storage.put_file, path, target), f"upload of {target}")
         count += 1
     return count
+
+
+def log_name(relative: str, runs: int) -> str:
+    """torchrun's ``<run id>_<random>/attempt_N/<local rank>/stdout.log`` as ``attempt_N/local-rank-R/stdout.log``:
+    the run folder says nothing to a reader when the node ran torchrun once (``runs``), so it goes."""
+    parts = relative.split("/")
+    if len(parts) == 4 and parts[1].startswith("attempt_") and parts[2].isdigit():
+        parts[2] = f"local-rank-{parts[2]}"
+        if runs == 1:
+            parts = parts[1:]
+    return "/".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m cloudtrain.outputs upload-logs DIR URI", file=sys.stderr)
         return 2
     folder, uri = Path(args[1]), args[2]
-    count = upload_tree(folder, uri) if folder.is_dir() else 0
+    if not folder.is_dir():
+        count = 0
+    else:
+        runs = sum(1 for p in folder.iterdir() if p.is_dir())
+        count = upload_tree(folder, uri, functools.partial(log_name, runs=runs))
     print(f"[cloudtrain] logs: {count} file(s) copied to {uri}", flush=True)
     return 0
 

@@ -65,6 +65,19 @@ def cli(ct_home: Path, tmp_path: Path) -> Callable[..., subprocess.CompletedProc
     return run
 
 
+def ddp_project(root: Path) -> Path:
+    """``root/proj`` holding the reference DDP trainer (train_ddp.py): the project most plan tests submit."""
+    proj = root / "proj"
+    proj.mkdir()
+    (proj / "train_ddp.py").write_bytes((REPO / "entrypoints" / "train_ddp.py").read_bytes())
+    return proj
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return ddp_project(tmp_path)
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 60, interval: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -31,14 +30,6 @@ from tests.sagemaker_front import SageMakerFront
 
 ROLE = "arn:aws:iam::123456789012:role/cloudtrain-tests"
 OFFLINE = {"AWS_REGION": "eu-west-1", "CLOUDTRAIN_AWS_ROLE": ROLE, "CLOUDTRAIN_AWS_BUCKET": "my-bucket"}
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    shutil.copy(REPO / "entrypoints" / "train_ddp.py", proj / "train_ddp.py")
-    return proj
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from cloudtrain.providers.base import JobState, JobStatus
 from cloudtrain.recovery import load as load_recovery
 from cloudtrain.sdk import Job, Run
 from tests.azureml_fake import PREEMPTED, AzureMLFake
-from tests.conftest import REPO, cli_env, wait_for
+from tests.conftest import cli_env, ddp_project, wait_for
 from tests.emulators import BUCKET, ensure, free_port
 
 WORKSPACE = {"subscription_id": "sub-1", "resource_group": "rg-1", "workspace": "ws-1"}
@@ -33,9 +32,7 @@ WORKSPACE = {"subscription_id": "sub-1", "resource_group": "rg-1", "workspace": 
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    shutil.copy(REPO / "entrypoints" / "train_ddp.py", proj / "train_ddp.py")
+    proj = ddp_project(tmp_path)
     (proj / "show_input.py").write_text(
         "import os, torch.distributed as dist\n"
         "dist.init_process_group('gloo')\n"

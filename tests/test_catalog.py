@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,6 @@ from cloudtrain.errors import SpecError
 from cloudtrain.providers.gcp.machines import Machine as VertexMachine
 from cloudtrain.providers.gcp.machines import accelerators, machine_for
 from cloudtrain.sdk import Job
-from tests.conftest import REPO
 
 CLOUDS = ("aws", "azure", "gcp")
 ROLE = "arn:aws:iam::123456789012:role/cloudtrain-tests"
@@ -33,14 +31,6 @@ OFFLINE = {"AWS_REGION": "eu-west-1", "CLOUDTRAIN_AWS_ROLE": ROLE, "CLOUDTRAIN_A
            "CLOUDTRAIN_GCP_BUCKET": "my-bucket"}
 A100X8 = {"aws": "ml.p4d.24xlarge", "azure": "Standard_ND96asr_v4", "gcp": "a2-highgpu-8g"}
 CLI = Callable[..., subprocess.CompletedProcess[str]]
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    shutil.copy(REPO / "entrypoints" / "train_ddp.py", proj / "train_ddp.py")
-    return proj
 
 
 @pytest.fixture

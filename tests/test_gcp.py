@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -36,14 +35,6 @@ OFFLINE = {"CLOUDTRAIN_GCP_PROJECT": "my-project", "CLOUDTRAIN_GCP_REGION": "eur
 
 def cloudtrain_argv() -> list[str]:
     return [sys.executable, "-m", "cloudtrain"]
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    shutil.copy(REPO / "entrypoints" / "train_ddp.py", proj / "train_ddp.py")
-    return proj
 
 
 @pytest.fixture

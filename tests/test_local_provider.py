@@ -87,9 +87,35 @@ def test_ddp_reference_trainer_in_the_foreground(cli, tmp_path: Path) -> None:
     files = {f["name"]: f for f in json.loads(fetched.stdout)["files"]}
     assert files["model.pt"]["bytes"] == (tmp_path / "out" / "model.pt").stat().st_size > 0
     for node in (0, 1):
-        logs = [n for n in files if n.startswith(f"logs/node-{node}/") and n.endswith("stdout.log")]
-        assert len(logs) == 2, files  # one per process of the node
+        logs = sorted(n for n in files if n.startswith(f"logs/node-{node}/") and n.endswith("stdout.log"))
+        # one per process of the node, named by attempt and local rank (torchrun's run folder dropped)
+        assert logs == [f"logs/node-{node}/attempt_0/local-rank-{r}/stdout.log" for r in (0, 1)], files
     assert any("done: world_size=4" in (tmp_path / "out" / n).read_text() for n in files if "stdout" in n)
+
+
+def test_node_logs_upload_names(tmp_path: Path) -> None:
+    """`upload-logs` (run by the bootstrap) names logs by attempt and local rank; torchrun's run folder stays only
+    when a node ran torchrun more than once, so no two runs' logs land on one name."""
+    from cloudtrain import outputs
+
+    def tree(root: Path, runs: list[str]) -> None:
+        for run in runs:
+            for rank in (0, 1):
+                log = root / run / "attempt_0" / str(rank) / "stdout.log"
+                log.parent.mkdir(parents=True)
+                log.write_text(f"{run} {rank}")
+
+    def uploaded(runs: list[str]) -> dict[str, str]:
+        logs, out = tmp_path / f"logs{len(runs)}", tmp_path / f"out{len(runs)}"
+        tree(logs, runs)
+        assert outputs.main(["upload-logs", str(logs), out.as_uri()]) == 0
+        return {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()}
+
+    assert uploaded(["a1b2_x9"]) == {"attempt_0/local-rank-0/stdout.log": "a1b2_x9 0",
+                                     "attempt_0/local-rank-1/stdout.log": "a1b2_x9 1"}
+    twice = uploaded(["r1_aa", "r2_bb"])
+    assert set(twice) == {f"{run}/attempt_0/local-rank-{r}/stdout.log" for run in ("r1_aa", "r2_bb") for r in (0, 1)}
+    assert twice["r2_bb/attempt_0/local-rank-1/stdout.log"] == "r2_bb 1"
 
 
 def test_global_rank_zero_runs_on_node_zero(cli, tmp_path: Path) -> None:
