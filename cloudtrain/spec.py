@@ -366,6 +366,15 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def project_options(provider: str) -> dict[str, Any]:
+    """The ``providers.<provider>`` block of the project here (./cloudtrain.yaml), or {}: where commands that take
+    no spec (``list``) look for a region, project or workspace before the profile and the platform's tools."""
+    raw = read_spec_file(SPEC_FILENAME) if Path(SPEC_FILENAME).is_file() else {}
+    providers = raw.get("providers")
+    block = providers.get(provider) if isinstance(providers, dict) else None
+    return dict(block) if isinstance(block, dict) else {}
+
+
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Apply dotted-key overrides (``checkpoint.uri``) from CLI flags; values that are None are skipped."""
     merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}

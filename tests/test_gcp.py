@@ -302,6 +302,15 @@ def test_cli_submit_status_logs_cancel_list(vertex: VertexFake, project: Path, c
     mine = [j for j in listed if j["handle"] == handle]
     assert len(mine) == 1 and mine[0]["state"] == "cancelled"
 
+    # list looks first at the project here: ./cloudtrain.yaml's providers.gcp wins over the environment's project
+    elsewhere = project.parent / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "cloudtrain.yaml").write_text("script: train.py\nproviders:\n  gcp:\n    project: other-project\n")
+    there = subprocess.run([*cloudtrain_argv(), "list", "--provider", "gcp", "-o", "json"], cwd=elsewhere, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert there.returncode == 0, there.stderr
+    assert json.loads(there.stdout) == []
+
 
 def test_sdk_submit_retried_after_a_lost_reply_creates_one_job(vertex: VertexFake, project: Path) -> None:
     provider = VertexProvider()

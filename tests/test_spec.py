@@ -5,7 +5,15 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.errors import SpecError
-from cloudtrain.spec import JobSpec, apply_overrides, json_schema, load_spec, parse_duration, validate_spec
+from cloudtrain.spec import (
+    JobSpec,
+    apply_overrides,
+    json_schema,
+    load_spec,
+    parse_duration,
+    project_options,
+    validate_spec,
+)
 
 
 def test_minimal_spec_fills_defaults_and_derives_name() -> None:
@@ -89,3 +97,14 @@ def test_schema_forbids_unknown_keys_everywhere() -> None:
         assert sub.get("additionalProperties") is False, name
     # durations accept strings as well as seconds
     assert schema["properties"]["max_runtime"]["anyOf"] == [{"type": "integer"}, {"type": "string"}]
+
+
+def test_project_options_reads_the_provider_block_of_the_spec_here(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert project_options("aws") == {}  # no cloudtrain.yaml here
+    (tmp_path / "cloudtrain.yaml").write_text("script: t.py\nproviders:\n  aws: {region: eu-west-1}\n")
+    assert project_options("aws") == {"region": "eu-west-1"}
+    assert project_options("gcp") == {}
+    (tmp_path / "cloudtrain.yaml").write_text("script: t.py\nproviders: [aws]\n")  # malformed: nothing, no crash
+    assert project_options("aws") == {}

@@ -27,7 +27,7 @@ from cloudtrain.providers.aws.images import training_image
 from cloudtrain.providers.aws.status import describe_details, job_state
 from cloudtrain.providers.aws.validate import check_request
 from cloudtrain.providers.base import JobStatus, Provider
-from cloudtrain.spec import JobSpec
+from cloudtrain.spec import JobSpec, project_options
 from cloudtrain.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -191,7 +191,7 @@ class SageMakerProvider(Provider):
             sm.stop_training_job(TrainingJobName=handle.job_id)
 
     def _list(self, limit: int) -> builtins.list[JobStatus]:
-        region = configured_region(None)
+        region = configured_region(project_options("aws").get("region"))
         sm = self._client("sagemaker", region)
         found: list[dict[str, Any]] = []
         token = None

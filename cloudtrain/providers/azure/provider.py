@@ -11,7 +11,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -202,13 +201,12 @@ class AzureMLProvider(Provider):
             ml.jobs.begin_cancel(handle.job_id)  # the service stops it; describe shows the progress
 
     def _list(self, limit: int) -> builtins.list[JobStatus]:
-        from cloudtrain.spec import SPEC_FILENAME, AzureOptions, read_spec_file
+        from cloudtrain.spec import AzureOptions, project_options
 
-        # the workspace of the project here (cloudtrain.yaml), else the standard config.json
-        raw = read_spec_file(SPEC_FILENAME) if Path(SPEC_FILENAME).is_file() else {}
-        known = ((raw.get("providers") or {}).get("azure") or {}) if isinstance(raw, dict) else {}
-        scope = workspace_of(AzureOptions(**{k: known.get(k) for k in ("subscription_id", "resource_group",
-                                                                       "workspace")}))
+        # the workspace of the project here (cloudtrain.yaml), else the profile's, else the standard config.json
+        known = project_options("azure")
+        scope = workspace_of(AzureOptions.model_construct(**{k: known.get(k) for k in ("subscription_id",
+                                                                                      "resource_group", "workspace")}))
         ml = self._client(scope)
         found = []
         with azure_errors("listing Azure ML jobs"):

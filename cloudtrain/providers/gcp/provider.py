@@ -42,7 +42,7 @@ from cloudtrain.providers.gcp.images import training_image
 from cloudtrain.providers.gcp.machines import machine_for
 from cloudtrain.providers.gcp.schema import check_request
 from cloudtrain.providers.gcp.status import describe_details, job_state
-from cloudtrain.spec import JobSpec
+from cloudtrain.spec import JobSpec, project_options
 from cloudtrain.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
 
 # CustomJob fields the service sets: cleared before a job is created again from a copy.
@@ -263,11 +263,13 @@ class VertexProvider(Provider):
             client.cancel_custom_job(name=self._resource(handle))
 
     def _list(self, limit: int) -> builtins.list[JobStatus]:
-        project, region = configured_project(None), configured_region(None) or DEFAULT_REGION
+        known = project_options("gcp")
+        project = configured_project(known.get("project"))
+        region = configured_region(known.get("region")) or DEFAULT_REGION
         if not project:
             raise SpecError("no Google Cloud project is set", field="providers.gcp.project",
-                            remedy="set CLOUDTRAIN_GCP_PROJECT (or GOOGLE_CLOUD_PROJECT, or `gcloud config set "
-                                   "project`)")
+                            remedy="set it in ./cloudtrain.yaml, `cloudtrain config set gcp.project ...`, "
+                                   "CLOUDTRAIN_GCP_PROJECT (or GOOGLE_CLOUD_PROJECT) or `gcloud config set project`")
         client = self._client(region)
         found: list[dict[str, Any]] = []
         with gcp_errors("listing Vertex custom jobs"):
