@@ -151,6 +151,7 @@ def test_cli_submit_status_logs_cancel_list(azure: AzureMLFake, project: Path, c
 
     submitted = cli("submit", "--provider", "azure", "--detach")
     assert submitted.returncode == 0, submitted.stderr
+    assert "experimental" not in submitted.stderr  # azure-ai-ml's notice on queue_settings (spot) is not the user's
     handle = submitted.stdout.strip()
     name = JobHandle.parse(handle).job_id
     assert handle == f"azure://sub-1/rg-1/ws-1/{name}"

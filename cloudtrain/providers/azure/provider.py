@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import logging
 import os
 import tempfile
 import time
@@ -27,6 +28,11 @@ from cloudtrain.providers.azure.workspace import azure_errors, ml_client, worksp
 from cloudtrain.providers.base import JobStatus, Provider
 from cloudtrain.spec import JobSpec
 from cloudtrain.staging import new_job_id
+
+# azure-ai-ml logs "experimental field/class" for queue_settings (spot) on every plan; cloudtrain chose the field
+# knowingly, and a plan's stderr should hold what the user must act on
+for _name in ("azure.ai.ml._utils._experimental", "azure.ai.ml._schema.core.fields"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
 
 AZURE_MASTER_PORT = "6105"  # what Azure ML's PyTorch distribution sets; shown in the plan's derived torchrun lines
 
