@@ -7,6 +7,7 @@ Layout inside the bundle::
 
     bootstrap.py          the in-node entrypoint (also staged beside the bundle so a node can start it)
     lib/cloudtrain/...    cloudtrain itself, put on PYTHONPATH so jobs need nothing but the image's torch
+    lib/sitecustomize.py  installs cloudtrain's exit guard in every worker, then runs the image's own sitecustomize
     src/...               the user's source_dir
 """
 
@@ -236,7 +237,8 @@ def _runtime_files() -> list[tuple[str, Path]]:
     package_root = Path(__file__).resolve().parent
     files = collect_files(package_root, excludes=(*BUILTIN_EXCLUDES, "_entrypoints", "_templates"),
                           check_secrets=False, use_ignore_files=False)
-    return [(f"lib/cloudtrain/{rel}", path) for rel, path, _ in files]
+    return [(f"lib/cloudtrain/{rel}", path) for rel, path, _ in files] + \
+        [("lib/sitecustomize.py", package_root / "data" / "sitecustomize.py")]  # loads cloudtrain/exit_guard.py
 
 
 def _add(tar: tarfile.TarFile, arcname: str, path: Path) -> None:

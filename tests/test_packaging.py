@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -184,3 +186,43 @@ def test_nested_gitignore_is_relative_to_its_folder(tmp_path: Path) -> None:
     with build_package(root) as package:
         paths = [f["path"] for f in package.files]
     assert paths == [".env.example", "b.tmp", "local.txt", "pkg/.gitignore", "pkg/model.py", "train.py"]
+
+
+def test_workers_get_the_exit_guard_and_the_images_own_sitecustomize(tmp_path: Path) -> None:
+    """The bundle's lib/ leads a worker's PYTHONPATH: its sitecustomize installs cloudtrain's exit guard (gloo
+    threads finish before finalization) and still runs the sitecustomize it shadows, as an image may have one."""
+    root = make_tree(tmp_path / "src")
+    with build_package(root) as package:
+        bootstrap_module().safe_extract(package.path, tmp_path / "out")
+    image_site = tmp_path / "image-site"
+    image_site.mkdir()
+    (image_site / "sitecustomize.py").write_text("import os\nos.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n")
+    probe = ("import os, sys, atexit, cloudtrain.exit_guard as g\n"
+             "print(sys.modules['sitecustomize'].__file__, g._installed, os.environ.get('IMAGE_SITECUSTOMIZE'))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "out" / "lib"), str(image_site)])}
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.split() == [str(tmp_path / "out" / "lib" / "sitecustomize.py"), "True", "ran"]
+
+
+def test_exit_guard_waits_only_where_gloo_could_run() -> None:
+    from cloudtrain import exit_guard
+
+    code = ("import time, sys, cloudtrain.exit_guard as g\n"
+            "t = time.monotonic(); g.settle(); a = time.monotonic() - t\n"
+            "import torch.distributed as dist, os\n"
+            "os.environ.update(RANK='0', WORLD_SIZE='1', MASTER_ADDR='127.0.0.1', MASTER_PORT=sys.argv[1])\n"
+            "dist.init_process_group('gloo')\n"
+            "names = [open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task')]\n"
+            "print(a < 0.005, names.count(g.GLOO_WORKER_THREAD) > 0, g._running_gloo_workers())\n"
+            "dist.destroy_process_group()\n")
+    from tests.emulators import free_port
+
+    result = subprocess.run([sys.executable, "-c", code, str(free_port())], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    # no torch.distributed: no wait; with a group: its gloo workers carry the name the guard looks for (a torch
+    # that renamed them would leave the guard blind), and idle ones are not counted as running
+    assert result.stdout.split() == ["True", "True", "0"]
+    assert exit_guard._running_gloo_workers() == 0  # this process has no gloo threads (Linux /proc is read)

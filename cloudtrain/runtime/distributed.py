@@ -33,6 +33,9 @@ def init_distributed() -> DistContext:
     """Join the job's process group (idempotent). Works for a single process without torchrun too."""
     import torch.distributed as dist
 
+    from cloudtrain.exit_guard import install
+
+    install()  # outside a cloudtrain node too: gloo's threads finish before the interpreter shuts down
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend, device = pick_backend_and_device(local_rank)
     if not dist.is_initialized():

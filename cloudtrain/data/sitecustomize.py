@@ -1,0 +1,30 @@
+"""Shipped as the bundle's ``lib/sitecustomize.py`` (lib/ leads PYTHONPATH on a node), so Python loads it in every
+process torchrun starts: it installs cloudtrain's exit guard (``cloudtrain/exit_guard.py`` says why), then runs
+the sitecustomize that this one shadows (the image's), if there is one."""
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+
+def _run_shadowed() -> None:
+    here = os.path.dirname(os.path.realpath(__file__))
+    rest = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # what site.py does with a broken sitecustomize: say so, go on
+        print(f"Error in sitecustomize ({spec.origin}): {exc!r}", file=sys.stderr)
+
+
+try:
+    from cloudtrain.exit_guard import install
+
+    install()
+except Exception as exc:  # never stop a worker from starting
+    print(f"[cloudtrain] exit guard not installed: {exc!r}", file=sys.stderr)
+_run_shadowed()

@@ -1,0 +1,62 @@
+"""Let torch.distributed's gloo worker threads finish before Python shuts down.
+
+A gloo collective's work object is freed on one of the process group's worker threads just after the collective
+completes; if it holds tensors whose Python objects are gone, freeing them takes the GIL. When the main thread has
+already begun interpreter finalization (a script that returns right after its last collective), CPython 3.11-3.13
+ends such a thread with ``pthread_exit`` inside a C++ destructor, and the process aborts with "terminate called
+without an active exception" (SIGABRT) *after* training finished: torchrun then reports the job failed.
+``destroy_process_group`` does not join those threads while anything (a DDP module, a cached group) still holds the
+group. An exit handler runs while the interpreter is whole: it releases the GIL until no gloo worker is still
+running, so the pending frees complete first. Only the standard library is imported here; nodes load it from the
+bundle's ``sitecustomize`` into every worker (unmodified scripts too), and ``cloudtrain.runtime`` installs it too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+
+GLOO_WORKER_THREAD = "pt_gloo_runloop"  # the name torch gives ProcessGroupGloo's worker threads (Linux)
+_installed = False
+
+
+def _running_gloo_workers() -> int | None:
+    """How many gloo worker threads are running (not blocked), or None where /proc cannot tell."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    running = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name, _, rest = stat.partition("(")[2].rpartition(")")
+        if name == GLOO_WORKER_THREAD and rest.split()[:1] in (["R"], ["D"]):
+            running += 1
+    return running
+
+
+def settle(timeout: float = 2.0, interval: float = 0.01) -> None:
+    """Sleep (the GIL released) until no gloo worker thread is running, at most ``timeout`` seconds."""
+    if "torch.distributed" not in sys.modules:  # no process group was ever possible: nothing to wait for
+        return
+    if _running_gloo_workers() is None:  # no /proc (macOS): one short pause is what there is
+        time.sleep(0.05)
+        return
+    deadline = time.monotonic() + timeout
+    time.sleep(interval)  # a worker waiting for the GIL gets it now and turns runnable
+    while _running_gloo_workers() and time.monotonic() < deadline:
+        time.sleep(interval)
+
+
+def install() -> None:
+    """Register :func:`settle` to run at exit (once). Registered early, it runs after the script's own handlers."""
+    global _installed
+    if not _installed:
+        atexit.register(settle)
+        _installed = True
