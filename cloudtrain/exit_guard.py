@@ -22,13 +22,13 @@ GLOO_WORKER_THREAD = "pt_gloo_runloop"  # the name torch gives ProcessGroupGloo'
 _installed = False
 
 
-def _running_gloo_workers() -> int | None:
-    """How many gloo worker threads are running (not blocked), or None where /proc cannot tell."""
+def _gloo_workers() -> tuple[int, int] | None:
+    """(gloo worker threads, how many of them are running rather than blocked), or None where /proc cannot tell."""
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
         return None
-    running = 0
+    found = running = 0
     for tid in tids:
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
@@ -36,21 +36,25 @@ def _running_gloo_workers() -> int | None:
         except OSError:  # the thread ended meanwhile
             continue
         name, _, rest = stat.partition("(")[2].rpartition(")")
-        if name == GLOO_WORKER_THREAD and rest.split()[:1] in (["R"], ["D"]):
-            running += 1
-    return running
+        if name == GLOO_WORKER_THREAD:
+            found += 1
+            running += rest.split()[:1] in (["R"], ["D"])
+    return found, running
 
 
 def settle(timeout: float = 2.0, interval: float = 0.01) -> None:
     """Sleep (the GIL released) until no gloo worker thread is running, at most ``timeout`` seconds."""
     if "torch.distributed" not in sys.modules:  # no process group was ever possible: nothing to wait for
         return
-    if _running_gloo_workers() is None:  # no /proc (macOS): one short pause is what there is
+    workers = _gloo_workers()
+    if workers is None:  # no /proc (macOS): one short pause is what there is
         time.sleep(0.05)
+        return
+    if not workers[0]:  # torch imported (it imports torch.distributed) but no gloo group: no pause
         return
     deadline = time.monotonic() + timeout
     time.sleep(interval)  # a worker waiting for the GIL gets it now and turns runnable
-    while _running_gloo_workers() and time.monotonic() < deadline:
+    while (workers := _gloo_workers()) and workers[1] and time.monotonic() < deadline:
         time.sleep(interval)
 
 

@@ -214,15 +214,17 @@ def test_exit_guard_waits_only_where_gloo_could_run() -> None:
             "g.time.sleep = slept.append  # record the pauses instead of taking them\n"
             "g.settle(); alone = list(slept)\n"
             "import torch.distributed as dist\n"
+            "g.settle(); no_group = list(slept)\n"
             "os.environ.update(RANK='0', WORLD_SIZE='1', MASTER_ADDR='127.0.0.1', MASTER_PORT=sys.argv[1])\n"
             "dist.init_process_group('gloo'); dist.barrier()  # the workers have run (and named themselves)\n"
             "names = [open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task')]\n"
             "slept.clear(); g.settle()\n"
-            "print(alone == [], names.count(g.GLOO_WORKER_THREAD) > 0, slept[:1], set(slept))\n"
+            "print(alone == no_group == [], names.count(g.GLOO_WORKER_THREAD) > 0, slept[:1], set(slept))\n"
             "dist.destroy_process_group()\n")
     result = subprocess.run([sys.executable, "-c", code, str(free_port())], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
-    # no torch.distributed: no pause at all. With a group: its gloo workers carry the name the guard looks for (a
-    # torch that renamed them would leave the guard blind), and the guard pauses in short steps (GIL released)
+    # no torch.distributed, or torch without a gloo group: no pause at all. With a group: its gloo workers carry
+    # the name the guard looks for (a torch that renamed them would leave the guard blind), and the guard pauses in
+    # short steps (GIL released)
     assert result.stdout.split() == ["True", "True", "[0.01]", "{0.01}"]
