@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain import storage
 from cloudtrain.errors import CloudtrainError
@@ -30,7 +30,8 @@ MANIFEST = "manifest.json"
 # sync then leaves that directory alone (a folder being written or pruned by the Checkpointer is never half-published).
 RUNTIME_MARKER = ".cloudtrain-runtime"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-Log = Callable[[str], None]
+if TYPE_CHECKING:  # only in annotations: nodes may run Python 3.8, where collections.abc types take no [...]
+    Log = Callable[[str], None]
 
 
 def _print(message: str) -> None:

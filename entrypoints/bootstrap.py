@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """cloudtrain's in-node bootstrap: the first thing every node of every job runs, locally and in the cloud.
 
-It must run on any image with Python 3.10+ and torch, so it uses the standard library only. Steps:
+It must run on any image cloudtrain can choose (Python 3.8 and newer, with torch), so it uses the standard
+library only, and nothing newer than Python 3.8 has (tests/test_bootstrap.py runs under 3.8 in CI). Steps:
 derive this node's place in the cluster from the environment, unpack the source bundle safely, install the job's
 requirements, run ``torchrun`` with the derived arguments, forward signals to it, and report the outcome
 (succeeded, failed or preempted) as an exit code, a last log line and, when asked, a JSON status file.
@@ -241,7 +242,7 @@ def safe_extract(archive: Path, dest: Path) -> int:
         for m in members:
             name = m.name
             target = (dest / name).resolve()
-            if name.startswith("/") or ".." in Path(name).parts or not target.is_relative_to(dest):
+            if name.startswith("/") or ".." in Path(name).parts or not (target == dest or dest in target.parents):
                 raise BootstrapError(f"bundle member {name!r} would be written outside {dest}")
             if not (m.isfile() or m.isdir()):
                 raise BootstrapError(f"bundle member {name!r} is a link or device; bundles hold plain files only")
