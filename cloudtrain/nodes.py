@@ -73,3 +73,15 @@ def node_command(rank: int, python: str, bootstrap_path: str, args: list[str], e
     target = [parsed.script, *user_args] if parsed.script else ["-m", parsed.module, *user_args]
     torchrun = boot.torchrun_argv(boot.reachable(cluster, env), target, job_id, python=python, workdir=parsed.workdir)
     return NodeCommand(rank=rank, argv=[python, bootstrap_path, *args], env=env, torchrun=torchrun)
+
+
+def launcher_note(provider: str, env: dict[str, str]) -> str | None:
+    """What the bootstrap adds to the workers' environment on this platform, as the platform's own launcher would
+    (EFA and NCCL settings on SageMaker), derived by the bootstrap's own code under ``env``; the job's own env wins."""
+    boot = bootstrap_module()
+    added = boot.launcher_env(boot.detect_cluster(env, "1"), env)
+    shown = " ".join(f"{k}={v}" for k, v in added.items() if not k.startswith("SM_"))
+    if not added:
+        return None
+    return (f"{provider}: each node's processes also get what the platform's own launcher sets: {shown}"
+            + (" and its SM_* host variables" if any(k.startswith("SM_") for k in added) else ""))

@@ -153,3 +153,29 @@ def test_a_node_restores_runs_and_publishes_on_this_python(tmp_path: Path) -> No
     published = store / "step-000000007"
     assert (published / "state.txt").read_text() == "weights" and (published / "manifest.json").is_file()
 
+
+
+FAILS = '''
+import os, sys
+print("sees", os.environ.get("SM_CURRENT_HOST"), os.environ.get("NCCL_PROTO"), os.environ.get("FI_PROVIDER"),
+      os.environ.get("NCCL_SOCKET_IFNAME"), flush=True)
+sys.exit(3)
+'''
+
+
+def test_a_failed_sagemaker_node_says_why_in_the_failure_file(tmp_path: Path) -> None:
+    """SageMaker turns /opt/ml/output/failure into DescribeTrainingJob's FailureReason; the workers saw the
+    variables SageMaker's own launcher sets (EFA on a p4d)."""
+    base = tmp_path / "opt-ml"
+    (base / "input" / "config").mkdir(parents=True)
+    (base / "input" / "config" / "resourceconfig.json").write_text(json.dumps({
+        "current_host": "algo-1", "hosts": ["algo-1"], "current_instance_type": "ml.p4d.24xlarge",
+        "network_interface_name": "eth0"}))
+    env = node_env(tmp_path, SAGEMAKER_BASE_DIR=str(base), CLOUDTRAIN_MASTER_OVERRIDE=f"127.0.0.1:{free_port()}")
+    result = subprocess.run([sys.executable, str(REPO / "entrypoints" / "bootstrap.py"), "--bundle",
+                             str(make_bundle(tmp_path, FAILS)), "--workdir", str(tmp_path / "work"), "--script",
+                             "train.py", "--nproc-per-node", "1"], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "sees algo-1 simple efa eth0" in result.stdout
+    reason = (base / "output" / "failure").read_text()
+    assert reason.startswith("cloudtrain: node 0 of 1 failed: torchrun exited")

@@ -19,7 +19,7 @@ from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
-from cloudtrain.nodes import bootstrap_args, node_command
+from cloudtrain.nodes import bootstrap_args, launcher_note, node_command
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
 from cloudtrain.providers.aws import request as rq
@@ -85,9 +85,12 @@ class SageMakerProvider(Provider):
         for rank, host in enumerate(hosts):
             # derive each node's torchrun line under the variables SageMaker's hosts see (GPUs included)
             seen = {**request["Environment"], "SM_HOSTS": json.dumps(hosts), "SM_CURRENT_HOST": host,
+                    "SM_CURRENT_INSTANCE_TYPE": target.instance_type, "SM_NETWORK_INTERFACE_NAME": "<the host's>",
                     "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
             command = node_command(rank, rq.PYTHON, f"{rq.CHANNEL_DIR}/{BOOTSTRAP_NAME}", args, seen, job_name)
             nodes.append(replace(command, env=request["Environment"]))
+        if note := launcher_note("aws", seen):
+            notes.append(note)
         return Plan(provider=self.name, job_id=job_name, spec=spec, package=package, request=request, nodes=nodes,
                     staging={"prefix": prefix, "bundle": f"{prefix}/{BUNDLE_NAME}", "region": target.region},
                     notes=[*notes, *more_notes], machine=machine, image=target.image, runtime=runtime)
