@@ -23,8 +23,10 @@ class NodeCommand:
 
     @property
     def nproc_per_node(self) -> int:
-        """Processes on this node as it will run them (read off the torchrun line, the source of truth)."""
-        return int(self.torchrun[self.torchrun.index("--nproc-per-node") + 1])
+        """Processes on this node as it will run them (read off the torchrun line, the source of truth); 0 where
+        only the node knows (one per GPU of a VM size the plan cannot see)."""
+        value = self.torchrun[self.torchrun.index("--nproc-per-node") + 1]
+        return int(value) if value.isdigit() else 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "argv": self.argv, "env": self.env, "torchrun": self.torchrun}

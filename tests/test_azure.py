@@ -93,6 +93,20 @@ def test_plan_matrix_loads_with_azure_ml_schema(project: Path, nodes: int, accel
         assert "hf_secretsecretsecret123" not in json.dumps(plan.to_dict())
 
 
+def test_a_named_cluster_without_accelerator_says_the_process_count_is_only_known_on_the_node(
+        project: Path) -> None:
+    """Issue 16: the plan derived 1 process per node while each node starts one per visible GPU."""
+    with Job(script="train_ddp.py", source_dir=str(project), nodes=2,
+             providers={"azure": {"compute": "gpu-cluster"}}).plan("azure") as plan:
+        text = plan_text(plan)
+        assert all(n.torchrun[n.torchrun.index("--nproc-per-node") + 1] == "<one per GPU>" for n in plan.nodes)
+        assert "--nproc-per-node auto" in plan.request["job"]["command"]  # what the node is told: count your GPUs
+    assert "only known on the node" in text and "VM size of cluster 'gpu-cluster' is not known offline" in text
+    with Job(script="train_ddp.py", source_dir=str(project), nodes=2, accelerator="V100:4",
+             providers={"azure": {"compute": "gpu-cluster"}}).plan("azure") as plan:
+        assert plan.nproc_per_node == 4  # an accelerator in the spec says how many
+
+
 def test_plan_writes_nothing_and_shows_no_local_temp_path(project: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 17: an Azure plan said "staged at /tmp/cloudtrain-code-..." and wrote that folder and a YAML."""

@@ -102,8 +102,9 @@ def plan_text(plan: Plan, colour: bool = False) -> str:
     lines = [
         row("provider", plan.provider),
         row("job", plan.job_id),
-        row("layout", f"{spec.nodes} node(s) x {nproc} process(es) = world size {spec.nodes * nproc}, "
-                      f"strategy {spec.strategy}"),
+        row("layout", (f"{spec.nodes} node(s) x {nproc} process(es) = world size {spec.nodes * nproc}" if nproc else
+                       f"{spec.nodes} node(s) x one process per GPU of the node (only known on the node)")
+            + f", strategy {spec.strategy}"),
         *([row("where", where)] if (where := _where(plan.staging)) else []),
         row("instance", instance),
         row("image", plan.image or "this machine's Python and torch"),

@@ -98,8 +98,12 @@ class AzureMLProvider(Provider):
             seen = {**job["environment_variables"], "AZUREML_RUN_ID": job_name, "MASTER_ADDR": "<node 0>",
                     "MASTER_PORT": AZURE_MASTER_PORT, "NODE_RANK": str(rank), "WORLD_SIZE": str(spec.nodes),
                     "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
-            command = node_command(rank, "python", BOOTSTRAP_NAME, args, seen, job_name)
+            command = node_command(rank, "python", BOOTSTRAP_NAME, args, seen, job_name, gpus_known=bool(machine)
+                                   or bool(spec.gpus_per_node))
             nodes.append(replace(command, env=job["environment_variables"]))
+        if nproc == "auto" and not machine and not spec.gpus_per_node:
+            notes.append(f"azure: the VM size of cluster {options.compute!r} is not known offline: each node starts "
+                         "one process per GPU it has (1 without GPUs); set accelerator or procs_per_node to fix it")
         staging = {"code": aj.CODE_DIR, "upload": "the workspace's default datastore, by content hash, at submit"}
         try:  # offline: the spec, the profile or ./config.json; a dry run may leave it for later
             staging["workspace"] = "/".join(workspace_of(options))
