@@ -391,6 +391,29 @@ def upload_logs(env: dict[str, str], cwd: Path, workdir: Path, cluster: ClusterI
         log(f"warning: copying logs to {target} failed (exit {result.returncode})")
 
 
+def output_dir(cluster: ClusterInfo, env: dict[str, str], workdir: Path, start_dir: Path) -> Path:
+    """The local folder a plain script writes its outputs to (CLOUDTRAIN_OUTPUT_DIR), copied to the job's output
+    location when the node ends. On Azure ML it is the job's own ./outputs, which Azure ML uploads too."""
+    if env.get("CLOUDTRAIN_OUTPUT_DIR"):
+        return Path(env["CLOUDTRAIN_OUTPUT_DIR"])
+    return start_dir / "outputs" if cluster.platform == "azureml" else workdir / "outputs"
+
+
+def upload_outputs(env: dict[str, str], cwd: Path, cluster: ClusterInfo) -> None:
+    """Copy CLOUDTRAIN_OUTPUT_DIR to the output location (node 0 at its root, node N under node-N/), after the
+    workers ended: at exit and after a preemption. Best effort, like the logs."""
+    output, folder = env.get("CLOUDTRAIN_OUTPUT_URI"), Path(env["CLOUDTRAIN_OUTPUT_DIR"])
+    if not output or not folder.is_dir() or not any(folder.iterdir()):
+        return
+    target = output.rstrip("/") + ("" if cluster.node_rank == 0 else f"/node-{cluster.node_rank}")
+    if target.startswith("file://") and Path(target[len("file://"):]).resolve() == folder.resolve():
+        return  # the folder is the output location (a mount): nothing to copy
+    result = subprocess.run([sys.executable, "-m", "cloudtrain.outputs", "upload", str(folder), target], cwd=cwd,
+                            env=env, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        log(f"warning: copying outputs to {target} failed (exit {result.returncode})")
+
+
 # -- running -------------------------------------------------------------------------------------------
 
 
@@ -503,7 +526,14 @@ def main(argv: list[str] | None = None) -> int:
             CLOUDTRAIN_PLATFORM=cluster.platform,
             CLOUDTRAIN_JOB_ID=args.job_id,
             CLOUDTRAIN_CHECKPOINT_DIR=env.get("CLOUDTRAIN_CHECKPOINT_DIR") or str(workdir / "checkpoints"),
+            CLOUDTRAIN_OUTPUT_DIR=str(output_dir(cluster, env, workdir, Path.cwd())),
         )
+        outputs = Path(env["CLOUDTRAIN_OUTPUT_DIR"])
+        outputs.mkdir(parents=True, exist_ok=True)
+        if cluster.platform == "azureml":  # Azure ML uploads the job's ./outputs to the workspace's default datastore
+            env.setdefault("CLOUDTRAIN_OUTPUT_URI", outputs.resolve().as_uri())  # so node logs go there too
+            if not (src / "outputs").exists():
+                (src / "outputs").symlink_to(outputs.resolve())  # a script's own ./outputs is that folder
         env.update(launcher_env(cluster, env))
         restore_checkpoint(env, src)
         if early_stop:
@@ -514,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
             code, stopped = run_torchrun(argv_, src, env, early_stop)
             finish_checkpoint_sync(syncer, env, src)
             upload_logs(env, src, workdir, cluster)
+            upload_outputs(env, src, cluster)
     except BootstrapError as exc:
         log(f"error: {exc}")
         report_failure(env, f"cloudtrain: {exc}")

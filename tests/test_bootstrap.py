@@ -96,6 +96,7 @@ if rank == 0:
     print("restored", restored, flush=True)
     step.mkdir(parents=True, exist_ok=True)
     (step / "state.txt").write_text("weights")
+    (Path(os.environ["CLOUDTRAIN_OUTPUT_DIR"]) / "model.txt").write_text("final")  # a plain script's output
 print("rank", rank, "of", os.environ["WORLD_SIZE"], "on Python", sys.version_info[:2], flush=True)
 '''
 
@@ -152,6 +153,7 @@ def test_a_node_restores_runs_and_publishes_on_this_python(tmp_path: Path) -> No
     assert json.loads(status.read_text())["outcome"] == "succeeded"
     published = store / "step-000000007"
     assert (published / "state.txt").read_text() == "weights" and (published / "manifest.json").is_file()
+    assert (out / "model.txt").read_text() == "final"  # the output folder, copied to the output location at exit
 
 
 
@@ -179,3 +181,26 @@ def test_a_failed_sagemaker_node_says_why_in_the_failure_file(tmp_path: Path) ->
     assert "sees algo-1 simple efa eth0" in result.stdout
     reason = (base / "output" / "failure").read_text()
     assert reason.startswith("cloudtrain: node 0 of 1 failed: torchrun exited")
+
+
+AZURE_OUTPUTS = '''
+import os
+from pathlib import Path
+Path("outputs").mkdir(exist_ok=True)
+(Path("outputs") / ("model-" + os.environ["RANK"] + ".txt")).write_text("final")
+'''
+
+
+def test_on_azure_ml_the_jobs_own_outputs_folder_is_the_output_location(tmp_path: Path) -> None:
+    """Azure ML uploads the job's ./outputs to the workspace's default datastore: a job without output_uri keeps its
+    outputs (and node logs) there, and a script's own ./outputs is that folder."""
+    start = tmp_path / "azureml-code"  # the command's working directory on an Azure ML node
+    start.mkdir()
+    env = node_env(tmp_path, AZUREML_RUN_ID="job-1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                   NODE_RANK="0", WORLD_SIZE="1")
+    result = subprocess.run([sys.executable, str(REPO / "entrypoints" / "bootstrap.py"), "--bundle",
+                             str(make_bundle(tmp_path, AZURE_OUTPUTS)), "--workdir", str(tmp_path / "work"),
+                             "--script", "train.py", "--nproc-per-node", "1"], cwd=start, env=env,
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (start / "outputs" / "model-0.txt").read_text() == "final"

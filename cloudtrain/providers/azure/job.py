@@ -105,6 +105,10 @@ def command_job(spec: JobSpec, *, job_name: str, digest: str,
                                                           options.instance_type)
         if spec.spot:
             job["queue_settings"] = {"job_tier": "spot"}
+    if not spec.output_uri:
+        notes.append("azure: outputs go to the job's ./outputs (CLOUDTRAIN_OUTPUT_DIR, node logs included), which "
+                     "Azure ML uploads to the workspace's default datastore: `az ml job download --name "
+                     f"{job_name} --all` fetches them (or set output_uri to an az:// location)")
     if spec.spot:
         notes.append("azure: Azure ML does not restart a preempted job; cloudtrain resubmits it "
                      f"(max_restarts={spec.max_restarts}) while `submit` follows it or `wait --recover` watches")
