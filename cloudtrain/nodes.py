@@ -50,7 +50,11 @@ def job_env(spec: JobSpec) -> dict[str, str]:
     env = dict(spec.env)
     env["CLOUDTRAIN_STRATEGY"] = spec.strategy
     if spec.checkpoint.uri:
+        from cloudtrain.checkpoints import LINEAGE_ENV
+        from cloudtrain.staging import lineage_id
+
         env["CLOUDTRAIN_CHECKPOINT_URI"] = spec.checkpoint.uri
+        env.setdefault(LINEAGE_ENV, lineage_id(spec))  # the spec's own env wins: continuing another job on purpose
         env["CLOUDTRAIN_CHECKPOINT_KEEP"] = str(spec.checkpoint.keep)
         if spec.checkpoint.interval:
             env["CLOUDTRAIN_CHECKPOINT_INTERVAL"] = str(spec.checkpoint.interval)

@@ -69,6 +69,11 @@ def command_job(spec: JobSpec, *, job_name: str, digest: str,
     bundle.tar.gz, manifest.json): `submit` and `plan --export` write it; the plan itself writes nothing."""
     options = spec.providers.azure
     runtime, notes = environment(spec)
+    if spec.checkpoint.uri and spec.checkpoint.uri.startswith("file://"):
+        notes.append(f"azure: CHECKPOINTS OFF: checkpoint.uri {spec.checkpoint.uri} is on this computer, which the "
+                     "nodes cannot reach, so the job is sent without one; set checkpoint.uri to "
+                     "az://ACCOUNT/CONTAINER/PATH to resume after preemption")
+        spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"uri": None})})
     inline = spec.image.uri and not options.environment  # an image, not an environment asset: inline environment
     env_ref: str | dict[str, str] = {"image": runtime.image} if inline else runtime.image
     job_inputs = inputs(spec)
