@@ -1,14 +1,19 @@
-"""Sessions: tests, lint, typecheck, demo, soak (the full preemption soak) and live (real clouds, opt-in).
+"""Sessions: tests, lint, typecheck, bootstrap (the in-node code under the oldest Python a node image carries), demo,
+soak (the full preemption soak) and live (real clouds, opt-in).
 Every install goes through constraints/test.txt, which pins the CPU build of torch so pip never swaps in a
 multi-GB CUDA wheel."""
 
 from __future__ import annotations
 
+import glob
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.sessions = ["lint", "typecheck", "tests", "bootstrap"]
 nox.options.reuse_existing_virtualenvs = True
 CONSTRAINTS = ("-c", "constraints/test.txt")
 
@@ -18,6 +23,18 @@ def install(session: nox.Session, *args: str) -> None:
 
 
 AZURITE = "azurite@3.37.0"
+NODE_PYTHON = "3.8"  # the oldest Python of any image cloudtrain picks (Azure's torch 1.13 environment)
+
+
+def interpreter(version: str) -> str:
+    """``pythonX.Y`` from PATH when it runs, else pyenv's build of it (pyenv's shims answer 'command not found'
+    for a version that is installed but not selected, which is how CI machines carry their older Pythons)."""
+    found = shutil.which(f"python{version}")
+    if found and subprocess.run([found, "-c", "pass"], capture_output=True).returncode == 0:
+        return found
+    root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    builds = sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"))
+    return builds[-1] if builds else version  # nox says plainly when neither exists
 
 
 @nox.session(python="3.11")
@@ -28,6 +45,14 @@ def tests(session: nox.Session) -> None:
         session.run("npm", "install", "--no-audit", "--no-fund", "--prefix", str(node), AZURITE, external=True)
     session.env["AZURITE_BIN"] = str((node / "node_modules/.bin/azurite-blob").resolve())
     session.run("pytest", *(session.posargs or ["-q"]))
+
+
+@nox.session(python=interpreter(NODE_PYTHON), venv_backend="venv")  # virtualenv no longer seeds 3.8
+def bootstrap(session: nox.Session) -> None:
+    """What runs on a node before the user's script (entrypoints/bootstrap.py and the cloudtrain modules it starts),
+    tested under Python 3.8: the oldest interpreter of any image cloudtrain can choose."""
+    session.install("pytest==8.3.5", "pytest-timeout==2.3.1")  # the last releases that support Python 3.8
+    session.run("pytest", "-p", "no:cacheprovider", *(session.posargs or ["-q", "tests/test_bootstrap.py"]))
 
 
 @nox.session(python="3.11")

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain import storage
 from cloudtrain.errors import CloudtrainError
@@ -29,8 +29,12 @@ MANIFEST = "manifest.json"
 # Dropped into CLOUDTRAIN_CHECKPOINT_DIR by the runtime Checkpointer, which publishes its own folders: the plain-script
 # sync then leaves that directory alone (a folder being written or pruned by the Checkpointer is never half-published).
 RUNTIME_MARKER = ".cloudtrain-runtime"
+# Which job a checkpoint belongs to (set on every node by the plan: cloudtrain.staging.lineage_id); recorded in each
+# manifest and checked at restore, so a job never resumes another job's checkpoints by accident.
+LINEAGE_ENV = "CLOUDTRAIN_LINEAGE"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-Log = Callable[[str], None]
+if TYPE_CHECKING:  # only in annotations: nodes may run Python 3.8, where collections.abc types take no [...]
+    Log = Callable[[str], None]
 
 
 def _print(message: str) -> None:
@@ -121,6 +125,8 @@ def publish(folder_uri: str, step: int, files: list[dict[str, Any]], *, world_si
     """Write the manifest, LAST: from this moment the checkpoint exists."""
     manifest = {"step": step, "kind": kind, "world_size": world_size, "created": time.time(),
                 "files": sorted(files, key=lambda f: f["path"]), **(extra or {})}
+    if os.environ.get(LINEAGE_ENV):
+        manifest.setdefault("lineage", os.environ[LINEAGE_ENV])
     data = json.dumps(manifest, indent=1).encode()
     store = storage.store_for(folder_uri)
     stale = _temp_objects(store, folder_uri)  # every rank's upload is done: any temp file is a killed attempt's
@@ -171,9 +177,22 @@ def download(checkpoint: Checkpoint, target: Path) -> None:
     partial.rename(target)
 
 
+def check_lineage(uri: str, candidates: list[Checkpoint]) -> None:
+    """Refuse to resume from checkpoints another job wrote (a different lineage recorded in their manifests).
+    Manifests without a lineage (written before it existed) are accepted."""
+    mine = os.environ.get(LINEAGE_ENV)
+    theirs = {str(c.manifest["lineage"]) for c in candidates if c.manifest.get("lineage")}
+    if mine and theirs and mine not in theirs:
+        raise CloudtrainError(f"the checkpoints under {uri} belong to another job (lineage {', '.join(sorted(theirs))}"
+                              f", this job is {mine}): not resuming from them",
+                              remedy="give this job its own checkpoint.uri; to continue that job on purpose, set "
+                                     f"env {LINEAGE_ENV} to its lineage")
+
+
 def restore_latest(uri: str, local_root: Path, log: Log = _print) -> Checkpoint | None:
     """Bring the newest checkpoint that verifies to ``local_root/step-<N>``; fall back to older ones, saying so."""
     candidates = list_complete(uri, log=log)
+    check_lineage(uri, candidates)
     for checkpoint in reversed(candidates):
         target = local_root / step_dir(checkpoint.step)
         if (target / MANIFEST).is_file() and json.loads((target / MANIFEST).read_text()) == checkpoint.manifest:
@@ -229,7 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 3 and args[0] == "restore":
-        found = restore_latest(args[1], Path(args[2]))
+        try:
+            found = restore_latest(args[1], Path(args[2]))
+        except CloudtrainError as exc:  # another job's checkpoints: the node stops before training, saying why
+            _print(f"error: {exc.message}; {exc.remedy}")
+            return 2
         print(json.dumps({"step": found.step if found else None}))
         return 0
     if len(args) >= 3 and args[0] == "sync":

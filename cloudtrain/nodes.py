@@ -7,6 +7,7 @@ plan shows is what a node does.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from functools import cache
 from types import ModuleType
@@ -49,7 +50,11 @@ def job_env(spec: JobSpec) -> dict[str, str]:
     env = dict(spec.env)
     env["CLOUDTRAIN_STRATEGY"] = spec.strategy
     if spec.checkpoint.uri:
+        from cloudtrain.checkpoints import LINEAGE_ENV
+        from cloudtrain.staging import lineage_id
+
         env["CLOUDTRAIN_CHECKPOINT_URI"] = spec.checkpoint.uri
+        env.setdefault(LINEAGE_ENV, lineage_id(spec))  # the spec's own env wins: continuing another job on purpose
         env["CLOUDTRAIN_CHECKPOINT_KEEP"] = str(spec.checkpoint.keep)
         if spec.checkpoint.interval:
             env["CLOUDTRAIN_CHECKPOINT_INTERVAL"] = str(spec.checkpoint.interval)
@@ -64,12 +69,45 @@ def input_env(name: str) -> str:
     return f"CLOUDTRAIN_INPUT_{name.upper()}"
 
 
+NPROC_ON_NODE = "<one per GPU>"  # in a node line whose process count only the node can know
+
+
 def node_command(rank: int, python: str, bootstrap_path: str, args: list[str], env: dict[str, str],
-                 job_id: str) -> NodeCommand:
-    """Build one node's command and derive its torchrun line under the given environment."""
+                 job_id: str, files: dict[str, str] | None = None, gpus_known: bool = True) -> NodeCommand:
+    """Build one node's command and derive its torchrun line under the given environment. ``files``: the files the
+    platform (or the local emulation, at submit) puts on the node, by path: read as the bootstrap would read them,
+    without writing anything. ``gpus_known=False``: the node's GPUs are unknown offline (a named cluster whose VM
+    size cloudtrain cannot see), so with ``--nproc-per-node auto`` the line says so instead of guessing."""
     boot = bootstrap_module()
     parsed, user_args = boot.parse_args(args)
-    cluster = boot.detect_cluster(env, parsed.nproc_per_node)
+    cluster = boot.detect_cluster({**env, **files_as_env(files or {})}, parsed.nproc_per_node)
     target = [parsed.script, *user_args] if parsed.script else ["-m", parsed.module, *user_args]
     torchrun = boot.torchrun_argv(boot.reachable(cluster, env), target, job_id, python=python, workdir=parsed.workdir)
+    if not gpus_known and parsed.nproc_per_node == "auto":
+        torchrun[torchrun.index("--nproc-per-node") + 1] = NPROC_ON_NODE
     return NodeCommand(rank=rank, argv=[python, bootstrap_path, *args], env=env, torchrun=torchrun)
+
+
+def files_as_env(files: dict[str, str]) -> dict[str, str]:
+    """SageMaker's resourceconfig.json among a node's files, as the SM_* variables the bootstrap reads the same
+    facts from (so a plan derives what the node will, before the file exists)."""
+    found: dict[str, str] = {}
+    for path, text in files.items():
+        if path.endswith("/input/config/resourceconfig.json"):
+            config = json.loads(text)
+            found.update(SM_HOSTS=json.dumps(config["hosts"]), SM_CURRENT_HOST=config["current_host"],
+                         SM_CURRENT_INSTANCE_TYPE=config.get("current_instance_type", ""),
+                         SM_NETWORK_INTERFACE_NAME=config.get("network_interface_name", "eth0"))
+    return found
+
+
+def launcher_note(provider: str, env: dict[str, str]) -> str | None:
+    """What the bootstrap adds to the workers' environment on this platform, as the platform's own launcher would
+    (EFA and NCCL settings on SageMaker), derived by the bootstrap's own code under ``env``; the job's own env wins."""
+    boot = bootstrap_module()
+    added = boot.launcher_env(boot.detect_cluster(env, "1"), env)
+    shown = " ".join(f"{k}={v}" for k, v in added.items() if not k.startswith("SM_"))
+    if not added:
+        return None
+    return (f"{provider}: each node's processes also get what the platform's own launcher sets: {shown}"
+            + (" and its SM_* host variables" if any(k.startswith("SM_") for k in added) else ""))

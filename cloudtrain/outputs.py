@@ -3,6 +3,7 @@ which the bootstrap copies there when the node ends (``logs/node-<rank>/``). The
 location is read from the job as the platform holds it, and fetched through cloudtrain's storage layer.
 
     python -m cloudtrain.outputs upload-logs DIR URI     # what the bootstrap runs at the end of a node
+    python -m cloudtrain.outputs upload DIR URI          # a node's output folder (CLOUDTRAIN_OUTPUT_DIR), at its end
 """
 
 from __future__ import annotations
@@ -91,9 +92,11 @@ def log_name(relative: str, runs: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 3 or args[0] != "upload-logs":
-        print("usage: python -m cloudtrain.outputs upload-logs DIR URI", file=sys.stderr)
+    if len(args) != 3 or args[0] not in ("upload-logs", "upload"):
+        print("usage: python -m cloudtrain.outputs upload-logs|upload DIR URI", file=sys.stderr)
         return 2
+    if args[0] == "upload":
+        return upload_outputs(Path(args[1]), args[2])
     folder, uri = Path(args[1]), args[2]
     if not folder.is_dir():
         count = 0
@@ -101,6 +104,13 @@ def main(argv: list[str] | None = None) -> int:
         runs = sum(1 for p in folder.iterdir() if p.is_dir())
         count = upload_tree(folder, uri, functools.partial(log_name, runs=runs))
     print(f"[cloudtrain] logs: {count} file(s) copied to {uri}", flush=True)
+    return 0
+
+
+def upload_outputs(folder: Path, uri: str) -> int:
+    """What a plain script left in its output folder, copied to the job's output location (folders kept)."""
+    count = upload_tree(folder, uri) if folder.is_dir() else 0
+    print(f"[cloudtrain] outputs: {count} file(s) copied to {uri}", flush=True)
     return 0
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cloudtrain.catalog import Machine
+    from cloudtrain.images import Runtime
     from cloudtrain.packaging import Package
     from cloudtrain.spec import JobSpec
 
@@ -22,8 +23,10 @@ class NodeCommand:
 
     @property
     def nproc_per_node(self) -> int:
-        """Processes on this node as it will run them (read off the torchrun line, the source of truth)."""
-        return int(self.torchrun[self.torchrun.index("--nproc-per-node") + 1])
+        """Processes on this node as it will run them (read off the torchrun line, the source of truth); 0 where
+        only the node knows (one per GPU of a VM size the plan cannot see)."""
+        value = self.torchrun[self.torchrun.index("--nproc-per-node") + 1]
+        return int(value) if value.isdigit() else 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "argv": self.argv, "env": self.env, "torchrun": self.torchrun}
@@ -42,6 +45,7 @@ class Plan:
     image: str | None = None  # the container image (or Azure ML environment) every node runs
     machine: Machine | None = None  # each node's machine (None: this computer, or a cluster cloudtrain can't see)
     estimate: dict[str, Any] | None = None  # what it may cost, from the catalog's list prices (Provider.plan adds it)
+    runtime: Runtime | None = None  # the torch and Python every node runs (None: this machine's own)
 
     @property
     def nproc_per_node(self) -> int:
@@ -69,6 +73,7 @@ class Plan:
             "package": self.package.manifest(),
             "staging": self.staging,
             "image": self.image,
+            "runtime": self.runtime.to_dict() if self.runtime else None,
             "machine": self.machine.to_dict() if self.machine else None,
             "estimate": self.estimate,
             "nodes": [n.to_dict() for n in self.nodes],

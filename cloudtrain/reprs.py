@@ -58,7 +58,8 @@ def plan_html(plan: Plan) -> str:
         ("provider", plan.provider), ("job", plan.job_id),
         ("instance", f"{machine.instance_type} ({machine.accelerator})" if machine else "this machine"),
         ("image", plan.image or "this machine's Python"),
-        ("world size", f"{plan.spec.nodes} x {plan.nproc_per_node} = {plan.spec.nodes * plan.nproc_per_node}"),
+        ("world size", f"{plan.spec.nodes} x {plan.nproc_per_node} = {plan.spec.nodes * plan.nproc_per_node}"
+         if plan.nproc_per_node else f"{plan.spec.nodes} x one per GPU of the node (only known on the node)"),
         ("package", f"{len(plan.package.files)} files, {size(plan.package.bundle_bytes)}, "
                     f"{plan.package.digest[:19]}"),
         ("estimate", Markup("<br>".join(html.escape(t) for t in estimate_text(plan.estimate)))),

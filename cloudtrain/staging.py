@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import time
+from pathlib import Path
 
 from cloudtrain import storage
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
@@ -39,17 +41,44 @@ def stage_bundle(package: Package, prefix: str, progress: bool = True) -> bool:
     return True
 
 
+def lineage_id(spec: JobSpec) -> str:
+    """Which job a checkpoint belongs to: the spec's name, its entry point and its project folder's name, hashed.
+    The same job submitted again (other arguments, another machine) has the same lineage and resumes; another
+    project's job that happens to share a name or a script name does not."""
+    project = Path(spec.source_dir).expanduser().resolve().name
+    entry = spec.script or spec.module or ""
+    digest = hashlib.sha256("\0".join([str(spec.name), entry, project]).encode()).hexdigest()[:10]
+    return f"{spec.name}-{digest}"
+
+
 def cloud_locations(spec: JobSpec, home: str, provider: str, job_id: str) -> tuple[JobSpec, str, list[str]]:
     """For a cloud whose staging lives under ``home`` (``s3://bucket/cloudtrain``): the spec with a checkpoint URI
-    for spot jobs that have none (an interrupted job must have somewhere to resume from) and with its output URI
-    (default: ``home/outputs/<job id>``, so no run overwrites another's), the location the platform itself writes
-    to (the output URI when it is on this cloud's storage), and notes saying what was chosen."""
+    for spot jobs that have none (an interrupted job must have somewhere to resume from; named by the job's lineage,
+    so only this job resumes from it) and with its output URI (default: ``home/outputs/<job id>``, so no run
+    overwrites another's), the location the platform itself writes to (the output URI when it is on this cloud's
+    storage), and notes saying what was chosen and why. A ``file://`` location is on this computer, which no cloud
+    node can reach: it is replaced by the cloud's default, loudly."""
     notes = []
     spec = spec.model_copy(deep=True)
-    if spec.spot and not spec.checkpoint.uri:
-        spec.checkpoint.uri = f"{home}/checkpoints/{spec.name}"
+    lineage = lineage_id(spec)
+    default_checkpoints = f"{home}/checkpoints/{lineage}"
+    if spec.checkpoint.uri and spec.checkpoint.uri.startswith("file://"):
+        notes.append(f"{provider}: CHECKPOINT MOVED: checkpoint.uri {spec.checkpoint.uri} is on this computer, which "
+                     f"the nodes cannot reach: they use {default_checkpoints} (set checkpoint.uri to a location on "
+                     "this cloud's storage to choose)")
+        spec.checkpoint.uri = default_checkpoints
+    elif spec.spot and not spec.checkpoint.uri:
+        spec.checkpoint.uri = default_checkpoints
         notes.append(f"{provider}: spot without checkpoint.uri: checkpoints go to {spec.checkpoint.uri}, so an "
                      "interrupted job resumes instead of starting over")
+    if spec.checkpoint.uri:
+        notes.append(f"{provider}: resumes from the newest checkpoint under {spec.checkpoint.uri} written by this "
+                     f"job's lineage {lineage} (name, entry point and project folder): a resubmission resumes, "
+                     "another job's checkpoints there stop the nodes before they train")
+    if spec.output_uri and spec.output_uri.startswith("file://"):
+        notes.append(f"{provider}: OUTPUT MOVED: output_uri {spec.output_uri} is on this computer: outputs go to "
+                     f"{default_output_uri(home, job_id)}")
+        spec.output_uri = None
     if not spec.output_uri:
         spec.output_uri = default_output_uri(home, job_id)
     scheme = home.split("://", 1)[0] + "://"

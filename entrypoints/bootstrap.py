@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """cloudtrain's in-node bootstrap: the first thing every node of every job runs, locally and in the cloud.
 
-It must run on any image with Python 3.10+ and torch, so it uses the standard library only. Steps:
+It must run on any image cloudtrain can choose (Python 3.8 and newer, with torch), so it uses the standard
+library only, and nothing newer than Python 3.8 has (tests/test_bootstrap.py runs under 3.8 in CI). Steps:
 derive this node's place in the cluster from the environment, unpack the source bundle safely, install the job's
 requirements, run ``torchrun`` with the derived arguments, forward signals to it, and report the outcome
 (succeeded, failed or preempted) as an exit code, a last log line and, when asked, a JSON status file.
@@ -21,6 +22,7 @@ import tarfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -99,25 +101,85 @@ def detect_local(env: dict[str, str], nproc: int) -> ClusterInfo:
 
 
 SAGEMAKER_MASTER_PORT = 7777  # what SageMaker's own torchrun driver uses
+# Instance types on which SageMaker's own launchers (sagemaker-core's torchrun driver, the training toolkit) turn on
+# EFA for NCCL, and its RDMA path: their lists, as of sagemaker-core 2.27.0 (tests/test_launcher_equivalence.py
+# checks these against the installed SDK).
+SAGEMAKER_EFA_INSTANCES = frozenset({
+    "ml.g4dn.8xlarge", "ml.g4dn.12xlarge", "ml.g5.48xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge",
+    "ml.p4de.24xlarge", "ml.p5.48xlarge", "ml.p5e.48xlarge", "ml.trn1.32xlarge"})
+SAGEMAKER_EFA_RDMA_INSTANCES = frozenset({
+    "ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge", "ml.p5e.48xlarge", "ml.trn1.32xlarge"})
+
+
+def sagemaker_config(env: dict[str, str]) -> dict[str, Any]:
+    """The host's resourceconfig.json (current_host, hosts, current_instance_type, network_interface_name), or
+    the same facts from SM_* variables where only those are given."""
+    config = Path(env.get("SAGEMAKER_BASE_DIR", "/opt/ml")) / "input" / "config" / "resourceconfig.json"
+    try:
+        if config.is_file():
+            return dict(json.loads(config.read_text()))
+        return {"hosts": list(json.loads(env["SM_HOSTS"])), "current_host": env["SM_CURRENT_HOST"],
+                "current_instance_type": env.get("SM_CURRENT_INSTANCE_TYPE", ""),
+                "network_interface_name": env.get("SM_NETWORK_INTERFACE_NAME", "eth0")}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BootstrapError(f"SageMaker host configuration is unreadable: {exc!r}") from None
 
 
 def detect_sagemaker(env: dict[str, str], nproc: int) -> ClusterInfo:
     """SageMaker: resourceconfig.json (current_host, hosts); ranks follow the sorted host list, master algo-1:7777,
     exactly as SageMaker's torchrun driver derives them."""
-    config = Path(env.get("SAGEMAKER_BASE_DIR", "/opt/ml")) / "input" / "config" / "resourceconfig.json"
+    data = sagemaker_config(env)
     try:
-        if config.is_file():
-            data = json.loads(config.read_text())
-            hosts, current = list(data["hosts"]), str(data["current_host"])
-        else:
-            hosts, current = list(json.loads(env["SM_HOSTS"])), env["SM_CURRENT_HOST"]
-    except (ValueError, KeyError, TypeError) as exc:
+        hosts, current = sorted(str(h) for h in data["hosts"]), str(data["current_host"])
+    except (KeyError, TypeError) as exc:
         raise BootstrapError(f"SageMaker host configuration is unreadable: {exc!r}") from None
-    hosts = sorted(hosts)
     if current not in hosts:
         raise BootstrapError(f"SageMaker current host {current!r} is not among hosts {hosts}")
     return ClusterInfo(nnodes=len(hosts), node_rank=hosts.index(current), master_addr=hosts[0],
                        master_port=SAGEMAKER_MASTER_PORT, nproc_per_node=nproc, rdzv="static", platform="sagemaker")
+
+
+def sagemaker_env(env: dict[str, str], cluster: ClusterInfo) -> dict[str, str]:
+    """What SageMaker's torchrun driver exports to the processes it starts: the SM_* facts of the host, and the
+    network settings (EFA for NCCL on EFA instance types, NCCL over the host's interface, the simple protocol)."""
+    data = sagemaker_config(env)
+    instance, interface = str(data.get("current_instance_type", "")), str(data.get("network_interface_name", "eth0"))
+    hosts = sorted(str(h) for h in data["hosts"])
+    found = {"SM_HOSTS": json.dumps(hosts), "SM_CURRENT_HOST": str(data["current_host"]),
+             "SM_HOST_COUNT": str(len(hosts)), "SM_CURRENT_HOST_RANK": str(cluster.node_rank),
+             "SM_MASTER_ADDR": hosts[0], "SM_MASTER_PORT": str(SAGEMAKER_MASTER_PORT),
+             "SM_CURRENT_INSTANCE_TYPE": instance, "SM_NETWORK_INTERFACE_NAME": interface,
+             "SM_NUM_GPUS": str(visible_gpus(env)), "SM_MODEL_DIR": "/opt/ml/model",
+             "SM_OUTPUT_DATA_DIR": "/opt/ml/output/data",
+             "NCCL_SOCKET_IFNAME": interface, "NCCL_PROTO": "simple"}
+    if instance in SAGEMAKER_EFA_INSTANCES:
+        found["FI_PROVIDER"] = "efa"
+    if instance in SAGEMAKER_EFA_RDMA_INSTANCES:
+        found.update(FI_EFA_USE_DEVICE_RDMA="1", RDMAV_FORK_SAFE="1")
+    return found
+
+
+def launcher_env(cluster: ClusterInfo, env: dict[str, str]) -> dict[str, str]:
+    """The variables the platform's own launcher gives the processes it starts, so scripts written for that
+    platform run unchanged here; a variable the job already sets (the spec's env) wins. Azure ML and Vertex start
+    the container with theirs already set (MASTER_ADDR/NODE_RANK; CLUSTER_SPEC, AIP_*) and their launchers add
+    no network settings of their own: the images carry those."""
+    found = sagemaker_env(env, cluster) if cluster.platform == "sagemaker" else {}
+    return {key: value for key, value in found.items() if key not in env}
+
+
+def report_failure(env: dict[str, str], message: str) -> None:
+    """Where the platform reads a failed job's reason: SageMaker's /opt/ml/output/failure becomes
+    DescribeTrainingJob's FailureReason (first 1024 characters). Azure ML and Vertex show the exit code and the
+    log, whose last line the bootstrap writes. Best effort."""
+    if detect_platform(env) != "sagemaker":
+        return
+    target = Path(env.get("SAGEMAKER_BASE_DIR", "/opt/ml")) / "output" / "failure"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(message[:1024])
+    except OSError as exc:
+        log(f"warning: could not write {target}: {exc}")
 
 
 def detect_azureml(env: dict[str, str], nproc: int) -> ClusterInfo:
@@ -241,7 +303,7 @@ def safe_extract(archive: Path, dest: Path) -> int:
         for m in members:
             name = m.name
             target = (dest / name).resolve()
-            if name.startswith("/") or ".." in Path(name).parts or not target.is_relative_to(dest):
+            if name.startswith("/") or ".." in Path(name).parts or not (target == dest or dest in target.parents):
                 raise BootstrapError(f"bundle member {name!r} would be written outside {dest}")
             if not (m.isfile() or m.isdir()):
                 raise BootstrapError(f"bundle member {name!r} is a link or device; bundles hold plain files only")
@@ -327,6 +389,29 @@ def upload_logs(env: dict[str, str], cwd: Path, workdir: Path, cluster: ClusterI
     result = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
         log(f"warning: copying logs to {target} failed (exit {result.returncode})")
+
+
+def output_dir(cluster: ClusterInfo, env: dict[str, str], workdir: Path, start_dir: Path) -> Path:
+    """The local folder a plain script writes its outputs to (CLOUDTRAIN_OUTPUT_DIR), copied to the job's output
+    location when the node ends. On Azure ML it is the job's own ./outputs, which Azure ML uploads too."""
+    if env.get("CLOUDTRAIN_OUTPUT_DIR"):
+        return Path(env["CLOUDTRAIN_OUTPUT_DIR"])
+    return start_dir / "outputs" if cluster.platform == "azureml" else workdir / "outputs"
+
+
+def upload_outputs(env: dict[str, str], cwd: Path, cluster: ClusterInfo) -> None:
+    """Copy CLOUDTRAIN_OUTPUT_DIR to the output location (node 0 at its root, node N under node-N/), after the
+    workers ended: at exit and after a preemption. Best effort, like the logs."""
+    output, folder = env.get("CLOUDTRAIN_OUTPUT_URI"), Path(env["CLOUDTRAIN_OUTPUT_DIR"])
+    if not output or not folder.is_dir() or not any(folder.iterdir()):
+        return
+    target = output.rstrip("/") + ("" if cluster.node_rank == 0 else f"/node-{cluster.node_rank}")
+    if target.startswith("file://") and Path(target[len("file://"):]).resolve() == folder.resolve():
+        return  # the folder is the output location (a mount): nothing to copy
+    result = subprocess.run([sys.executable, "-m", "cloudtrain.outputs", "upload", str(folder), target], cwd=cwd,
+                            env=env, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        log(f"warning: copying outputs to {target} failed (exit {result.returncode})")
 
 
 # -- running -------------------------------------------------------------------------------------------
@@ -441,7 +526,15 @@ def main(argv: list[str] | None = None) -> int:
             CLOUDTRAIN_PLATFORM=cluster.platform,
             CLOUDTRAIN_JOB_ID=args.job_id,
             CLOUDTRAIN_CHECKPOINT_DIR=env.get("CLOUDTRAIN_CHECKPOINT_DIR") or str(workdir / "checkpoints"),
+            CLOUDTRAIN_OUTPUT_DIR=str(output_dir(cluster, env, workdir, Path.cwd())),
         )
+        outputs = Path(env["CLOUDTRAIN_OUTPUT_DIR"])
+        outputs.mkdir(parents=True, exist_ok=True)
+        if cluster.platform == "azureml":  # Azure ML uploads the job's ./outputs to the workspace's default datastore
+            env.setdefault("CLOUDTRAIN_OUTPUT_URI", outputs.resolve().as_uri())  # so node logs go there too
+            if not (src / "outputs").exists():
+                (src / "outputs").symlink_to(outputs.resolve())  # a script's own ./outputs is that folder
+        env.update(launcher_env(cluster, env))
         restore_checkpoint(env, src)
         if early_stop:
             code, stopped = EXIT_PREEMPTED, True
@@ -451,14 +544,19 @@ def main(argv: list[str] | None = None) -> int:
             code, stopped = run_torchrun(argv_, src, env, early_stop)
             finish_checkpoint_sync(syncer, env, src)
             upload_logs(env, src, workdir, cluster)
+            upload_outputs(env, src, cluster)
     except BootstrapError as exc:
         log(f"error: {exc}")
+        report_failure(env, f"cloudtrain: {exc}")
         status.update(outcome="failed", error=str(exc), returncode=EXIT_USAGE, ended=time.time())
         write_status(args.status_file, status)
         return EXIT_USAGE
     # torchrun exits 1 after forwarding SIGTERM even when every worker saved and exited cleanly:
     # a stop we were asked for is "preempted", whatever its exit code.
     outcome = "preempted" if stopped else ("succeeded" if code == 0 else "failed")
+    if outcome == "failed":
+        report_failure(env, f"cloudtrain: node {cluster.node_rank} of {cluster.nnodes} failed: torchrun exited "
+                            f"{code}; the node's log (and its workers' logs in the job's outputs) says why")
     status.update(outcome=outcome, returncode=code, ended=time.time())
     write_status(args.status_file, status)
     log(f"node {cluster.node_rank} {outcome} (torchrun exit {code}) after {time.time() - started:.1f}s")

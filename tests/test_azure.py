@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.cli.render import plan_text
 from cloudtrain.errors import SpecError
 from cloudtrain.handles import JobHandle
 from cloudtrain.providers.azure.status import job_state
@@ -84,13 +85,42 @@ def test_plan_matrix_loads_with_azure_ml_schema(project: Path, nodes: int, accel
         if "inputs" in extra:
             assert "--env=CLOUDTRAIN_INPUT_TRAIN=${{inputs.train}}" in argv
             assert rest["inputs"]["train"]["jobInputType"] == "uri_folder"
-        assert sorted(p.name for p in Path(job["code"]).iterdir()) == ["bootstrap.py", "bundle.tar.gz",
-                                                                     "manifest.json"]
+        assert job["code"] == rest["codeId"] == "./code"  # beside the YAML: written by submit or --export only
         for node in plan.nodes:
             line = node.torchrun
             assert line[line.index("--node-rank") + 1] == str(node.rank)
             assert line[line.index("--nnodes") + 1] == str(nodes)
         assert "hf_secretsecretsecret123" not in json.dumps(plan.to_dict())
+
+
+def test_a_named_cluster_without_accelerator_says_the_process_count_is_only_known_on_the_node(
+        project: Path) -> None:
+    """Issue 16: the plan derived 1 process per node while each node starts one per visible GPU."""
+    with Job(script="train_ddp.py", source_dir=str(project), nodes=2,
+             providers={"azure": {"compute": "gpu-cluster"}}).plan("azure") as plan:
+        text = plan_text(plan)
+        assert all(n.torchrun[n.torchrun.index("--nproc-per-node") + 1] == "<one per GPU>" for n in plan.nodes)
+        assert "--nproc-per-node auto" in plan.request["job"]["command"]  # what the node is told: count your GPUs
+    assert "only known on the node" in text and "VM size of cluster 'gpu-cluster' is not known offline" in text
+    with Job(script="train_ddp.py", source_dir=str(project), nodes=2, accelerator="V100:4",
+             providers={"azure": {"compute": "gpu-cluster"}}).plan("azure") as plan:
+        assert plan.nproc_per_node == 4  # an accelerator in the spec says how many
+
+
+def test_plan_writes_nothing_and_shows_no_local_temp_path(project: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 17: an Azure plan said "staged at /tmp/cloudtrain-code-..." and wrote that folder and a YAML."""
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with Job(script="train_ddp.py", source_dir=str(project), spot=True).plan("azure") as plan:
+        made = sorted(p.name for p in scratch.iterdir())
+        text = plan_text(plan)
+    assert len(made) == 1 and made[0].startswith("cloudtrain-bundle-")  # the package itself, as on every provider
+    assert str(scratch) not in text and "cloudtrain-code-" not in text and "/tmp/cloudtrain-" not in text
+    assert "staged at    the workspace's default datastore" in text
 
 
 @pytest.mark.parametrize(("fields", "field"), [

@@ -1,10 +1,34 @@
+"""The in-node bootstrap, on its own: every test here also runs under the oldest Python an image cloudtrain picks
+can carry (3.8: Azure's torch 1.13 environment), in `nox -s bootstrap`. So this module imports nothing of
+cloudtrain's but the bootstrap file itself, and writes nothing newer than Python 3.8 reads."""
+
 from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
 
 import pytest
 
-from cloudtrain.nodes import bootstrap_module
+REPO = Path(__file__).resolve().parents[1]
+STANDINS = Path(__file__).resolve().parent / "standins"  # a torchrun for interpreters no torch wheel exists for
 
-boot = bootstrap_module()
+
+def _load_bootstrap():  # a module loaded from its file
+    spec = importlib.util.spec_from_file_location("cloudtrain_bootstrap", REPO / "entrypoints" / "bootstrap.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("cloudtrain_bootstrap", module)  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return sys.modules["cloudtrain_bootstrap"]
+
+
+boot = _load_bootstrap()
 
 
 def test_local_contract_c10d_torchrun_line() -> None:
@@ -44,3 +68,139 @@ def test_static_rendezvous_honours_node_rank_and_module_target() -> None:
 def test_bad_node_environment(env: dict, nproc: str, message: str) -> None:
     with pytest.raises(boot.BootstrapError, match=message):
         boot.detect_cluster(env, nproc)
+
+
+def test_a_bundle_member_escaping_the_folder_is_refused(tmp_path: Path) -> None:
+    archive = tmp_path / "evil.tar.gz"
+    payload = tmp_path / "payload"
+    payload.write_text("x")
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(payload, arcname="src/../../outside.txt")
+    with pytest.raises(boot.BootstrapError, match="outside"):
+        boot.safe_extract(archive, tmp_path / "dest")
+    assert not (tmp_path / "outside.txt").exists()
+
+
+# -- a whole node, on this interpreter --------------------------------------------------------------------
+
+TRAIN = '''
+import os, sys
+from pathlib import Path
+
+rank = int(os.environ["RANK"])
+# the bundle's sitecustomize ran in this worker and installed cloudtrain's exit guard
+assert "cloudtrain.exit_guard" in sys.modules, sorted(m for m in sys.modules if m.startswith("cloudtrain"))
+step = Path(os.environ["CLOUDTRAIN_CHECKPOINT_DIR"]) / "step-000000007"
+if rank == 0:
+    restored = sorted(p.name for p in Path(os.environ["CLOUDTRAIN_CHECKPOINT_DIR"]).glob("step-*"))
+    print("restored", restored, flush=True)
+    step.mkdir(parents=True, exist_ok=True)
+    (step / "state.txt").write_text("weights")
+    (Path(os.environ["CLOUDTRAIN_OUTPUT_DIR"]) / "model.txt").write_text("final")  # a plain script's output
+print("rank", rank, "of", os.environ["WORLD_SIZE"], "on Python", sys.version_info[:2], flush=True)
+'''
+
+
+def make_bundle(folder: Path, script: str) -> Path:
+    """A bundle laid out as cloudtrain's packaging lays it out (lib/cloudtrain, lib/sitecustomize.py, src/),
+    from this checkout's own files: what a node of any provider unpacks."""
+    bundle = folder / "bundle.tar.gz"
+    source = folder / "train.py"
+    source.write_text(script)
+    package = REPO / "cloudtrain"
+    with tarfile.open(bundle, "w:gz") as tar:
+        for path in sorted(package.rglob("*.py")):
+            tar.add(path, arcname="lib/cloudtrain/" + path.relative_to(package).as_posix())
+        tar.add(package / "data" / "sitecustomize.py", arcname="lib/sitecustomize.py")
+        tar.add(source, arcname="src/train.py")
+    return bundle
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def node_env(tmp_path: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLOUDTRAIN_", "SM_", "AZUREML_", "CLUSTER_SPEC"))}
+    env.update(CLOUDTRAIN_NNODES="1", CLOUDTRAIN_NODE_RANK="0", CLOUDTRAIN_MASTER_PORT=str(free_port()),
+               CUDA_VISIBLE_DEVICES="", **extra)
+    if importlib.util.find_spec("torch") is None:  # see tests/standins/torch/__init__.py
+        env["PYTHONPATH"] = str(STANDINS)
+    return env
+
+
+def test_a_node_restores_runs_and_publishes_on_this_python(tmp_path: Path) -> None:
+    """unpack, restore, torchrun, checkpoint sync and log upload: every step cloudtrain takes on a node, with
+    cloudtrain's own node-side modules from the bundle, on the interpreter running this test (3.8 in CI)."""
+    store, out = tmp_path / "store", tmp_path / "out"
+    earlier = tmp_path / "earlier" / "step-000000003"  # what a previous attempt left: published by the protocol
+    earlier.mkdir(parents=True)
+    (earlier / "state.txt").write_text("old")
+    seed = subprocess.run([sys.executable, "-m", "cloudtrain.checkpoints", "sync", str(earlier.parent),
+                           store.as_uri(), "--final"], cwd=REPO, capture_output=True, text=True)
+    assert seed.returncode == 0, seed.stderr
+    bundle = make_bundle(tmp_path, TRAIN)
+    status = tmp_path / "status.json"
+    env = node_env(tmp_path, CLOUDTRAIN_CHECKPOINT_URI=store.as_uri(), CLOUDTRAIN_OUTPUT_URI=out.as_uri())
+    result = subprocess.run([sys.executable, str(REPO / "entrypoints" / "bootstrap.py"), "--bundle", str(bundle),
+                             "--workdir", str(tmp_path / "work"), "--script", "train.py", "--nproc-per-node", "2",
+                             "--status-file", str(status)], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "restored ['step-000000003']" in result.stdout
+    assert result.stdout.count(f"on Python {tuple(sys.version_info[:2])}") == 2
+    assert json.loads(status.read_text())["outcome"] == "succeeded"
+    published = store / "step-000000007"
+    assert (published / "state.txt").read_text() == "weights" and (published / "manifest.json").is_file()
+    assert (out / "model.txt").read_text() == "final"  # the output folder, copied to the output location at exit
+
+
+
+FAILS = '''
+import os, sys
+print("sees", os.environ.get("SM_CURRENT_HOST"), os.environ.get("NCCL_PROTO"), os.environ.get("FI_PROVIDER"),
+      os.environ.get("NCCL_SOCKET_IFNAME"), flush=True)
+sys.exit(3)
+'''
+
+
+def test_a_failed_sagemaker_node_says_why_in_the_failure_file(tmp_path: Path) -> None:
+    """SageMaker turns /opt/ml/output/failure into DescribeTrainingJob's FailureReason; the workers saw the
+    variables SageMaker's own launcher sets (EFA on a p4d)."""
+    base = tmp_path / "opt-ml"
+    (base / "input" / "config").mkdir(parents=True)
+    (base / "input" / "config" / "resourceconfig.json").write_text(json.dumps({
+        "current_host": "algo-1", "hosts": ["algo-1"], "current_instance_type": "ml.p4d.24xlarge",
+        "network_interface_name": "eth0"}))
+    env = node_env(tmp_path, SAGEMAKER_BASE_DIR=str(base), CLOUDTRAIN_MASTER_OVERRIDE=f"127.0.0.1:{free_port()}")
+    result = subprocess.run([sys.executable, str(REPO / "entrypoints" / "bootstrap.py"), "--bundle",
+                             str(make_bundle(tmp_path, FAILS)), "--workdir", str(tmp_path / "work"), "--script",
+                             "train.py", "--nproc-per-node", "1"], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "sees algo-1 simple efa eth0" in result.stdout
+    reason = (base / "output" / "failure").read_text()
+    assert reason.startswith("cloudtrain: node 0 of 1 failed: torchrun exited")
+
+
+AZURE_OUTPUTS = '''
+import os
+from pathlib import Path
+Path("outputs").mkdir(exist_ok=True)
+(Path("outputs") / ("model-" + os.environ["RANK"] + ".txt")).write_text("final")
+'''
+
+
+def test_on_azure_ml_the_jobs_own_outputs_folder_is_the_output_location(tmp_path: Path) -> None:
+    """Azure ML uploads the job's ./outputs to the workspace's default datastore: a job without output_uri keeps its
+    outputs (and node logs) there, and a script's own ./outputs is that folder."""
+    start = tmp_path / "azureml-code"  # the command's working directory on an Azure ML node
+    start.mkdir()
+    env = node_env(tmp_path, AZUREML_RUN_ID="job-1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                   NODE_RANK="0", WORLD_SIZE="1")
+    result = subprocess.run([sys.executable, str(REPO / "entrypoints" / "bootstrap.py"), "--bundle",
+                             str(make_bundle(tmp_path, AZURE_OUTPUTS)), "--workdir", str(tmp_path / "work"),
+                             "--script", "train.py", "--nproc-per-node", "1"], cwd=start, env=env,
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (start / "outputs" / "model-0.txt").read_text() == "final"

@@ -78,18 +78,48 @@ def test_plain_local_contract_is_the_fallback() -> None:
     assert boot.detect_platform({"SAGEMAKER_BASE_DIR": "/nonexistent"}) == "local"
 
 
+def shape(torchrun: list[str]) -> dict[str, str]:
+    """A torchrun line's options, less what differs between two runs of one spec (ports, folders, job ids)."""
+    opts = {torchrun[i]: torchrun[i + 1] for i in range(len(torchrun) - 1) if torchrun[i].startswith("--")}
+    return {k: v for k, v in opts.items() if k not in ("--master-port", "--log-dir", "--rdzv-id", "--rdzv-endpoint")}
+
+
+@pytest.mark.parametrize("platform", ["sagemaker", "azureml", "vertex", None])
+def test_emulated_plans_show_the_static_two_node_lines_the_nodes_run(cli, tmp_path: Path, platform: str | None) -> None:
+    """Issue 16: `plan --nodes 2 --emulate sagemaker` showed every node as --nnodes 1 ... c10d is_host=1, because
+    resourceconfig.json is only written at submit; the nodes ran --nnodes 2 with static ranks."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text("print('hi')\n")
+    planned = cli("plan", str(proj / "train.py"), "--nodes", "2", *(["--emulate", platform] if platform else []),
+                  "-o", "json")
+    assert planned.returncode == 0, planned.stderr
+    for rank, node in enumerate(json.loads(planned.stdout)["nodes"]):
+        line = shape(node["torchrun"][1:])
+        assert line["--nnodes"] == "2"
+        if platform:  # every cloud contract fixes node ranks
+            assert line["--node-rank"] == str(rank) and "--rdzv-backend" not in line
+        else:  # the plain local contract: c10d, node 0 hosts the store
+            assert line["--rdzv-conf"] == f"is_host={int(rank == 0)}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("platform", ["sagemaker", "azureml", "vertex"])
 def test_two_nodes_train_under_each_platform_contract(cli, tmp_path: Path, platform: str) -> None:
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "plain_torchrun.py").write_text((REPO / "entrypoints" / "plain_torchrun.py").read_text())
-    result = cli("submit", str(proj / "plain_torchrun.py"), "--nodes", "2", "--procs-per-node", "2",
-                 "--emulate", platform)
+    flags = ["--nodes", "2", "--procs-per-node", "2", "--emulate", platform]
+    planned = cli("plan", str(proj / "plain_torchrun.py"), *flags, "-o", "json")
+    assert planned.returncode == 0, planned.stderr
+    result = cli("submit", str(proj / "plain_torchrun.py"), *flags)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     assert "all_reduce ok: True world_size=4" in result.stdout
-    for rank in (0, 1):
+    for rank, node in enumerate(json.loads(planned.stdout)["nodes"]):
         assert f"[node{rank}] [cloudtrain] node {rank}/2 on {platform}: 2 processes, rendezvous static" in result.stdout
+        ran = re.search(rf"\[node{rank}\] \[cloudtrain\] torchrun: (.*)", result.stdout).group(1).split()  # type: ignore[union-attr]
+        # the plan's line is the node's, but for this run's own port, job id and folders
+        assert shape(node["torchrun"][1:]) == shape(ran), (node["torchrun"], ran)
     handle = re.search(r"submitted (local://\S+)", result.stderr).group(1)  # type: ignore[union-attr]
     assert status_json(cli, handle)["state"] == "succeeded"
 

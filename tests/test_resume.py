@@ -127,9 +127,11 @@ def test_checkpoint_from_two_ranks_restores_on_one_and_three(tmp_path: Path) -> 
     ct("submit", str(script), "--procs-per-node", "2", "--checkpoint-uri", ckpt, "--", "--epochs", "1",
        "--checkpoint-every", "8")
     digests = {}
+    # another script reading that job's checkpoints on purpose: it names the job's lineage (docs/checkpoints.md)
+    lineage = checkpoints.list_complete(ckpt)[-1].manifest["lineage"]
     for procs in ("2", "1", "3"):
         out = ct("submit", str(script.parent / "reshard_check.py"), "--procs-per-node", procs,
-                 "--checkpoint-uri", ckpt).stdout
+                 "--checkpoint-uri", ckpt, "--env", f"CLOUDTRAIN_LINEAGE={lineage}").stdout
         match = re.search(r"restored step=16 world_size=(\d) weights=(\w+)", out)  # 1024 samples / (32 x 2)
         assert match and match.group(1) == procs, out[-3000:]
         digests[procs] = match.group(2)

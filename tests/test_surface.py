@@ -22,7 +22,7 @@ JOB_FLAGS = ["--allow-secret", "--checkpoint-uri", "--emulate", "--env", "--file
              "--procs-per-node", "--profile", "--provider", "--set", "--source-dir", "--spot", "--strategy"]
 CLI = {
     "submit": sorted([*JOB_FLAGS, "--detach", "--dry-run", "--follow"]),
-    "plan": JOB_FLAGS,
+    "plan": sorted([*JOB_FLAGS, "--export"]),
     "status": ['--output', '--profile'],
     "cancel": ['--output', '--profile'],
     "preempt": ['--output', '--profile'],

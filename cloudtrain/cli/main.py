@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="show what submit would send, with a cost estimate (= submit --dry-run)")
     _job_flags(plan)
+    plan.add_argument("--export", metavar="DIR", help="also write the platform's own files for this job into DIR "
+                                                      "(new or empty), with a README naming the command that submits "
+                                                      "them")
 
     for name, text in (("status", "show a job's state"), ("cancel", "stop a job (idempotent)"),
                        ("preempt", "local jobs: send a rehearsed spot interruption (SIGTERM to every node)")):
@@ -239,6 +242,12 @@ def cmd_plan(args: argparse.Namespace, script_args: list[str]) -> int:
             print(plan_text(plan, colour()))
         else:
             emit(plan.to_dict(), args.output)
+        if getattr(args, "export", None):
+            from cloudtrain.export import export
+
+            written = export(plan, Path(args.export))
+            print(f"exported {len(written)} files to {args.export}: {args.export}/README.md has the command",
+                  file=sys.stderr)
     return 0
 
 

@@ -102,18 +102,20 @@ def plan_text(plan: Plan, colour: bool = False) -> str:
     lines = [
         row("provider", plan.provider),
         row("job", plan.job_id),
-        row("layout", f"{spec.nodes} node(s) x {nproc} process(es) = world size {spec.nodes * nproc}, "
-                      f"strategy {spec.strategy}"),
+        row("layout", (f"{spec.nodes} node(s) x {nproc} process(es) = world size {spec.nodes * nproc}" if nproc else
+                       f"{spec.nodes} node(s) x one process per GPU of the node (only known on the node)")
+            + f", strategy {spec.strategy}"),
         *([row("where", where)] if (where := _where(plan.staging)) else []),
         row("instance", instance),
         row("image", plan.image or "this machine's Python and torch"),
+        row("each node", plan.runtime.summary() if plan.runtime else _local_runtime()),
         row("spot", "yes" + (f", up to {spec.max_restarts} restart(s)" if spec.max_restarts else "") if spec.spot
             else "no"),
         row("max runtime", f"{spec.max_runtime / 3600:g}h"),
         row("checkpoint", spec.checkpoint.uri or "none"),
         row("package", f"{len(pkg.files)} files, {size(pkg.source_bytes)} source, {size(pkg.bundle_bytes)} bundle, "
                        f"{pkg.digest[:19]}"),
-        row("staged at", plan.staging.get("prefix", "-")),
+        row("staged at", plan.staging.get("prefix") or plan.staging.get("upload") or "-"),
     ]
     for n, text in enumerate(estimate_text(plan.estimate)):
         lines.append(row("estimate" if n == 0 else "", text))
@@ -127,6 +129,17 @@ def plan_text(plan: Plan, colour: bool = False) -> str:
     lines += [row("note", paint(n, "yellow", colour)) for n in plan.notes]
     lines += ["", paint("request:", "bold", colour), json.dumps(plan.to_dict()["request"], indent=2)]  # redacted
     return "\n".join(lines)
+
+
+def _local_runtime() -> str:
+    """This machine's Python and torch, read without importing torch."""
+    from importlib import metadata
+
+    try:
+        torch = f"torch {metadata.version('torch')}"
+    except metadata.PackageNotFoundError:
+        torch = "no torch installed"
+    return f"{torch}, Python {sys.version_info.major}.{sys.version_info.minor} (this machine)"
 
 
 def _where(staging: dict[str, str]) -> str:

@@ -12,7 +12,7 @@ import importlib
 import random
 import time
 from collections.abc import Callable
-from functools import cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -50,7 +50,7 @@ _STORES: dict[str, tuple[str, str]] = {
 }
 
 
-@cache
+@lru_cache(maxsize=None)  # not functools.cache: nodes may run Python 3.8
 def _store(scheme: str) -> Store:
     target, extra = _STORES[scheme]
     module, _, name = target.partition(":")

@@ -12,9 +12,13 @@ import re
 from functools import cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import ProviderNotInstalled, SpecError
+from cloudtrain.images import Runtime, check_python, choose_minor, python_for, version_key
+
+if TYPE_CHECKING:
+    from cloudtrain.spec import JobSpec
 
 _CONFIG = "sagemaker/core/image_uri_config/pytorch.json"
 
@@ -89,3 +93,54 @@ def training_image(torch_version: str, python_version: str, instance_type: str, 
     # like the SDK, the tag carries the version as asked ("2.5" -> the rolling 2.5 tag; "2.5.1" pins the patch)
     tag = "-".join(x for x in (entry.get("tag_prefix", torch_version), processor, py, container_version) if x)
     return f"{registries[region]}.dkr.ecr.{region}.{_ecr_domain(region)}/{entry['repository']}:{tag}"
+
+
+def offered_minors() -> list[str]:
+    """Torch minors with a SageMaker training image whose Python the bootstrap can run on."""
+    config = pytorch_training_config()
+    found = []
+    for alias, version in config.get("version_aliases", {}).items():
+        pythons = _pythons(config["versions"].get(version, {}))
+        if alias.count(".") == 1 and pythons and version_key(pythons[-1]) >= (3, 8):
+            found.append(alias)
+    return sorted(found, key=version_key)
+
+
+def _pythons(entry: dict[str, Any]) -> list[str]:
+    """An entry's Python versions as numbers ("py311" -> "3.11", "py3"/"py36" -> "3.6": SageMaker's py3 images of
+    that era ran 3.6), oldest first."""
+    found = []
+    for py in entry.get("py_versions") or []:
+        digits = py[2:]
+        if digits.startswith("3"):
+            found.append("3.6" if digits in ("3", "36") else f"3.{digits[1:]}")
+    return sorted(found, key=version_key)
+
+
+def runtime_for(spec: JobSpec, instance_type: str, region: str) -> tuple[Runtime, list[str]]:
+    """The prebuilt image for ``spec``, pinned to a full torch release (the tag never changes its torch), with
+    the torch and Python it holds."""
+    config = pytorch_training_config()
+    asked = spec.image.torch_version
+    if asked.count(".") == 2:  # a full release: exactly that one
+        version, notes = asked, list[str]()
+        if version not in config["versions"]:
+            offered = ", ".join(offered_minors()[-8:])
+            raise SpecError(f"SageMaker has no PyTorch {asked} training image", field="image.torch_version",
+                            remedy=f"use one of {offered}, or set image.uri to your own image")
+    else:
+        too_old = config.get("version_aliases", {}).get(".".join(asked.split(".")[:2]))
+        if too_old and _pythons(config["versions"][too_old]):  # SageMaker has it, on a Python the bootstrap can't run
+            check_python(_pythons(config["versions"][too_old])[-1], "aws", f"the SageMaker PyTorch {too_old} image")
+        chosen, notes = choose_minor("aws", offered_minors(), spec)
+        version = config["version_aliases"][chosen]
+    pythons = _pythons(config["versions"][version])
+    what = f"the SageMaker PyTorch {version} image"
+    if not pythons:
+        raise SpecError(f"{what} has no Python 3 build", field="image.torch_version", remedy="choose a newer torch")
+    python = spec.image.python_version if spec.image.python_version in pythons else pythons[-1]
+    check_python(python, "aws", what)
+    notes += python_for("aws", python, spec, what)
+    image = training_image(version, python, instance_type, region)
+    return Runtime(image=image, torch=version, python=python, source="sagemaker-core's image table (offline)",
+                   pinned=True), notes

@@ -18,12 +18,13 @@ from cloudtrain import catalog
 from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
-from cloudtrain.nodes import bootstrap_args, node_command
+from cloudtrain.images import Runtime, custom
+from cloudtrain.nodes import bootstrap_args, launcher_note, node_command
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
 from cloudtrain.providers.aws import request as rq
 from cloudtrain.providers.aws.clients import aws_errors, configured_region, session
-from cloudtrain.providers.aws.images import training_image
+from cloudtrain.providers.aws.images import runtime_for
 from cloudtrain.providers.aws.status import describe_details, job_state
 from cloudtrain.providers.aws.validate import check_request
 from cloudtrain.providers.base import JobStatus, Provider
@@ -49,20 +50,19 @@ class SageMakerProvider(Provider):
         return self._clients[key]
 
     # -- plan (pure: no network, no credentials) --------------------------------------------------------
-    def _target(self, spec: JobSpec) -> rq.Target:
+    def _target(self, spec: JobSpec) -> tuple[rq.Target, Runtime, list[str]]:
         options = spec.providers.aws
         region = configured_region(options.region)
         instance_type = catalog.instance_for("aws", spec.accelerator_model, spec.gpus_per_node, options.instance_type)
-        image = spec.image.uri or training_image(spec.image.torch_version, spec.image.python_version, instance_type,
-                                                 region)
-        return rq.Target(region=region, instance_type=instance_type, image=image,
-                         role=lookup("aws", "role", options.role) or rq.PLACEHOLDER_ROLE,
-                         bucket=lookup("aws", "bucket", options.bucket) or rq.PLACEHOLDER_BUCKET)
+        runtime, notes = (custom(spec.image.uri), []) if spec.image.uri else runtime_for(spec, instance_type, region)
+        target = rq.Target(region=region, instance_type=instance_type, image=runtime.image,
+                           role=lookup("aws", "role", options.role) or rq.PLACEHOLDER_ROLE,
+                           bucket=lookup("aws", "bucket", options.bucket) or rq.PLACEHOLDER_BUCKET)
+        return target, runtime, notes
 
     def _plan(self, spec: JobSpec, package: Package) -> Plan:
         assert spec.name
-        target = self._target(spec)
-        notes = []
+        target, runtime, notes = self._target(spec)
         if target.role == rq.PLACEHOLDER_ROLE:
             notes.append(placeholder_note("aws", "role"))
         if target.bucket == rq.PLACEHOLDER_BUCKET:
@@ -85,12 +85,15 @@ class SageMakerProvider(Provider):
         for rank, host in enumerate(hosts):
             # derive each node's torchrun line under the variables SageMaker's hosts see (GPUs included)
             seen = {**request["Environment"], "SM_HOSTS": json.dumps(hosts), "SM_CURRENT_HOST": host,
+                    "SM_CURRENT_INSTANCE_TYPE": target.instance_type, "SM_NETWORK_INTERFACE_NAME": "<the host's>",
                     "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
             command = node_command(rank, rq.PYTHON, f"{rq.CHANNEL_DIR}/{BOOTSTRAP_NAME}", args, seen, job_name)
             nodes.append(replace(command, env=request["Environment"]))
+        if note := launcher_note("aws", seen):
+            notes.append(note)
         return Plan(provider=self.name, job_id=job_name, spec=spec, package=package, request=request, nodes=nodes,
                     staging={"prefix": prefix, "bundle": f"{prefix}/{BUNDLE_NAME}", "region": target.region},
-                    notes=[*notes, *more_notes], machine=machine, image=target.image)
+                    notes=[*notes, *more_notes], machine=machine, image=target.image, runtime=runtime)
 
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:

@@ -10,48 +10,44 @@ uniform preemption outcome) and make WORLD_SIZE mean processes rather than nodes
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 from typing import Any
 
-from cloudtrain import catalog
+from cloudtrain import catalog, images
 from cloudtrain.errors import SpecError
+from cloudtrain.images import Runtime
 from cloudtrain.nodes import input_env, job_env
 from cloudtrain.packaging import BOOTSTRAP_NAME
 from cloudtrain.spec import JobSpec
 
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
+CODE_DIR = "./code"  # relative to the job YAML, as `az ml job create -f` resolves it
 WORKDIR = "/tmp/cloudtrain"  # on the node's disk; the code snapshot folder is the command's working directory
-# Azure Container for PyTorch (ACPT) curated environments in the shared "azureml" registry, by torch version.
-CURATED = {
-    "1.13": "acpt-pytorch-1.13-cuda11.7",
-    "2.0": "acpt-pytorch-2.0-cuda11.7",
-    "2.2": "acpt-pytorch-2.2-cuda12.1",
-}
-NEWEST_CURATED = "2.2"
 MANAGED_TAG = "cloudtrain.managed"
 DIGEST_TAG = "cloudtrain.bundle"
 RESTARTS_TAG = "cloudtrain.max_restarts"
 RESTART_OF_TAG = "cloudtrain.restart_of"
 
 
-def environment(spec: JobSpec) -> tuple[str | dict[str, str], list[str]]:
-    """The job's environment reference, and a note when cloudtrain chose for the user."""
+def environment(spec: JobSpec) -> tuple[Runtime, list[str]]:
+    """The job's environment: the spec's own, or an Azure Container for PyTorch (ACPT) curated environment from the
+    shared "azureml" registry at a version whose torch and Python are known (its ``labels/latest`` moves)."""
     options = spec.providers.azure
     if options.environment:
-        return (options.environment if options.environment.startswith("azureml:")
-                else f"azureml:{options.environment}"), []
+        ref = options.environment if options.environment.startswith("azureml:") else f"azureml:{options.environment}"
+        return Runtime(image=ref, torch=None, python=None, pinned=False,
+                       source="providers.azure.environment (your workspace's environment)"), []
     if spec.image.uri:
-        return {"image": spec.image.uri}, []
-    asked = "torch_version" in spec.image.model_fields_set
-    version = spec.image.torch_version if asked else NEWEST_CURATED
-    key = ".".join(version.split(".")[:2])
-    if key not in CURATED:
-        raise SpecError(f"Azure ML has no curated PyTorch {version} environment cloudtrain knows",
-                        field="image.torch_version",
-                        remedy=f"use one of {', '.join(CURATED)}, set image.uri to an image with torch, "
-                               "or providers.azure.environment to a workspace environment (name@version)")
-    notes = [] if asked else [f"azure: curated environment for torch {key} (set image.torch_version to choose)"]
-    return f"azureml://registries/azureml/environments/{CURATED[key]}/labels/latest", notes
+        return images.custom(spec.image.uri), []
+    table = images.data()["azure"]
+    version, notes = images.choose_minor("azure", list(table["environments"]), spec)
+    entry = table["environments"][version]
+    what = f"the Azure ML environment {entry['name']} version {entry['version']}"
+    notes += images.python_for("azure", entry["python"], spec, what)
+    if entry.get("retired"):
+        notes.append(f"azure: {entry['name']}: {entry['retired']}")
+    ref = f"azureml://registries/azureml/environments/{entry['name']}/versions/{entry['version']}"
+    return Runtime(image=ref, torch=entry["torch"], python=entry["python"], pinned="patch_unknown" not in entry,
+                   source=f"azureml-assets release {entry['name']}/{entry['version']} ({entry['published']})"), notes
 
 
 def inputs(spec: JobSpec) -> dict[str, dict[str, str]]:
@@ -66,11 +62,20 @@ def inputs(spec: JobSpec) -> dict[str, dict[str, str]]:
     return found
 
 
-def command_job(spec: JobSpec, *, job_name: str, code_dir: Path, digest: str,
-                bootstrap: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """The job YAML as a dict, and notes for the plan's reader. ``bootstrap``: the bootstrap's arguments."""
+def command_job(spec: JobSpec, *, job_name: str, digest: str,
+                bootstrap: list[str]) -> tuple[dict[str, Any], Runtime, list[str]]:
+    """The job YAML as a dict, the runtime its nodes run, and notes for the plan's reader. ``bootstrap``: the
+    bootstrap's arguments. ``code`` names the folder beside the YAML that holds what a node needs (bootstrap.py,
+    bundle.tar.gz, manifest.json): `submit` and `plan --export` write it; the plan itself writes nothing."""
     options = spec.providers.azure
-    env_ref, notes = environment(spec)
+    runtime, notes = environment(spec)
+    if spec.checkpoint.uri and spec.checkpoint.uri.startswith("file://"):
+        notes.append(f"azure: CHECKPOINTS OFF: checkpoint.uri {spec.checkpoint.uri} is on this computer, which the "
+                     "nodes cannot reach, so the job is sent without one; set checkpoint.uri to "
+                     "az://ACCOUNT/CONTAINER/PATH to resume after preemption")
+        spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"uri": None})})
+    inline = spec.image.uri and not options.environment  # an image, not an environment asset: inline environment
+    env_ref: str | dict[str, str] = {"image": runtime.image} if inline else runtime.image
     job_inputs = inputs(spec)
     # inputs resolve only on the command line (${{inputs.x}}); the bootstrap exports them to the workers
     exports = [f"--env={input_env(name)}=${{{{inputs.{name}}}}}" for name in job_inputs]
@@ -84,7 +89,7 @@ def command_job(spec: JobSpec, *, job_name: str, code_dir: Path, digest: str,
         "display_name": spec.name,
         "experiment_name": options.experiment or spec.name,
         "description": f"cloudtrain job {spec.name} ({digest})",
-        "code": str(code_dir),
+        "code": CODE_DIR,
         "command": command,
         "environment": env_ref,
         "environment_variables": {**job_env(spec), "CLOUDTRAIN_NNODES": str(spec.nodes)},
@@ -105,10 +110,14 @@ def command_job(spec: JobSpec, *, job_name: str, code_dir: Path, digest: str,
                                                           options.instance_type)
         if spec.spot:
             job["queue_settings"] = {"job_tier": "spot"}
+    if not spec.output_uri:
+        notes.append("azure: outputs go to the job's ./outputs (CLOUDTRAIN_OUTPUT_DIR, node logs included), which "
+                     "Azure ML uploads to the workspace's default datastore: `az ml job download --name "
+                     f"{job_name} --all` fetches them (or set output_uri to an az:// location)")
     if spec.spot:
         notes.append("azure: Azure ML does not restart a preempted job; cloudtrain resubmits it "
                      f"(max_restarts={spec.max_restarts}) while `submit` follows it or `wait --recover` watches")
         if not spec.checkpoint.uri:  # no bucket option on Azure to derive one from, unlike S3 and GCS
             notes.append("azure: spot without checkpoint.uri: a preempted job starts over; set checkpoint.uri "
                          "(az://ACCOUNT/CONTAINER/PATH) so it resumes")
-    return job, notes
+    return job, runtime, notes

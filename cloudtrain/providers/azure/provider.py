@@ -5,10 +5,10 @@ user logs, cancel, list, and resubmit preempted jobs (Azure ML never restarts th
 from __future__ import annotations
 
 import builtins
+import io
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -37,19 +37,17 @@ for _name in ("azure.ai.ml._utils._experimental", "azure.ai.ml._schema.core.fiel
 AZURE_MASTER_PORT = "6105"  # what Azure ML's PyTorch distribution sets; shown in the plan's derived torchrun lines
 
 
-def load_validated(job: dict[str, Any]) -> Any:
-    """azure-ai-ml's own ``load_job`` on the YAML text, exactly as ``az ml job create -f`` reads it."""
+def load_validated(job: dict[str, Any], code: str) -> Any:
+    """azure-ai-ml's own ``load_job`` on the YAML text, exactly as ``az ml job create -f`` reads it, with ``code``
+    (an existing file or folder: the schema checks it exists) in place of the job's own, and nothing written."""
     from azure.ai.ml import load_job
 
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(job, f, sort_keys=False)
+    text = yaml.safe_dump({**job, "code": code}, sort_keys=False)
     try:
-        return load_job(f.name)
+        return load_job(io.StringIO(text), relative_origin=os.path.dirname(os.path.abspath(code)))
     except Exception as exc:  # marshmallow's ValidationError: the schema's own words
         raise SpecError(f"Azure ML rejects the job: {str(exc).strip()[:1500]}", field="providers.azure",
                         remedy="fix the spec fields behind the job fields named above") from None
-    finally:
-        os.unlink(f.name)
 
 
 def rest_body(entity: Any) -> dict[str, Any]:
@@ -83,7 +81,6 @@ class AzureMLProvider(Provider):
     # -- plan (offline) --------------------------------------------------------------------------------
     def _plan(self, spec: JobSpec, package: Package) -> Plan:
         job_name = new_job_id(str(spec.name))
-        code_dir = package.staging_folder()
         options = spec.providers.azure
         instance = None if options.compute else catalog.instance_for(
             "azure", spec.accelerator_model, spec.gpus_per_node, options.instance_type)
@@ -93,19 +90,21 @@ class AzureMLProvider(Provider):
         nproc = str(spec.procs_per_node) if isinstance(spec.procs_per_node, int) else str(gpus) if gpus else "auto"
         args = bootstrap_args(spec, bundle=BUNDLE_NAME, digest=package.digest, workdir=aj.WORKDIR, job_id=job_name,
                               nproc=nproc)
-        job, notes = aj.command_job(spec, job_name=job_name, code_dir=code_dir, digest=package.digest,
-                                    bootstrap=args)
-        entity = load_validated(job)
-        rest = rest_body(entity)
+        job, runtime, notes = aj.command_job(spec, job_name=job_name, digest=package.digest, bootstrap=args)
+        rest = rest_body(load_validated(job, str(package.path)))  # the bundle stands in for the code folder
+        rest["properties"]["codeId"] = job["code"]  # as sent: submit replaces it with the uploaded code's id
         nodes = []
         for rank in range(spec.nodes):  # what each node's bootstrap derives from the variables Azure ML sets
             seen = {**job["environment_variables"], "AZUREML_RUN_ID": job_name, "MASTER_ADDR": "<node 0>",
                     "MASTER_PORT": AZURE_MASTER_PORT, "NODE_RANK": str(rank), "WORLD_SIZE": str(spec.nodes),
                     "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
-            command = node_command(rank, "python", BOOTSTRAP_NAME, args, seen, job_name)
+            command = node_command(rank, "python", BOOTSTRAP_NAME, args, seen, job_name, gpus_known=bool(machine)
+                                   or bool(spec.gpus_per_node))
             nodes.append(replace(command, env=job["environment_variables"]))
-        staging = {"prefix": str(code_dir), "code": str(code_dir),
-                   "upload": "the workspace's default datastore, by content hash"}
+        if nproc == "auto" and not machine and not spec.gpus_per_node:
+            notes.append(f"azure: the VM size of cluster {options.compute!r} is not known offline: each node starts "
+                         "one process per GPU it has (1 without GPUs); set accelerator or procs_per_node to fix it")
+        staging = {"code": aj.CODE_DIR, "upload": "the workspace's default datastore, by content hash, at submit"}
         try:  # offline: the spec, the profile or ./config.json; a dry run may leave it for later
             staging["workspace"] = "/".join(workspace_of(options))
         except SpecError as exc:
@@ -115,7 +114,7 @@ class AzureMLProvider(Provider):
             staging["compute"] = options.compute
         return Plan(provider=self.name, job_id=job_name, spec=spec, package=package,
                     request={"job": job, "rest": rest}, nodes=nodes, staging=staging, notes=notes,
-                    machine=machine, image=_image_of(job["environment"]))
+                    machine=machine, image=_image_of(job["environment"]), runtime=runtime)
 
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:
@@ -129,7 +128,7 @@ class AzureMLProvider(Provider):
                 raise UserError(f"an Azure ML job named {plan.job_id} already exists and is not this plan's",
                                 remedy="plan the job again (it gets a new name)")
             return handle
-        entity = load_validated(plan.request["job"])
+        entity = load_validated(plan.request["job"], str(plan.package.staging_folder()))
         with azure_errors(f"creating Azure ML job {plan.job_id}"):
             ml.jobs.create_or_update(entity)  # uploads the code folder unless its content hash is known
         return handle

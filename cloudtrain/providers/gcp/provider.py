@@ -21,6 +21,7 @@ from cloudtrain import catalog
 from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
+from cloudtrain.images import Runtime, custom
 from cloudtrain.nodes import bootstrap_args, node_command
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
@@ -38,7 +39,7 @@ from cloudtrain.providers.gcp.clients import (
     logging_endpoint,
     vertex_endpoint,
 )
-from cloudtrain.providers.gcp.images import training_image
+from cloudtrain.providers.gcp.images import runtime_for
 from cloudtrain.providers.gcp.machines import machine_for
 from cloudtrain.providers.gcp.schema import check_request
 from cloudtrain.providers.gcp.status import describe_details, job_state
@@ -72,7 +73,7 @@ class VertexProvider(Provider):
         return self._clients[endpoint]
 
     # -- plan (pure: no network, no credentials) --------------------------------------------------------
-    def _target(self, spec: JobSpec) -> tuple[rq.Target, list[str]]:
+    def _target(self, spec: JobSpec) -> tuple[rq.Target, Runtime, list[str]]:
         options = spec.providers.gcp
         notes: list[str] = []
         region = configured_region(options.region)
@@ -82,27 +83,22 @@ class VertexProvider(Provider):
                          f"using {region}")
         machine = machine_for(spec.accelerator_model, spec.gpus_per_node, options.machine_type,
                               options.accelerator_type)
-        if spec.image.uri:
-            image = spec.image.uri
-        else:
-            given = spec.image.model_fields_set  # a version left at its default may follow what Vertex offers
-            image, image_notes = training_image(spec.image.torch_version, spec.image.python_version, region,
-                                                torch_set="torch_version" in given,
-                                                python_set="python_version" in given)
-            notes += image_notes
+        runtime, image_notes = (custom(spec.image.uri), []) if spec.image.uri else runtime_for(spec, region)
+        notes += image_notes
         project = configured_project(options.project) or rq.PLACEHOLDER_PROJECT
         bucket = lookup("gcp", "bucket", options.bucket) or rq.PLACEHOLDER_BUCKET
         for value, placeholder, field in ((project, rq.PLACEHOLDER_PROJECT, "project"),
                                           (bucket, rq.PLACEHOLDER_BUCKET, "bucket")):
             if value == placeholder:
                 notes.append(placeholder_note("gcp", field))
-        return rq.Target(project=project, region=region, bucket=bucket, machine=machine, image=image), notes
+        return rq.Target(project=project, region=region, bucket=bucket, machine=machine, image=runtime.image), \
+            runtime, notes
 
     def _plan(self, spec: JobSpec, package: Package) -> Plan:
         assert spec.name
         if spec.providers.gcp.capacity == "spot" and not spec.spot:  # the same job as `spot: true`, everywhere
             spec = spec.model_copy(update={"spot": True})
-        target, notes = self._target(spec)
+        target, runtime, notes = self._target(spec)
         home = f"gs://{target.bucket}/cloudtrain"
         job_id = new_job_id(str(spec.name))
         spec, output, located = cloud_locations(spec, home, "gcp", job_id)
@@ -138,7 +134,7 @@ class VertexProvider(Provider):
         return Plan(provider=self.name, job_id=job_id, spec=spec, package=package, request=request, nodes=nodes,
                     staging={"prefix": prefix, "bundle": f"{prefix}/{BUNDLE_NAME}", "project": target.project,
                              "region": target.region},
-                    notes=[*notes, *more_notes], machine=machine, image=target.image)
+                    notes=[*notes, *more_notes], machine=machine, image=target.image, runtime=runtime)
 
     def _capacity(self, spec: JobSpec) -> str:
         capacity = spec.providers.gcp.capacity

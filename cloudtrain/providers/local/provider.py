@@ -100,7 +100,7 @@ class LocalProvider(Provider):
             args = bootstrap_args(spec, bundle=bundle_uri, digest=package.digest, workdir=str(job_dir / f"node-{rank}"),
                                   job_id=job_id, status_file=str(job_dir / f"node-{rank}.status.json"),
                                   nproc=str(spec.procs_per_node))
-            nodes.append(node_command(rank, python, bootstrap_path, args, env, job_id))
+            nodes.append(node_command(rank, python, bootstrap_path, args, env, job_id, files=node_files))
         nproc = nodes[0].nproc_per_node  # what the nodes resolve ("auto": their GPUs, or 1)
         request = {
             "job_id": job_id,

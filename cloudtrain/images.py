@@ -1,0 +1,113 @@
+"""What a node runs: the image (or Azure ML environment) each provider's plan names, with the torch and Python it
+holds, read from ``data/images.json`` (dated, with sources; see docs/images.md) or, for SageMaker, from the SDK's
+own image table. A plan names a version whose torch is known rather than a label that moves.
+
+Rules shared by every provider: a torch version the spec asks for must exist there (an error lists what does); the
+spec's default torch may be replaced by the nearest one that provider has, with a note saying the clouds now differ;
+an image whose Python is older than the bootstrap supports is refused at plan time.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cloudtrain.errors import SpecError
+
+if TYPE_CHECKING:
+    from cloudtrain.spec import JobSpec
+
+DATA = Path(__file__).with_name("data") / "images.json"
+PLATFORM = {"aws": "SageMaker", "azure": "Azure ML", "gcp": "Vertex"}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The image every node of a plan runs, and what it holds."""
+
+    image: str  # image URI, or an Azure ML environment reference
+    torch: str | None  # "2.5.1"; a minor ("2.4") where the image follows a minor's patch releases; None: unknown
+    python: str | None  # "3.10"; None: unknown (a custom image)
+    source: str  # where torch and Python come from
+    pinned: bool  # the reference fixes the torch release (False: a moving tag, or a custom image)
+
+    def summary(self) -> str:
+        if self.torch is None:
+            return "torch and Python of your image (only known on the node)"
+        moving = "" if self.pinned or self.torch.count(".") > 1 else ".x (the image follows this minor's patches)"
+        return f"torch {self.torch}{moving}, Python {self.python}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@functools.cache
+def data() -> dict[str, Any]:
+    return dict(json.loads(DATA.read_text(encoding="utf-8")))
+
+
+def minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit())
+
+
+def check_python(python: str, provider: str, what: str) -> None:
+    """Refuse an image whose Python the bootstrap cannot run on (it would fail on every node after the VMs start)."""
+    oldest = data()["min_python"]
+    if version_key(python) < version_key(oldest):
+        raise SpecError(f"{what} runs Python {python}; cloudtrain's bootstrap needs Python {oldest} or newer",
+                        field="image.torch_version",
+                        remedy=f"choose a newer torch version on {PLATFORM.get(provider, provider)}, or set "
+                               "image.uri to an image with a newer Python")
+
+
+def choose_minor(provider: str, offered: list[str], spec: JobSpec) -> tuple[str, list[str]]:
+    """The torch minor this provider runs for ``spec``: the one asked for (it must exist), or for the default one
+    the nearest this provider has (older first), with a note that the clouds now run different torch minors."""
+    wanted = minor(spec.image.torch_version)
+    if wanted in offered:
+        return wanted, []
+    ordered = sorted(offered, key=version_key)
+    if "torch_version" in spec.image.model_fields_set:
+        raise SpecError(f"{PLATFORM[provider]} has no PyTorch {spec.image.torch_version} image cloudtrain knows",
+                        field="image.torch_version",
+                        remedy=f"use one of {', '.join(ordered)}, or set image.uri to an image with torch")
+    older = [v for v in ordered if version_key(v) < version_key(wanted)]
+    chosen = older[-1] if older else ordered[0]
+    return chosen, [f"{provider}: TORCH DIFFERS: {PLATFORM[provider]} has no PyTorch {wanted} image, so these nodes "
+                    f"run torch {chosen} while the default spec runs {wanted} elsewhere; set image.torch_version to "
+                    f"a version every cloud has ({', '.join(common_minors())}) to run the same torch everywhere"]
+
+
+def common_minors() -> list[str]:
+    """Torch minors all three clouds have a known image for (SageMaker's from the SDK when it is installed)."""
+    minors = set(data()["azure"]["environments"]) & set(data()["gcp"]["containers"])
+    try:
+        from cloudtrain.providers.aws.images import offered_minors
+
+        minors &= set(offered_minors())
+    except SpecError:  # sagemaker-core missing: the two tables cloudtrain carries
+        pass
+    return sorted(minors, key=version_key)
+
+
+def custom(uri: str) -> Runtime:
+    return Runtime(image=uri, torch=None, python=None, source="image.uri (its contents are yours)", pinned=False)
+
+
+def python_for(provider: str, available: str, spec: JobSpec, what: str) -> list[str]:
+    """The image's Python against the spec's: an explicit other version is an error; the default one follows the
+    image (the plan shows which)."""
+    check_python(available, provider, what)
+    if spec.image.python_version == available:
+        return []
+    if "python_version" in spec.image.model_fields_set:
+        raise SpecError(f"{what} has Python {available}, not {spec.image.python_version}",
+                        field="image.python_version", remedy=f"use {available}, or set image.uri")
+    return []  # the plan shows the Python each node runs
