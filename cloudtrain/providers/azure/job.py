@@ -28,6 +28,10 @@ CURATED = {
     "2.2": "acpt-pytorch-2.2-cuda12.1",
 }
 NEWEST_CURATED = "2.2"
+# Azure ML's "job lifetime" limits (Manage quotas, Azure Machine Learning compute): 21 days, 7 on low-priority (spot)
+# nodes; checked at plan time so a longer max_runtime is refused here rather than by the service.
+MAX_RUNTIME = 21 * 24 * 3600
+MAX_RUNTIME_SPOT = 7 * 24 * 3600
 MANAGED_TAG = "cloudtrain.managed"
 DIGEST_TAG = "cloudtrain.bundle"
 RESTARTS_TAG = "cloudtrain.max_restarts"
@@ -70,6 +74,11 @@ def command_job(spec: JobSpec, *, job_name: str, code_dir: Path, digest: str,
                 bootstrap: list[str]) -> tuple[dict[str, Any], list[str]]:
     """The job YAML as a dict, and notes for the plan's reader. ``bootstrap``: the bootstrap's arguments."""
     options = spec.providers.azure
+    limit = MAX_RUNTIME_SPOT if spec.spot else MAX_RUNTIME
+    if spec.max_runtime > limit:
+        raise SpecError(f"{spec.max_runtime}s is beyond Azure ML's job lifetime of {limit // 86400} days"
+                        + (" on spot (low-priority) nodes" if spec.spot else ""), field="max_runtime",
+                        remedy=f"use at most {limit // 86400}d and let the job resume from its checkpoints")
     env_ref, notes = environment(spec)
     job_inputs = inputs(spec)
     # inputs resolve only on the command line (${{inputs.x}}); the bootstrap exports them to the workers
@@ -105,9 +114,13 @@ def command_job(spec: JobSpec, *, job_name: str, code_dir: Path, digest: str,
                                                           options.instance_type)
         if spec.spot:
             job["queue_settings"] = {"job_tier": "spot"}
-    if spec.spot:
-        notes.append("azure: Azure ML does not restart a preempted job; cloudtrain resubmits it "
-                     f"(max_restarts={spec.max_restarts}) while `submit` follows it or `wait --recover` watches")
+    if spec.spot and spec.max_restarts:
+        notes.append("azure: Azure ML does not restart a preempted job; cloudtrain resubmits it (up to "
+                     f"{spec.max_restarts} time(s)) while `submit` follows it or `wait --recover` watches")
+    elif spec.spot:
+        notes.append("azure: Azure ML does not restart a preempted job, and with max_restarts 0 nothing resubmits "
+                     "it: a preempted job ends preempted; set max_restarts (--max-restarts 3) for cloudtrain to "
+                     "resubmit it while `submit` follows it or `wait --recover` watches")
         if not spec.checkpoint.uri:  # no bucket option on Azure to derive one from, unlike S3 and GCS
             notes.append("azure: spot without checkpoint.uri: a preempted job starts over; set checkpoint.uri "
                          "(az://ACCOUNT/CONTAINER/PATH) so it resumes")
