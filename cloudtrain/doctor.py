@@ -19,9 +19,10 @@ No credentials at all is ``missing``, except on a VM of that same cloud, where i
 own identity (EC2 instance role, Azure managed identity, GCE service account) comes from the metadata server, which
 an offline check cannot ask. Whether this is such a VM is read from the firmware's vendor strings (DMI files).
 
-Settings (region, role, bucket, project, workspace) resolve as the providers resolve them below the job spec, which
-doctor does not read: the environment, then cloudtrain's profile (``cloudtrain.config``), then the platform's own
-tools (AWS profile, gcloud config, the workspace's config.json).
+Settings (region, role, bucket, project, workspace) resolve as the providers resolve them: the project's job spec
+(``./cloudtrain.yaml``, its ``providers:`` block, as every other command reads it), the environment, then
+cloudtrain's profile (``cloudtrain.config``), then the platform's own tools (AWS profile, gcloud config, the
+workspace's config.json). A spec that cannot be read is reported as a check of its own.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def diagnose(providers: Sequence[str] | None = None, env: Mapping[str, str] | No
     unknown = [p for p in wanted if p not in AREAS]
     if unknown:
         raise ProviderNotFound(f"doctor knows no provider {unknown[0]!r}", remedy="choose from " + ", ".join(AREAS))
-    ctx = _Context(env, home, _cloud_vm(), _user_config(env, home))
-    checks = [_python_check(), _config_check(ctx)]
+    spec, spec_check = _project_spec()
+    ctx = _Context(env, home, _cloud_vm(), _user_config(env, home), spec)
+    checks = [_python_check(), _config_check(ctx), *([spec_check] if spec_check else [])]
     for area in AREAS:
         if area in wanted:
             checks += _AREA_CHECKS[area](ctx)
@@ -313,6 +315,25 @@ class _Context:
     home: Path
     vm: str | None  # the cloud whose VM this is
     user: _UserConfig
+    spec: dict[str, dict[str, Any]]  # the providers: block of ./cloudtrain.yaml, by provider
+
+
+def _project_spec() -> tuple[dict[str, dict[str, Any]], Check | None]:
+    """The project's spec here, as plan and submit read it: its provider settings, and a check saying which file
+    (or why it cannot be used). No spec file: ({}, None)."""
+    from cloudtrain.errors import SpecError
+    from cloudtrain.specfile import project_options, project_spec
+
+    path = project_spec()
+    if path is None:
+        return {}, None
+    try:
+        found = {area: project_options(area) for area in AREAS}
+    except SpecError as exc:
+        return {}, Check(PACKAGE, "spec", "missing", f"./{path} cannot be read: {exc.message}",
+                         exc.remedy or "fix it (`cloudtrain plan` shows the same error)")
+    return found, Check(PACKAGE, "spec", "ok", f"./{path}: plan and submit use it; settings below include its "
+                                               "providers: block")
 
 
 def _user_config(env: Mapping[str, str], home: Path) -> _UserConfig:
@@ -362,7 +383,11 @@ def _config_check(ctx: _Context) -> Check:
 
 
 def _setting(ctx: _Context, provider: str, key: str) -> tuple[str, str] | None:
-    """(value, where) as config.lookup resolves a setting the spec leaves unset: the environment, then the profile."""
+    """(value, where) as a plan resolves a setting: the project's spec, then (config.lookup) the environment, then the
+    profile."""
+    value = ctx.spec.get(provider, {}).get(key)
+    if value not in (None, ""):
+        return str(value), f"./cloudtrain.yaml providers.{provider}.{key}"
     found = config.from_environment(provider, key, ctx.env)
     if found:
         return found[1], found[0]
@@ -375,19 +400,20 @@ def _setting(ctx: _Context, provider: str, key: str) -> tuple[str, str] | None:
 def _setting_check(ctx: _Context, provider: str, key: str, what: str, unset: str, example: str,
                    platform: tuple[str, str] | None = None, platform_place: str = "", platform_fix: str = "") -> Check:
     """A provider setting: found (value and where), else a warning naming every place looked in and every way to set
-    it. A warning, not "missing": the job spec may set it, and doctor does not read the spec."""
+    it. A warning, not "missing": a spec given with -f may still set it."""
     found = _setting(ctx, provider, key) or platform
     if found:
         return Check(provider, key, "ok", f"{found[0]} ({found[1]})")
     variables = config.ENV.get(provider, {}).get(key, ())
-    places = [*variables, f"cloudtrain profile {ctx.user.profile}", *([platform_place] if platform_place else [])]
+    places = ["./cloudtrain.yaml", *variables, f"cloudtrain profile {ctx.user.profile}",
+              *([platform_place] if platform_place else [])]
     looked = ", ".join(places[:-1]) + " or " + places[-1] if len(places) > 1 else places[0]
     fixes = [f"set providers.{provider}.{key} in cloudtrain.yaml", f"`cloudtrain config set {provider}.{key} "
                                                                     f"{example}`"]
     fixes += [f"export {variables[0]}={example}"] if variables else []
     fixes += [platform_fix] if platform_fix else []
-    return Check(provider, key, "warn", f"no {what} in {looked}: fine if the job spec sets providers.{provider}.{key}; "
-                                        f"otherwise {unset}", ", or ".join(fixes))
+    return Check(provider, key, "warn", f"no {what} in {looked}: fine if the job spec you submit sets "
+                                        f"providers.{provider}.{key}; otherwise {unset}", ", or ".join(fixes))
 
 
 # -- local -------------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +33,11 @@ class NodeCommand:
         return {"rank": self.rank, "argv": self.argv, "env": self.env, "torchrun": self.torchrun}
 
 
-@dataclass
+@dataclass(repr=False)
 class Plan:
+    """What a provider would send for a spec. ``print(plan)`` shows the summary `cloudtrain plan` prints and
+    ``plan.to_dict()`` the whole document (`plan -o json`)."""
+
     provider: str
     job_id: str
     spec: JobSpec
@@ -46,6 +50,8 @@ class Plan:
     machine: Machine | None = None  # each node's machine (None: this computer, or a cluster cloudtrain can't see)
     estimate: dict[str, Any] | None = None  # what it may cost, from the catalog's list prices (Provider.plan adds it)
     runtime: Runtime | None = None  # the torch and Python every node runs (None: this machine's own)
+    spec_file: str | None = None  # the spec file the job's settings started from (None: flags or Python only)
+    created_at: float = field(default_factory=time.time)  # a saved plan is good for a day (cloudtrain.saved_plan)
 
     @property
     def nproc_per_node(self) -> int:
@@ -55,6 +61,15 @@ class Plan:
         from cloudtrain.reprs import plan_html
 
         return plan_html(self)
+
+    def __repr__(self) -> str:
+        return (f"<Plan {self.provider} {self.job_id}: {self.spec.nodes} node(s) x {self.nproc_per_node} process(es), "
+                f"package {self.package.digest[:19]}>")
+
+    def __str__(self) -> str:
+        from cloudtrain.cli.render import plan_text
+
+        return plan_text(self, request=False)
 
     def __enter__(self) -> Plan:
         return self
@@ -69,6 +84,8 @@ class Plan:
         data = {
             "provider": self.provider,
             "job_id": self.job_id,
+            "created_at": self.created_at,
+            "spec_file": self.spec_file,
             "request": self.request,
             "package": self.package.manifest(),
             "staging": self.staging,

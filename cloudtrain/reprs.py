@@ -50,6 +50,13 @@ def job_html(spec: JobSpec) -> str:
     return table(f"Job {spec.name}", spec_rows(spec))
 
 
+def job_text(spec: JobSpec) -> str:
+    """The rows of ``job_html`` as aligned text, for ``print(job)`` outside Jupyter."""
+    rows = spec_rows(spec)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join([f"Job {spec.name}", *(f"  {k.ljust(width)}  {v}" for k, v in rows)])
+
+
 def plan_html(plan: Plan) -> str:
     from cloudtrain.cli.render import estimate_text, size
 

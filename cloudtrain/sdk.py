@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain.handles import JobHandle
 from cloudtrain.outputs import OutputFile
@@ -21,25 +21,52 @@ from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import JobStatus, Provider
 from cloudtrain.spec import JobSpec, apply_overrides, check_local_paths, load_spec, validate_spec
 
+if TYPE_CHECKING:
+    from cloudtrain.packaging import Package
 
-def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True) -> Plan:
+
+def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spec_file: str | None = None) -> Plan:
     """Validate paths, package the source and ask the provider for its request. Nothing is staged or sent.
-    Provider settings the spec leaves unset come from the environment or the active profile (cloudtrain.config)."""
+    Provider settings the spec leaves unset come from the environment or the active profile (cloudtrain.config).
+    ``spec_file``: the file the spec came from, shown in the plan."""
     from cloudtrain.config import with_defaults
-    from cloudtrain.packaging import PackageLimits, build_package
 
     impl = get_provider(provider) if isinstance(provider, str) else provider
     spec = with_defaults(spec, impl.name)
-    source = check_local_paths(spec)
-    rules = spec.package
-    limits = PackageLimits(max_bytes=rules.max_mb * 1024 * 1024, max_files=rules.max_files,
-                           allow_secrets=tuple(rules.allow_secrets), exclude=tuple(rules.exclude))
-    package = build_package(source, limits, progress=progress)
+    package = _package(spec, check_local_paths(spec), progress)
     try:
-        return impl.plan(spec, package)
+        plan = impl.plan(spec, package)
     except BaseException:
         package.close()
         raise
+    plan.spec_file = spec_file
+    uri = plan.spec.checkpoint.uri
+    if impl.name != "local" and uri and uri.startswith("file://"):
+        bucket = {"aws": "s3://BUCKET/PATH", "gcp": "gs://BUCKET/PATH", "azure": "az://CONTAINER/PATH"}
+        plan.notes.append(f"{impl.name}: checkpoint.uri {uri} is a folder on each node's own disk, which goes with "
+                          "the node: nothing survives a preemption or resumes in a later job; use "
+                          f"--checkpoint-uri {bucket.get(impl.name, 'in object storage')}")
+    return plan
+
+
+def _package(spec: JobSpec, source: Path, progress: bool) -> Package:
+    """The source bundle; a file or folder the walk cannot read is a PackagingError naming it (nothing is left
+    behind: the bundle's temp file goes with the error)."""
+    from cloudtrain.errors import PackagingError
+    from cloudtrain.packaging import PackageLimits, build_package
+
+    rules = spec.package
+    limits = PackageLimits(max_bytes=rules.max_mb * 1024 * 1024, max_files=rules.max_files,
+                           allow_secrets=tuple(rules.allow_secrets), exclude=tuple(rules.exclude))
+    try:
+        return build_package(source, limits, progress=progress)
+    except (OSError, RuntimeError) as exc:  # unreadable file or folder; a symbolic link loop (RuntimeError < 3.13)
+        path = getattr(exc, "filename", None)
+        reason = getattr(exc, "strerror", None) or str(exc)
+        what = f"{path}: {reason}" if path else reason
+        raise PackagingError(f"cannot package {source}: {what}", field="source_dir",
+                             remedy="make it readable, remove the broken link, or leave it out of the package "
+                                    "(.cloudtrainignore, or package.exclude in the spec)") from None
 
 
 class Job:
@@ -69,6 +96,11 @@ class Job:
     def __repr__(self) -> str:
         s = self.spec
         return f"Job(name={s.name!r}, nodes={s.nodes}, procs_per_node={s.nproc_per_node}, strategy={s.strategy!r})"
+
+    def __str__(self) -> str:
+        from cloudtrain.reprs import job_text
+
+        return job_text(self.spec)
 
     def _repr_html_(self) -> str:
         from cloudtrain.reprs import job_html
@@ -132,6 +164,16 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({str(self.handle)!r})"
+
+    def __str__(self) -> str:
+        """The job's status as `cloudtrain status` prints it (asks the provider)."""
+        from cloudtrain.cli.render import status_text
+        from cloudtrain.errors import CloudtrainError
+
+        try:
+            return status_text(self.status())
+        except CloudtrainError as exc:
+            return f"{self.handle} (status unavailable: {exc.message})"
 
     def _repr_html_(self) -> str:
         from cloudtrain.reprs import status_html

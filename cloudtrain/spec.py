@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -23,49 +23,67 @@ from pydantic import (
 )
 
 from cloudtrain.errors import SpecError
+from cloudtrain.specfile import SPEC_FILENAME, project_options, read_spec_file
+from cloudtrain.storage.uris import SCHEMES as STORAGE_SCHEMES
+from cloudtrain.storage.uris import check_bucket, check_uri
 
-SPEC_FILENAME = "cloudtrain.yaml"
-STORAGE_SCHEMES = ("file", "s3", "gs", "az", "abfs", "abfss")
+__all__ = ["SPEC_FILENAME", "STORAGE_SCHEMES", "JobSpec", "apply_overrides", "check_local_paths", "json_schema",
+           "load_spec", "parse_duration", "project_options", "read_spec_file", "validate_spec"]
 
-_DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_DURATION_RE = re.compile(r"(?:(\d{1,30})d)?(?:(\d{1,30})h)?(?:(\d{1,30})m)?(?:(\d{1,30})s)?")
+# No platform runs a job for more than a few weeks (SageMaker 28 days, Azure ML 21); a year bounds every duration so
+# a typo such as 1d99999999999999999999h is refused instead of reaching a cost estimate or a platform's SDK.
+MAX_DURATION = 365 * 24 * 3600
+# Processes per node: the largest machines any of the platforms rents have 8-16 accelerators and under 200 vCPUs;
+# more processes than that on one node only oversubscribe it (and 100,000 would fork-bomb a local run).
+MAX_PROCS_PER_NODE = 256
 
 
 def parse_duration(value: Any) -> Any:
     """Accept seconds (int) or strings such as ``90s``, ``30m``, ``2h``, ``1d12h``; return seconds."""
-    if isinstance(value, bool):
-        raise ValueError("expected a duration such as 3600, '30m' or '2h'")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
+    seconds: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        seconds = value
+    elif isinstance(value, str):
         text = value.strip().lower()
-        if text.isdigit():
-            return int(text)
-        match = _DURATION_RE.match(text)
-        if text and match:
-            days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-            return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-    raise ValueError(f"{value!r} is not a duration; use seconds or a string such as '30m', '2h', '1d12h'")
+        if text.isdecimal() and len(text) <= 30:
+            seconds = int(text)
+        elif text and (match := _DURATION_RE.fullmatch(text)):
+            days, hours, minutes, secs = (int(g) if g else 0 for g in match.groups())
+            seconds = ((days * 24 + hours) * 60 + minutes) * 60 + secs
+    if seconds is None:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        raise ValueError(f"{shown} is not a duration; use seconds or a string such as '30m', '2h', '1d12h'")
+    if seconds > MAX_DURATION:
+        raise ValueError(f"{value!r} is more than a year ({seconds:.3g} s); write the time the job may take, "
+                         "e.g. '24h' or '7d'")
+    return seconds
 
 
 Duration = Annotated[int, BeforeValidator(parse_duration, json_schema_input_type=int | str), Field(ge=1)]
-Uri = Annotated[str, Field(min_length=1, description="Object storage URI: file://, s3://, gs://, az:// or abfs://")]
-
-
-def check_storage_uri(value: str | None) -> str | None:
-    if value is None:
-        return None
-    scheme = value.split("://", 1)[0] if "://" in value else ""
-    if scheme not in STORAGE_SCHEMES:
-        raise ValueError(
-            f"{value!r} is not a storage URI; use one of "
-            + ", ".join(f"{s}://" for s in STORAGE_SCHEMES)
-            + " (for a local folder: file:///absolute/path)"
-        )
-    return value
+Uri = Annotated[str, Field(min_length=1, description="Object storage URI: file://, s3://, gs://, az:// or abfs://"),
+                AfterValidator(check_uri)]
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+
+def _one_token(value: Any, unicode_ok: bool = False) -> Any:
+    """A setting such as a region, project, bucket, ARN, machine type or workspace: one token of printable text
+    (ASCII unless ``unicode_ok``), never empty, without spaces, controls or invisible format characters."""
+    for text in value if isinstance(value, list) else [value]:
+        if not isinstance(text, str):
+            continue
+        if not text:
+            raise ValueError("must not be empty (leave the setting out, or write null)")
+        if len(text) > 1024:
+            raise ValueError(f"is {len(text)} characters long; a setting is one name or identifier")
+        if any(ch.isspace() or not ch.isprintable() or (not unicode_ok and not ch.isascii()) for ch in text):
+            raise ValueError(f"{text!r} must be one name or identifier: "
+                             + ("no spaces or control characters" if unicode_ok else
+                                "ASCII letters, digits and punctuation, no spaces"))
+    return value
 
 
 class ImageSpec(_Model):
@@ -74,6 +92,8 @@ class ImageSpec(_Model):
     torch_version: str = Field("2.5", pattern=r"^\d+\.\d+(\.\d+)?$", description="e.g. '2.5'")
     python_version: str = Field("3.11", pattern=r"^3\.\d+$", description="e.g. '3.11'")
     uri: str | None = Field(None, description="A custom image URI; overrides the prebuilt image")
+
+    _uri = field_validator("uri")(lambda value: _one_token(value))
 
     @field_validator("torch_version", "python_version", mode="before")
     @classmethod
@@ -86,9 +106,7 @@ class ImageSpec(_Model):
 class CheckpointSpec(_Model):
     uri: Uri | None = Field(None, description="Where checkpoints are kept; restored from on (re)start")
     interval: Duration | None = Field(None, description="Save at least this often (seconds or '10m')")
-    keep: int = Field(2, ge=2, description="How many complete checkpoints to retain (>= 2)")
-
-    _check_uri = field_validator("uri")(check_storage_uri)
+    keep: int = Field(2, ge=2, le=1000, description="How many complete checkpoints to retain (>= 2)")
 
 
 class PackageSpec(_Model):
@@ -101,17 +119,27 @@ class PackageSpec(_Model):
     max_files: int = Field(50_000, ge=1, description="Refuse a bundle with more files than this")
 
 
-class AwsOptions(_Model):
+class _Settings(_Model):
+    """Provider settings: each string is one token (see _one_token)."""
+
+    @field_validator("*")
+    @classmethod
+    def _tokens(cls, value: Any, info: Any) -> Any:
+        return _one_token(value, unicode_ok=info.field_name == "resource_group")
+
+
+class AwsOptions(_Settings):
     region: str | None = None
     role: str | None = Field(None, description="IAM role ARN SageMaker assumes for the job")
     bucket: str | None = Field(None, description="S3 bucket for staging the source bundle")
+    _bucket = field_validator("bucket")(lambda value: check_bucket("s3", value))
     instance_type: str | None = Field(None, pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
     volume_size_gb: int = Field(30, ge=1, le=16384)
     subnets: list[str] = Field(default_factory=list)
     security_group_ids: list[str] = Field(default_factory=list)
 
 
-class AzureOptions(_Model):
+class AzureOptions(_Settings):
     subscription_id: str | None = None
     resource_group: str | None = None
     workspace: str | None = None
@@ -121,10 +149,11 @@ class AzureOptions(_Model):
     environment: str | None = Field(None, description="Azure ML environment (name@version) overriding the image")
 
 
-class GcpOptions(_Model):
+class GcpOptions(_Settings):
     project: str | None = None
     region: str | None = None
     bucket: str | None = Field(None, description="GCS bucket for staging the source bundle")
+    _bucket = field_validator("bucket")(lambda value: check_bucket("gs", value))
     machine_type: str | None = None
     accelerator_type: str | None = None
     service_account: str | None = None
@@ -142,8 +171,6 @@ class LocalOptions(_Model):
     emulate: Literal["sagemaker", "azureml", "vertex"] | None = Field(
         None, description="Run each node under that platform's environment contract (files and variables)")
 
-    _check_uri = field_validator("store_uri")(check_storage_uri)
-
 
 class ProviderOptions(_Model):
     aws: AwsOptions = Field(default_factory=AwsOptions)
@@ -154,8 +181,8 @@ class ProviderOptions(_Model):
 
 _NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 _ACCEL_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]*(:[1-9][0-9]*)?$"
-_IDENT_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENT_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")  # fullmatch: '$' would let a trailing newline through
+_ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
 
 class JobSpec(_Model):
@@ -193,32 +220,39 @@ class JobSpec(_Model):
     @field_validator("procs_per_node", mode="before")
     @classmethod
     def _procs_from_text(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.isdigit():
-            return int(value)
-        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
-            raise ValueError("must be >= 1 (or 'auto')")
-        return value
-
-    @field_validator("output_uri")
-    @classmethod
-    def _output_uri(cls, value: str | None) -> str | None:
-        return check_storage_uri(value)
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        count = value if isinstance(value, int) and not isinstance(value, bool) else None
+        if isinstance(value, str) and re.fullmatch(r"[+-]?\d{1,12}", value.strip()):
+            count = int(value.strip())
+        if count is None:
+            raise ValueError("must be a whole number of processes or 'auto' (one per GPU, 1 without GPUs)")
+        if not 1 <= count <= MAX_PROCS_PER_NODE:
+            raise ValueError(f"must be between 1 and {MAX_PROCS_PER_NODE} (or 'auto'): more processes than the "
+                             "largest machines have GPUs or cores only oversubscribe a node")
+        return count
 
     @field_validator("inputs")
     @classmethod
     def _inputs(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, uri in value.items():
-            if not _IDENT_RE.match(key):
+        for key in value:
+            if not _IDENT_RE.fullmatch(key):
                 raise ValueError(f"input name {key!r} must start with a letter and use letters, digits and '_'")
-            check_storage_uri(uri)
         return value
 
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
-            if not _ENV_RE.match(key):
+            if not _ENV_RE.fullmatch(key):
                 raise ValueError(f"environment variable name {key!r} must match [A-Za-z_][A-Za-z0-9_]*")
+        return value
+
+    @field_validator("script", "requirements", "source_dir")
+    @classmethod
+    def _path_text(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("must not be empty")
         return value
 
     @model_validator(mode="after")
@@ -331,48 +365,41 @@ def spec_error_from(exc: ValidationError, source: str | None = None) -> SpecErro
     return SpecError(prefix + "\n  ".join(lines), remedy=remedy)
 
 
+def _unusable_text(data: Any, where: str = "") -> tuple[str, str] | None:
+    """The first key or value holding text no operating system or platform accepts (a NUL byte, half a UTF-16
+    surrogate pair), as (where, what); None when all is well."""
+    if isinstance(data, str):
+        if "\0" in data:
+            return where or "spec", "holds a NUL byte (\\0)"
+        try:
+            data.encode("utf-8")
+        except UnicodeEncodeError:
+            return where or "spec", "holds text that is not valid Unicode (a lone surrogate)"
+        return None
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        inner = f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key)
+        found = _unusable_text(key, inner) if isinstance(key, str) else None
+        if found:
+            return found[0].encode("unicode_escape").decode(), "is a key that " + found[1]
+        found = _unusable_text(value, inner)
+        if found:
+            return found
+    return None
+
+
 def validate_spec(raw: dict[str, Any], source: str | None = None) -> JobSpec:
+    bad = _unusable_text(raw)
+    if bad:
+        where, what = bad
+        raise SpecError(what, field=where, remedy=f"remove that character from {where} (in {source or 'the flags'})")
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:
         raise spec_error_from(exc, source) from None
-
-
-def read_spec_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML spec into a plain dict, resolving source_dir relative to the file."""
-    file = Path(path)
-    if not file.is_file():
-        raise SpecError(f"spec file {str(file)!r} does not exist", field="-f/--file",
-                        remedy="pass an existing file, or run `cloudtrain init` to write one")
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(f"{file} is not valid YAML{where}: {problem}",
-                        remedy="fix the YAML syntax (indentation, quotes, ':' after each key)") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"{file} is not UTF-8 text", remedy="save the spec as UTF-8 YAML") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise SpecError(f"{file} must hold a mapping of keys (name:, script:, nodes: ...), not a {type(data).__name__}",
-                        remedy="start from `cloudtrain init`")
-    base = file.resolve().parent
-    source_dir = data.get("source_dir", ".")
-    if isinstance(source_dir, str):
-        data["source_dir"] = str((base / source_dir).resolve())
-    return data
-
-
-def project_options(provider: str) -> dict[str, Any]:
-    """The ``providers.<provider>`` block of the project here (./cloudtrain.yaml), or {}: where commands that take
-    no spec (``list``) look for a region, project or workspace before the profile and the platform's tools."""
-    raw = read_spec_file(SPEC_FILENAME) if Path(SPEC_FILENAME).is_file() else {}
-    providers = raw.get("providers")
-    block = providers.get(provider) if isinstance(providers, dict) else None
-    return dict(block) if isinstance(block, dict) else {}
+    except RecursionError:
+        raise SpecError("the spec nests values too deeply to check", remedy="a spec needs a few levels at most "
+                        "(`cloudtrain schema` lists every field)") from None
 
 
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -396,22 +423,39 @@ def load_spec(path: str | Path | None = None, overrides: dict[str, Any] | None =
     return validate_spec(apply_overrides(raw, overrides or {}), source=str(path) if path else None)
 
 
+def _inside(source: Path, relative: str, field: str, what: str) -> Path:
+    """``source/relative``, refused when it leads outside ``source``: only source_dir is shipped to the nodes."""
+    try:
+        resolved = (source / relative).resolve()
+    except (OSError, RuntimeError):  # a symbolic link loop, a name too long ...
+        raise SpecError(f"{what} {relative!r} cannot be resolved (a symbolic link loop?)", field=field,
+                        remedy=f"give the path of a file inside {source}") from None
+    if Path(relative).is_absolute() or not resolved.is_relative_to(source):
+        raise SpecError(f"{what} {relative!r} is outside source_dir {source}, and only source_dir is shipped to the "
+                        "nodes", field=field, remedy=f"move it into {source} and give its path relative to source_dir, "
+                                                     "or point source_dir at a folder that holds it")
+    return resolved
+
+
 def check_local_paths(spec: JobSpec) -> Path:
-    """Check that source_dir and the script exist; return the resolved source dir."""
-    source = Path(spec.source_dir).expanduser()
-    if not source.is_dir():
+    """Check that source_dir exists and that the script and requirements file are files inside it; return the
+    resolved source dir."""
+    try:
+        source = Path(spec.source_dir).expanduser().resolve()
+        found = source.is_dir()
+    except (OSError, RuntimeError):
+        found = False
+    if not found:
         raise SpecError(f"folder {spec.source_dir!r} does not exist", field="source_dir",
                         remedy="point source_dir at the folder that holds your training code")
-    if spec.script:
-        script = source / spec.script
-        if not script.is_file():
-            raise SpecError(f"script {spec.script!r} not found in {source}", field="script",
-                            remedy="give the script's path relative to source_dir "
-                            "(or pass SCRIPT to `cloudtrain submit`)")
-    if isinstance(spec.requirements, str) and not (source / spec.requirements).is_file():
+    if spec.script and not _inside(source, spec.script, "script", "script").is_file():
+        raise SpecError(f"script {spec.script!r} not found in {source}", field="script",
+                        remedy="give the script's path relative to source_dir (or pass SCRIPT to `cloudtrain submit`)")
+    if isinstance(spec.requirements, str) and \
+            not _inside(source, spec.requirements, "requirements", "requirements file").is_file():
         raise SpecError(f"requirements file {spec.requirements!r} not found in {source}", field="requirements",
                         remedy="give a path relative to source_dir, or a list of requirement strings")
-    return source.resolve()
+    return source
 
 
 def json_schema() -> dict[str, Any]:

@@ -6,17 +6,32 @@ import hashlib
 import json
 import secrets
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 from cloudtrain import storage
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.spec import JobSpec
 
+_SAVED_JOB_ID: ContextVar[str | None] = ContextVar("saved_job_id", default=None)
+
 
 def new_job_id(name: str) -> str:
     """``<name>-<UTC date>-<time>-<4 hex>``: unique per submission, at most 61 characters for a 40-character
-    spec name, and valid on every platform (lowercase letters, digits, '-')."""
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+    spec name, and valid on every platform (lowercase letters, digits, '-'). Inside ``saved_job_id(id)``: that id."""
+    return _SAVED_JOB_ID.get() or f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+@contextmanager
+def saved_job_id(job_id: str) -> Iterator[None]:
+    """Plan with the job id a saved plan recorded (``cloudtrain submit --plan``), so submitting it makes that job."""
+    token = _SAVED_JOB_ID.set(job_id)
+    try:
+        yield
+    finally:
+        _SAVED_JOB_ID.reset(token)
 
 
 def bundle_prefix(store: str, package: Package) -> str:

@@ -16,6 +16,16 @@ def template_names() -> list[str]:
     return sorted(p.stem for p in resource_dir("templates").glob("*.yaml"))
 
 
+# The templates' checkpoint folder, replaced by one inside the project (.cloudtrain/, which is never packaged): a
+# shared /tmp folder would let a new project resume another project's run of the same name.
+_TEMPLATE_CHECKPOINTS = "file:///tmp/cloudtrain-checkpoints/"
+
+
+def _for_project(text: str, target_dir: Path) -> str:
+    folder = (target_dir.resolve() / ".cloudtrain" / "checkpoints").as_uri()
+    return text.replace(_TEMPLATE_CHECKPOINTS, folder + "/")
+
+
 def write_starter(template: str, target_dir: Path, force: bool = False) -> list[Path]:
     source = resource_dir("templates") / f"{template}.yaml"
     if not source.is_file():
@@ -28,7 +38,7 @@ def write_starter(template: str, target_dir: Path, force: bool = False) -> list[
         raise UserError(f"{spec_path} already exists", field="--force",
                         remedy="pass --force to overwrite it, or --dir to write elsewhere")
     written = [spec_path]
-    shutil.copyfile(source, spec_path)
+    spec_path.write_text(_for_project(source.read_text(encoding="utf-8"), target_dir), encoding="utf-8")
     spec = load_spec(spec_path)  # a template that does not validate is a bug here, not the user's problem
     trainer = target_dir / str(spec.script)
     if template in TRAINERS and not trainer.exists():

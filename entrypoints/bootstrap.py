@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import zlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -279,10 +280,13 @@ def torchrun_argv(cluster: ClusterInfo, target: list[str], job_id: str, python: 
 def fetch_bundle(bundle: str) -> Path:
     """A node only ever reads its bundle from a local path: providers mount or download it before we start."""
     path = Path(bundle[len("file://"):]) if bundle.startswith("file://") else Path(bundle)
-    if path.is_dir():
-        path = path / "bundle.tar.gz"
-    if not path.is_file():
-        raise BootstrapError(f"bundle {bundle} not found")
+    try:
+        path = path / "bundle.tar.gz" if path.is_dir() else path
+        if not path.is_file():
+            raise BootstrapError(f"bundle {bundle} not found")
+        open(path, "rb").close()  # readable now, rather than half-way through unpacking
+    except (OSError, ValueError) as exc:  # unreadable, a name too long, a NUL byte ...
+        raise BootstrapError(f"bundle {bundle} cannot be read: {exc}") from None
     return path
 
 
@@ -294,29 +298,53 @@ def sha256_of(path: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def _member_path(name: str, dest: Path, is_dir: bool) -> Path | None:
+    """Where member ``name`` goes under ``dest`` (None: './' itself); no nameless files, no way out of ``dest``."""
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts and not is_dir:
+        raise BootstrapError(f"bundle member {name!r} is a file without a name")
+    target = dest.joinpath(*parts) if parts else None
+    resolved = target.resolve() if target else dest
+    inside = resolved == dest or dest in resolved.parents  # Path.is_relative_to is 3.9+; nodes may run 3.8
+    if "\0" in name or name.startswith("/") or ".." in parts or not inside:
+        raise BootstrapError(f"bundle member {name!r} would be written outside {dest}")
+    return target
+
+
 def safe_extract(archive: Path, dest: Path) -> int:
-    """Extract only regular files and folders that stay inside ``dest``; refuse anything else before writing."""
+    """Extract only regular files and folders that stay inside ``dest``; refuse anything else before writing. A bundle
+    that is not a readable gzip tar or cannot be written out is a BootstrapError; what was written of it is removed."""
     dest = dest.resolve()
+    try:
+        return _extract(archive, dest)
+    except (BootstrapError, tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        if isinstance(exc, BootstrapError):
+            raise
+        raise BootstrapError(f"bundle {archive} cannot be unpacked ({type(exc).__name__}: {exc}): truncated, "
+                             "corrupt or not a gzip tar; stage it again (submit the job again)") from None
+
+
+def _extract(archive: Path, dest: Path) -> int:
     total = 0
-    with tarfile.open(archive, "r:*") as tar:
+    with tarfile.open(archive, "r:gz") as tar:
         members = tar.getmembers()
+        targets: dict[str, Path | None] = {}
         for m in members:
-            name = m.name
-            target = (dest / name).resolve()
-            if name.startswith("/") or ".." in Path(name).parts or not (target == dest or dest in target.parents):
-                raise BootstrapError(f"bundle member {name!r} would be written outside {dest}")
             if not (m.isfile() or m.isdir()):
-                raise BootstrapError(f"bundle member {name!r} is a link or device; bundles hold plain files only")
+                raise BootstrapError(f"bundle member {m.name!r} is a link or device; bundles hold plain files only")
+            targets[m.name] = _member_path(m.name, dest, m.isdir())
             if m.size > MAX_MEMBER_BYTES:
-                raise BootstrapError(f"bundle member {name!r} is {m.size} bytes, over the {MAX_MEMBER_BYTES} limit")
+                raise BootstrapError(f"bundle member {m.name!r} is {m.size} bytes, over the {MAX_MEMBER_BYTES} limit")
             total += m.size
             if total > MAX_TOTAL_BYTES:
                 raise BootstrapError(f"bundle expands to more than {MAX_TOTAL_BYTES} bytes")
         dest.mkdir(parents=True, exist_ok=True)
         for m in members:
-            target = dest / m.name
-            if m.isdir():
+            target = targets[m.name]
+            if target is not None and m.isdir():
                 target.mkdir(parents=True, exist_ok=True)
+            if target is None or m.isdir():
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             src = tar.extractfile(m)
@@ -350,7 +378,10 @@ def restore_checkpoint(env: dict[str, str], cwd: Path) -> None:
     result = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
     if result.returncode != 0:
         raise BootstrapError(f"restoring checkpoints from {uri} failed (exit {result.returncode})")
-    step = json.loads(result.stdout or "{}").get("step")
+    try:  # the last line is the restore's JSON report; a warning printed before it must not crash the node
+        step = json.loads((result.stdout or "{}").strip().splitlines()[-1]).get("step")
+    except (ValueError, IndexError, AttributeError):
+        step = None
     log(f"checkpoint: resuming from step {step}" if step is not None else f"checkpoint: none yet under {uri}")
 
 

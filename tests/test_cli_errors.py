@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +100,112 @@ def test_init_refuses_to_overwrite(cli, project: Path) -> None:
 
 def test_repo_root_is_importable() -> None:
     assert (REPO / "cloudtrain" / "__init__.py").is_file()
+
+
+# -- hostile input (issue 15, items 13 and 14) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["plan", "train.py", "--procs-per-node", "0"], ["procs_per_node: must be between 1 and 256"]),
+        (["plan", "train.py", "--procs-per-node", "-1"], ["procs_per_node: must be between 1 and 256"]),
+        (["plan", "train.py", "--procs-per-node", "00"], ["procs_per_node: must be between 1 and 256"]),
+        (["plan", "train.py", "--procs-per-node", "100000"], ["procs_per_node: must be between 1 and 256"]),
+        (["plan", "train.py", "--set", "args=" + "[" * 20_000], ["--set args nests values too deeply"]),
+        (["plan", "train.py", "--set", "env={A: 1, A: 2}"], ["key 'A' is given twice"]),
+        (["plan", "train.py", "-p", "azure", "--max-runtime", "1d99999999999999999999h"],
+         ["max_runtime: '1d99999999999999999999h' is more than a year"]),
+        (["plan", "train.py", "-p", "gcp", "--max-runtime", "1d99999999999999999999h", "-o", "json"],
+         ["max_runtime:", "more than a year"]),
+        (["plan", "train.py", "-p", "azure", "--max-runtime", "22d"],
+         ["max_runtime:", "Azure ML's job lifetime of 21"]),
+        (["plan", "train.py", "-p", "azure", "--spot", "--max-runtime", "8d"],
+         ["max_runtime:", "job lifetime of 7 days on spot"]),
+        (["plan", "train.py", "-p", "aws", "--set", "providers.aws.region=us-east-1", "--max-runtime", "29d"],
+         ["max_runtime:", "SageMaker's limit of 28 days"]),
+        *[(["plan", "train.py", "--checkpoint-uri", uri], ["checkpoint.uri:", "write e.g."])
+          for uri in ("s3://", "s3:///x", "file://relative", "file:///", "gs://", "az://")],
+        (["list", "--limit", "99999999999999999999999"], ["--limit", "not a whole number from 1 to 10000"]),
+        (["wait", "local://x", "--timeout", "nan"], ["--timeout", "not a number of seconds"]),
+        (["submit", "--plan", "nothere.json"], ["--plan: cannot read 'nothere.json' as a saved plan"]),
+    ],
+)
+def test_hostile_flags_exit_2_with_the_field(cli, ct_home: Path, project: Path, args: list[str],
+                                             needles: list[str]) -> None:
+    result = cli(*args, cwd=project)
+    assert result.returncode == 2, (result.stdout[-500:], result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in result.stderr, result.stderr[-2000:]
+    assert not result.stdout.strip(), "nothing is printed as if it worked (no $4e19 estimate)"
+    assert not (ct_home / "store").exists() and not (ct_home / "jobs.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("spec_text", "needles"),
+    [
+        ("script: train.py\nnodes: 1\nnodes: 2\n", ["key 'nodes' is given twice (first at line 2)"]),
+        ("script: train.py\nargs: " + "[" * 20_000 + "\n", ["nests values too deeply"]),
+        ("script: ../elsewhere.py\n", ["script: script '../elsewhere.py' is outside source_dir"]),
+        ("script: train.py\nrequirements: /etc/hostname\n", ["requirements: requirements file '/etc/hostname'"]),
+        ('script: train.py\nenv: {DB: "a\\0b"}\n', ["env.DB: holds a NUL byte"]),
+        ('script: train.py\nargs: ["--x", "a\\0b"]\n', ["args[1]: holds a NUL byte"]),
+        ("script: train.py\ncheckpoint: {uri: 'file://relative/x'}\n", ["checkpoint.uri: 'file://relative/x'"]),
+    ],
+)
+def test_hostile_spec_files_refused_before_anything_is_staged(cli, ct_home: Path, project: Path, spec_text: str,
+                                                              needles: list[str]) -> None:
+    (project.parent / "elsewhere.py").write_text("print(1)\n")
+    (project / "cloudtrain.yaml").write_text(spec_text)
+    for command in (["submit", "--detach"], ["plan"]):
+        _assert_clean_failure(cli(*command, cwd=project), ct_home, *needles)
+
+
+def _without_root_override() -> list[str]:
+    """A command prefix under which file permissions apply: root reads any file, so drop that capability."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: permissions cannot be made to apply")
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
+
+
+@pytest.mark.parametrize("broken", ["symlink loop", "unreadable file", "unreadable folder"])
+def test_a_source_folder_that_cannot_be_read(ct_home: Path, project: Path, tmp_path: Path, broken: str) -> None:
+    if broken == "symlink loop":
+        (project / "loop1").symlink_to(project / "loop2")
+        (project / "loop2").symlink_to(project / "loop1")
+        needle = "loop1"
+    elif broken == "unreadable file":
+        (project / "secret.py").write_text("x = 1\n")
+        (project / "secret.py").chmod(0)
+        needle = "secret.py: Permission denied"
+    else:
+        (project / "locked").mkdir()
+        (project / "locked" / "a.py").write_text("x = 1\n")
+        (project / "locked").chmod(0)
+        needle = "locked"
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**cli_env(ct_home), "TMPDIR": str(temp)}
+    try:
+        result = subprocess.run([*_without_root_override(), sys.executable, "-m", "cloudtrain", "submit",
+                                 "train.py", "--detach"], cwd=project, env=env, capture_output=True, text=True,
+                                timeout=120)
+    finally:
+        for path in (project / "secret.py", project / "locked"):
+            if path.exists():
+                path.chmod(0o755)
+    _assert_clean_failure(result, ct_home, "source_dir: cannot package", needle, "fix:")
+    assert list(temp.iterdir()) == [], "no half-written bundle is left behind"
+
+
+def test_a_path_the_user_gave_that_cannot_be_written(cli, ct_home: Path, project: Path) -> None:
+    """An OSError about a path (here a folder where init writes its file) is the user's to fix: exit 2, no trace."""
+    (project / "cloudtrain.yaml").mkdir()
+    result = cli("init", "--force", cwd=project)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "cloudtrain.yaml: Is a directory" in result.stderr
+    assert "fix: check the path and its permissions" in result.stderr

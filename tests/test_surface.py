@@ -18,10 +18,11 @@ from cloudtrain.cli.reference import markdown
 REPO = Path(__file__).resolve().parents[1]
 
 JOB_FLAGS = ["--allow-secret", "--checkpoint-uri", "--emulate", "--env", "--file", "--gpus", "--image",
-             "--max-restarts", "--max-runtime", "--module", "--name", "--nodes", "--output", "--output-uri",
-             "--procs-per-node", "--profile", "--provider", "--set", "--source-dir", "--spot", "--strategy"]
+             "--max-restarts", "--max-runtime", "--module", "--name", "--no-spec", "--nodes", "--output",
+             "--output-uri", "--procs-per-node", "--profile", "--provider", "--set", "--source-dir", "--spot",
+             "--strategy"]
 CLI = {
-    "submit": sorted([*JOB_FLAGS, "--detach", "--dry-run", "--follow"]),
+    "submit": sorted([*JOB_FLAGS, "--detach", "--dry-run", "--follow", "--plan"]),
     "plan": sorted([*JOB_FLAGS, "--export"]),
     "status": ['--output', '--profile'],
     "cancel": ['--output', '--profile'],

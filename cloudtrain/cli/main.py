@@ -3,17 +3,42 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from cloudtrain import __version__
-from cloudtrain.errors import EXIT_INTERRUPTED, CloudtrainError, SpecError, UserError
+from cloudtrain.errors import EXIT_INTERRUPTED, EXIT_USAGE, CloudtrainError, UserError
 
 PROVIDERS_HELP = "local, aws, azure or gcp (default: local)"
 
 
 OUTPUTS = ["text", "json", "yaml"]
+
+
+def _count(low: int, high: int) -> Any:
+    """An argparse type: a whole number in [low, high], so a huge value is one clear usage error (exit 2)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip()) if len(text.strip()) <= 30 else None
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from {low} to {high}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 10 ** 9:  # also false for nan and inf
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (more than 0)")
+    return value
 
 
 def _output_flag(p: argparse.ArgumentParser, default: str = "text", choices: list[str] | None = None) -> None:
@@ -28,9 +53,11 @@ def _profile_flag(p: argparse.ArgumentParser) -> None:
 
 def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("script", nargs="?", help="training script (its folder is packaged unless --source-dir is given)")
-    p.add_argument("-f", "--file", help="job spec YAML (default: ./cloudtrain.yaml when no SCRIPT is given)")
+    p.add_argument("-f", "--file", help="job spec YAML (default: ./cloudtrain.yaml if there is one; SCRIPT, flags "
+                                        "and '-- ARGS' override what it says)")
+    p.add_argument("--no-spec", action="store_true", help="ignore ./cloudtrain.yaml: the job is SCRIPT and the flags")
     p.add_argument("-m", "--module", help="run a module (python -m) instead of a script")
-    p.add_argument("-p", "--provider", default="local", help=PROVIDERS_HELP)
+    p.add_argument("-p", "--provider", help=PROVIDERS_HELP)
     p.add_argument("--name", help="job name (default: from the script)")
     p.add_argument("--source-dir", help="folder to package (default: the script's folder)")
     p.add_argument("--nodes", type=int, help="number of nodes (machines)")
@@ -43,7 +70,7 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image", help="custom container image URI")
     p.add_argument("--spot", action="store_true", default=None, help="use spot/preemptible capacity")
     p.add_argument("--max-restarts", type=int, help="resubmissions after preemption")
-    p.add_argument("--max-runtime", help="e.g. 3600, 90m, 2h")
+    p.add_argument("--max-runtime", help="e.g. 3600, 90m, 2h (each platform's own limit is checked by plan)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
                    help="any spec field by its dotted name, e.g. --set providers.aws.role=arn:... (repeatable)")
@@ -68,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit = sub.add_parser("submit", help="package, stage and run a job")
     _job_flags(submit)
     submit.add_argument("--dry-run", action="store_true", help="print the plan; send and stage nothing")
+    submit.add_argument("--plan", metavar="PLAN_JSON", dest="saved_plan",
+                        help="submit a plan saved with `cloudtrain plan ... -o json > plan.json`, as it is (same job "
+                             "id); refused if the source changed since or the plan is over a day old")
     mode = submit.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true", help="return once the job is submitted")
     mode.add_argument("--follow", action="store_true", default=True, help="stream logs until the job ends (default)")
@@ -90,17 +120,17 @@ def build_parser() -> argparse.ArgumentParser:
     _profile_flag(logs)
     wait = sub.add_parser("wait", help="block until a job ends; exit 0 only if it succeeded")
     wait.add_argument("handle")
-    wait.add_argument("--timeout", type=float, help="seconds")
+    wait.add_argument("--timeout", type=_seconds, help="seconds")
     wait.add_argument("--recover", action="store_true",
                       help="resubmit the job while it ends preempted (Azure ML, Vertex); resumes a stopped watcher")
-    wait.add_argument("--max-restarts", type=int, help="with --recover: at most this many resubmissions "
+    wait.add_argument("--max-restarts", type=_count(0, 100), help="with --recover: at most this many resubmissions "
                                                         "(default: what the job's spec asked for)")
     wait.add_argument("--retry-failed", action="store_true", help="with --recover: resubmit failed jobs too")
     _profile_flag(wait)
     _output_flag(wait)
     lst = sub.add_parser("list", help="list jobs")
     lst.add_argument("-p", "--provider", default="local", help=PROVIDERS_HELP)
-    lst.add_argument("--limit", type=int, default=50)
+    lst.add_argument("--limit", type=_count(1, 10_000), default=50, help="at most this many jobs (default: 50)")
     _profile_flag(lst)
     _output_flag(lst)
     outputs = sub.add_parser("outputs", help="list a job's outputs (final model, node logs); --download fetches them")
@@ -149,95 +179,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# -- spec from flags ---------------------------------------------------------------------------------------
-
-
-def _env_pairs(items: list[str]) -> dict[str, str]:
-    env = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SpecError(f"{item!r} is not KEY=VALUE", field="--env", remedy="write --env NAME=value")
-        env[key] = value
-    return env
-
-
-def _set_pairs(items: list[str]) -> dict[str, Any]:
-    """``--set a.b=value``: the value is read as YAML, so numbers, booleans and lists keep their type."""
-    import yaml
-
-    pairs: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SpecError(f"{item!r} is not FIELD=VALUE", field="--set",
-                            remedy="write --set providers.aws.region=us-east-1 (see `cloudtrain schema`)")
-        try:
-            parsed = yaml.safe_load(value) if value else value
-        except yaml.YAMLError:
-            parsed = value
-        # no spec field is a float: "2.10" is a version, which YAML would read as the number 2.1
-        pairs[key] = value if isinstance(parsed, float) else parsed
-    return pairs
-
-
-def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> Any:
-    from cloudtrain.spec import SPEC_FILENAME, apply_overrides, read_spec_file, validate_spec
-
-    spec_file = args.file
-    if spec_file is None and args.script is None and args.module is None:
-        if not Path(SPEC_FILENAME).is_file():
-            raise UserError("no training script given", field="SCRIPT",
-                            remedy="pass a script (cloudtrain submit train.py), -f cloudtrain.yaml, "
-                            "or run `cloudtrain init` to write a spec")
-        spec_file = SPEC_FILENAME
-    raw = read_spec_file(spec_file) if spec_file else {}
-    overrides: dict[str, Any] = {
-        "name": args.name, "nodes": args.nodes, "procs_per_node": args.procs_per_node,
-        "strategy": args.strategy, "accelerator": args.gpus, "checkpoint.uri": args.checkpoint_uri,
-        "output_uri": args.output_uri, "image.uri": args.image, "spot": args.spot,
-        "max_restarts": args.max_restarts, "max_runtime": args.max_runtime,
-        "providers.local.emulate": "azureml" if args.emulate == "azure" else args.emulate,
-    }
-    if args.source_dir:
-        overrides["source_dir"] = str(Path(args.source_dir).resolve())
-    if args.script:
-        script = Path(args.script).resolve()
-        # --source-dir, else the spec file's source_dir, else the script's own folder
-        source = Path(overrides.get("source_dir") or raw.get("source_dir") or script.parent).resolve()
-        if not script.is_file():
-            raise SpecError(f"{args.script!r} does not exist", field="SCRIPT",
-                            remedy="give the path of your training script")
-        if not script.is_relative_to(source):
-            raise SpecError(f"{args.script!r} is outside the source folder {source}", field="SCRIPT",
-                            remedy="move the script into source_dir, or pass --source-dir")
-        overrides.update(source_dir=str(source), script=str(script.relative_to(source)), module=None)
-        raw.pop("module", None)
-    if args.module:
-        overrides["module"] = args.module
-        raw.pop("script", None)
-    if script_args:
-        overrides["args"] = script_args
-    overrides.update(_set_pairs(args.set_fields))
-    merged = apply_overrides(raw, overrides)
-    if args.env:
-        merged["env"] = {**(merged.get("env") or {}), **_env_pairs(args.env)}
-    if args.allow_secret:
-        package = dict(merged.get("package") or {})
-        package["allow_secrets"] = [*package.get("allow_secrets", []), *args.allow_secret]
-        merged["package"] = package
-    return validate_spec(merged, source=spec_file)
-
-
 # -- commands ----------------------------------------------------------------------------------------------
 
 
 def cmd_plan(args: argparse.Namespace, script_args: list[str]) -> int:
+    from cloudtrain.cli.jobargs import spec_from_args
     from cloudtrain.cli.render import emit, plan_text
     from cloudtrain.sdk import plan_job
 
-    spec = spec_from_args(args, script_args)
-    with plan_job(spec, args.provider) as plan:
+    spec, spec_file = spec_from_args(args, script_args)
+    with plan_job(spec, _provider_name(args), spec_file=spec_file) as plan:
         if args.output == "text":
             print(plan_text(plan, colour()))
         else:
@@ -252,16 +203,41 @@ def cmd_plan(args: argparse.Namespace, script_args: list[str]) -> int:
 
 
 def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
-    if args.dry_run:
+    if args.dry_run and not args.saved_plan:
         return cmd_plan(args, script_args)
     from cloudtrain.cli.render import emit
     from cloudtrain.providers import get_provider
     from cloudtrain.sdk import plan_job
 
-    spec = spec_from_args(args, script_args)
-    provider = get_provider(args.provider)
-    with plan_job(spec, provider) as plan:
-        handle = provider.submit(plan)
+    if args.saved_plan:
+        from cloudtrain.cli.jobargs import env_pairs, refuse_job_flags_with_saved_plan
+        from cloudtrain.saved_plan import check_same_source, read_saved_plan, saved_spec
+        from cloudtrain.staging import saved_job_id
+
+        refuse_job_flags_with_saved_plan(args, script_args)
+        saved = read_saved_plan(args.saved_plan)
+        if args.provider not in (None, saved.provider):
+            raise UserError(f"{args.saved_plan!r} is a plan for {saved.provider}, not {args.provider}",
+                            field="--provider", remedy="leave --provider out, or plan again for that provider")
+        spec, spec_file = saved_spec(saved, env_pairs(args.env)), args.saved_plan
+        provider = get_provider(saved.provider)
+        with saved_job_id(saved.job_id):
+            plan = plan_job(spec, provider, spec_file=spec_file)
+        with plan:
+            check_same_source(saved, plan.package)
+            if args.dry_run:
+                from cloudtrain.cli.render import plan_text
+
+                print(plan_text(plan, colour())) if args.output == "text" else emit(plan.to_dict(), args.output)
+                return 0
+            handle = provider.submit(plan)
+    else:
+        from cloudtrain.cli.jobargs import spec_from_args
+
+        spec, spec_file = spec_from_args(args, script_args)
+        provider = get_provider(_provider_name(args))
+        with plan_job(spec, provider, spec_file=spec_file) as plan:
+            handle = provider.submit(plan)
     if args.detach or args.output != "text":
         if args.output == "text":
             print(handle)
@@ -270,6 +246,10 @@ def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
         return 0
     print(f"submitted {handle}", file=sys.stderr)
     return _follow(provider, handle, spec.max_restarts)
+
+
+def _provider_name(args: argparse.Namespace) -> str:
+    return "local" if args.provider is None else str(args.provider)
 
 
 def _follow(provider: Any, handle: Any, max_restarts: int = 0) -> int:
@@ -427,12 +407,13 @@ def cmd_config(args: argparse.Namespace) -> int:
             done = f"{args.key} removed" if had else f"{args.key} was not set"
         print(f"{done} in profile {args.profile or config.profile_name()} ({path})")
         return 0
+    from cloudtrain.cli.jobargs import set_pairs
     from cloudtrain.cli.render import emit, settings_text
-    from cloudtrain.spec import SPEC_FILENAME, read_spec_file
+    from cloudtrain.specfile import project_spec, read_spec_file
 
-    spec_file = args.file or (SPEC_FILENAME if Path(SPEC_FILENAME).is_file() else None)
+    spec_file = args.file or (str(found) if (found := project_spec()) else None)
     raw = read_spec_file(spec_file) if spec_file else {}
-    flags = _set_pairs(args.set_fields)
+    flags = set_pairs(args.set_fields)
     providers = [args.provider] if args.provider else list(config.PROVIDERS)
     shown = {p: config.explain(p, raw, flags) for p in providers}
     if args.output != "text":
@@ -526,6 +507,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `cloudtrain logs ... | head`
         return 0
+    except OSError as exc:
+        if exc.filename is None:  # not about a path the user gave (a network error ...): a real failure
+            raise
+        # a folder or file given on the command line that cannot be read or written (init --dir, outputs
+        # --download ...): the user's to fix, like any bad input
+        from cloudtrain.cli.style import paint
+
+        print(f"{paint('error:', 'red', colour(sys.stderr))} {exc.filename}: {exc.strerror or exc}\n"
+              "  fix: check the path and its permissions", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def entry() -> None:

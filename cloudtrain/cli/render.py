@@ -4,6 +4,7 @@ Colour only where ``colour=True`` (the CLI passes it for a TTY; see style.colour
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 import time
@@ -76,8 +77,8 @@ def estimate_text(estimate: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def plan_text(plan: Plan, colour: bool = False) -> str:
-    """A summary to read before paying, then the provider-native request (secrets masked)."""
+def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
+    """A summary to read before paying, then (``request``) the provider-native request (secrets masked)."""
     from cloudtrain.secrets import redact
 
     spec = plan.spec
@@ -97,11 +98,13 @@ def plan_text(plan: Plan, colour: bool = False) -> str:
         instance = "this machine" if plan.provider == "local" else "the compute cluster's VM size"
 
     def row(label: str, value: str) -> str:
-        return f"{paint(label.ljust(12), 'bold', colour)} {value}"
+        return f"{paint(label.ljust(12), 'bold', colour)} {_unset(value)}"
 
     lines = [
         row("provider", plan.provider),
-        row("job", plan.job_id),
+        row("job", f"{plan.job_id} (each submit names its job anew; `submit --plan` a plan saved with -o json "
+                   "keeps this id)"),
+        *([row("spec", f"{plan.spec_file} (with the flags given, which override it)")] if plan.spec_file else []),
         row("layout", (f"{spec.nodes} node(s) x {nproc} process(es) = world size {spec.nodes * nproc}" if nproc else
                        f"{spec.nodes} node(s) x one process per GPU of the node (only known on the node)")
             + f", strategy {spec.strategy}"),
@@ -109,8 +112,7 @@ def plan_text(plan: Plan, colour: bool = False) -> str:
         row("instance", instance),
         row("image", plan.image or "this machine's Python and torch"),
         row("each node", plan.runtime.summary() if plan.runtime else _local_runtime()),
-        row("spot", "yes" + (f", up to {spec.max_restarts} restart(s)" if spec.max_restarts else "") if spec.spot
-            else "no"),
+        row("spot", _spot(plan)),
         row("max runtime", f"{spec.max_runtime / 3600:g}h"),
         row("checkpoint", spec.checkpoint.uri or "none"),
         row("package", f"{len(pkg.files)} files, {size(pkg.source_bytes)} source, {size(pkg.bundle_bytes)} bundle, "
@@ -127,7 +129,8 @@ def plan_text(plan: Plan, colour: bool = False) -> str:
     if len(plan.nodes) > 2:
         lines.append(row("...", f"{len(plan.nodes) - 2} more node(s), same command with their own rank"))
     lines += [row("note", paint(n, "yellow", colour)) for n in plan.notes]
-    lines += ["", paint("request:", "bold", colour), json.dumps(plan.to_dict()["request"], indent=2)]  # redacted
+    if request:
+        lines += ["", paint("request:", "bold", colour), json.dumps(plan.to_dict()["request"], indent=2)]  # redacted
     return "\n".join(lines)
 
 
@@ -140,6 +143,34 @@ def _local_runtime() -> str:
     except metadata.PackageNotFoundError:
         torch = "no torch installed"
     return f"{torch}, Python {sys.version_info.major}.{sys.version_info.minor} (this machine)"
+
+
+def _spot(plan: Plan) -> str:
+    """Spot or not; for spot, the restarts and max_wait (the time a platform waits for capacity plus runs), where
+    the platform uses one."""
+    spec = plan.spec
+    if not spec.spot:
+        return "no"
+    parts = ["yes", f"up to {spec.max_restarts} restart(s)" if spec.max_restarts else "no restarts (max_restarts 0)"]
+    condition = plan.request.get("StoppingCondition")  # SageMaker: the wait it will use, default included
+    wait = condition.get("MaxWaitTimeInSeconds") if isinstance(condition, dict) else None
+    if wait:
+        parts.append(f"max_wait {wait / 3600:g}h (capacity wait plus run time)")
+    elif spec.max_wait:
+        parts.append(f"max_wait {spec.max_wait / 3600:g}h (not used by {plan.provider})")
+    return ", ".join(parts)
+
+
+# The values a plan shows where a setting is missing (aws role/bucket, gcp project/bucket): shown as what they are.
+_PLACEHOLDER = re.compile(r"arn:aws:iam::000000000000:role/SET-providers\.aws\.role|set-providers-(aws|gcp)-(\w+)")
+
+
+def _unset(text: str) -> str:
+    def shown(match: re.Match[str]) -> str:
+        provider, key = match.groups() if match.group(1) else ("aws", "role")
+        return f"<providers.{provider}.{key} not set>"
+
+    return _PLACEHOLDER.sub(shown, text)
 
 
 def _where(staging: dict[str, str]) -> str:

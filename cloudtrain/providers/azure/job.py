@@ -22,6 +22,10 @@ from cloudtrain.spec import JobSpec
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
 CODE_DIR = "./code"  # relative to the job YAML, as `az ml job create -f` resolves it
 WORKDIR = "/tmp/cloudtrain"  # on the node's disk; the code snapshot folder is the command's working directory
+# Azure ML's "job lifetime" limits (Manage quotas, Azure Machine Learning compute): 21 days, 7 on low-priority (spot)
+# nodes; checked at plan time so a longer max_runtime is refused here rather than by the service.
+MAX_RUNTIME = 21 * 24 * 3600
+MAX_RUNTIME_SPOT = 7 * 24 * 3600
 MANAGED_TAG = "cloudtrain.managed"
 DIGEST_TAG = "cloudtrain.bundle"
 RESTARTS_TAG = "cloudtrain.max_restarts"
@@ -68,6 +72,11 @@ def command_job(spec: JobSpec, *, job_name: str, digest: str,
     bootstrap's arguments. ``code`` names the folder beside the YAML that holds what a node needs (bootstrap.py,
     bundle.tar.gz, manifest.json): `submit` and `plan --export` write it; the plan itself writes nothing."""
     options = spec.providers.azure
+    limit = MAX_RUNTIME_SPOT if spec.spot else MAX_RUNTIME
+    if spec.max_runtime > limit:
+        raise SpecError(f"{spec.max_runtime}s is beyond Azure ML's job lifetime of {limit // 86400} days"
+                        + (" on spot (low-priority) nodes" if spec.spot else ""), field="max_runtime",
+                        remedy=f"use at most {limit // 86400}d and let the job resume from its checkpoints")
     runtime, notes = environment(spec)
     if spec.checkpoint.uri and spec.checkpoint.uri.startswith("file://"):
         notes.append(f"azure: CHECKPOINTS OFF: checkpoint.uri {spec.checkpoint.uri} is on this computer, which the "
@@ -115,8 +124,13 @@ def command_job(spec: JobSpec, *, job_name: str, digest: str,
                      "Azure ML uploads to the workspace's default datastore: `az ml job download --name "
                      f"{job_name} --all` fetches them (or set output_uri to an az:// location)")
     if spec.spot:
-        notes.append("azure: Azure ML does not restart a preempted job; cloudtrain resubmits it "
-                     f"(max_restarts={spec.max_restarts}) while `submit` follows it or `wait --recover` watches")
+        if spec.max_restarts:
+            notes.append("azure: Azure ML does not restart a preempted job; cloudtrain resubmits it (up to "
+                         f"{spec.max_restarts} time(s)) while `submit` follows it or `wait --recover` watches")
+        else:
+            notes.append("azure: Azure ML does not restart a preempted job, and with max_restarts 0 nothing "
+                         "resubmits it: a preempted job ends preempted; set max_restarts (--max-restarts 3) for "
+                         "cloudtrain to resubmit it while `submit` follows it or `wait --recover` watches")
         if not spec.checkpoint.uri:  # no bucket option on Azure to derive one from, unlike S3 and GCS
             notes.append("azure: spot without checkpoint.uri: a preempted job starts over; set checkpoint.uri "
                          "(az://ACCOUNT/CONTAINER/PATH) so it resumes")
