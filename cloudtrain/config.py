@@ -155,7 +155,18 @@ def with_defaults(spec: JobSpec, provider: str) -> JobSpec:
               and (value := lookup(provider, key)) is not None}
     if not filled:
         return spec
-    merged = type(options).model_validate({**options.model_dump(exclude_unset=True), **filled})
+    from pydantic import ValidationError
+
+    try:
+        merged = type(options).model_validate({**options.model_dump(exclude_unset=True), **filled})
+    except ValidationError as exc:  # a bad value in the environment or the profile, not in the spec
+        err = exc.errors()[0]
+        key = str(err["loc"][0]) if err["loc"] else ""
+        found = from_environment(provider, key)
+        where = f"environment variable {found[0]}" if found else f"profile {profile_name()!r} ({config_path()})"
+        raise UserError(f"from {where}: {str(err['msg']).removeprefix('Value error, ')}",
+                        field=f"providers.{provider}.{key}",
+                        remedy=f"correct it there, or set providers.{provider}.{key} in the spec") from None
     providers = spec.providers.model_copy(update={provider: merged})
     return spec.model_copy(update={"providers": providers})
 

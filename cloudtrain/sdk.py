@@ -40,12 +40,6 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
         package.close()
         raise
     plan.spec_file = spec_file
-    uri = plan.spec.checkpoint.uri
-    if impl.name != "local" and uri and uri.startswith("file://"):
-        bucket = {"aws": "s3://BUCKET/PATH", "gcp": "gs://BUCKET/PATH", "azure": "az://CONTAINER/PATH"}
-        plan.notes.append(f"{impl.name}: checkpoint.uri {uri} is a folder on each node's own disk, which goes with "
-                          "the node: nothing survives a preemption or resumes in a later job; use "
-                          f"--checkpoint-uri {bucket.get(impl.name, 'in object storage')}")
     return plan
 
 

@@ -246,6 +246,20 @@ def test_aws_precedence_flag_spec_env_profile_platform(cfg: Path, capsys: pytest
           "--set", f"providers.aws.role={ARN.format('Flag')}")
 
 
+def test_a_bad_value_from_the_environment_or_profile_names_its_source(cfg: Path, capsys: pytest.CaptureFixture[str],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("CLOUDTRAIN_AWS_BUCKET", "b")  # not an S3 bucket name
+    code, out, err = run_main(capsys, "plan", "train_ddp.py", "-p", "aws")
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert "providers.aws.bucket: from environment variable CLOUDTRAIN_AWS_BUCKET: 'b' is not a valid bucket" in err
+    monkeypatch.delenv("CLOUDTRAIN_AWS_BUCKET")
+    write_config(cfg, {"default": {"gcp": {"project": "p"}}})
+    monkeypatch.setenv("CLOUDTRAIN_GCP_BUCKET", "gs://x")
+    code, _, err = run_main(capsys, "plan", "train_ddp.py", "-p", "gcp")
+    assert code == 2 and "providers.gcp.bucket: from environment variable CLOUDTRAIN_GCP_BUCKET" in err
+
+
 def test_profile_selection_flag_env_default(cfg: Path, capsys: pytest.CaptureFixture[str],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     write_config(cfg, {"default": {"aws": {"region": "us-east-1", "role": ARN.format("Default"),

@@ -19,7 +19,7 @@ from cloudtrain.spec import load_spec
 from tests.conftest import REPO
 
 CLOUD_SETTINGS = {"AWS_REGION": "eu-west-1", "CLOUDTRAIN_AWS_ROLE": "arn:aws:iam::123456789012:role/r",
-                  "CLOUDTRAIN_AWS_BUCKET": "b", "CLOUDTRAIN_GCP_PROJECT": "p", "CLOUDTRAIN_GCP_BUCKET": "b",
+                  "CLOUDTRAIN_AWS_BUCKET": "bkt", "CLOUDTRAIN_GCP_PROJECT": "p", "CLOUDTRAIN_GCP_BUCKET": "bkt",
                   "CLOUDTRAIN_GCP_REGION": "us-central1"}
 
 

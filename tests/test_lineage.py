@@ -17,7 +17,7 @@ from cloudtrain.staging import lineage_id
 from tests.conftest import REPO
 
 CLOUD = {"AWS_REGION": "eu-west-1", "CLOUDTRAIN_AWS_ROLE": "arn:aws:iam::123456789012:role/r",
-         "CLOUDTRAIN_AWS_BUCKET": "b", "CLOUDTRAIN_GCP_PROJECT": "p", "CLOUDTRAIN_GCP_BUCKET": "b"}
+         "CLOUDTRAIN_AWS_BUCKET": "bkt", "CLOUDTRAIN_GCP_PROJECT": "p", "CLOUDTRAIN_GCP_BUCKET": "bkt"}
 
 
 @pytest.fixture

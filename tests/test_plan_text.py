@@ -72,9 +72,12 @@ def test_many_nodes_are_summarised(src: Path) -> None:
 
 def test_a_file_checkpoint_on_a_cloud_is_called_out(src: Path) -> None:
     text = _summary(src, "aws", checkpoint={"uri": "file:///tmp/ckpt/run"}, **AWS)
-    assert "checkpoint.uri file:///tmp/ckpt/run is a folder on each node's own disk" in text
-    assert "--checkpoint-uri s3://BUCKET/PATH" in text
-    assert "own disk" not in _summary(src, "local", checkpoint={"uri": "file:///tmp/ckpt/run"})
+    assert "CHECKPOINT MOVED: checkpoint.uri file:///tmp/ckpt/run is on this computer" in text
+    spec = validate_spec({"script": "train.py", "source_dir": str(src), "checkpoint": {"uri": "file:///tmp/ckpt/run"},
+                          **AWS})
+    with plan_job(spec, "aws", progress=False) as plan:
+        assert "file:///tmp/ckpt" not in json.dumps(plan.to_dict(redact=False)["request"])  # never sent to the nodes
+    assert "CHECKPOINT MOVED" not in _summary(src, "local", checkpoint={"uri": "file:///tmp/ckpt/run"})
 
 
 def test_the_job_id_line_says_when_it_holds(src: Path) -> None:
