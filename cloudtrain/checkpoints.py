@@ -328,8 +328,9 @@ def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = 2, log: Log
             publish(remote, step, files, world_size=0, kind="files", log=log)
         except (CloudtrainError, OSError) as exc:
             left = [f.name for s, f in ready if s not in published]
+            why = exc.message if isinstance(exc, CloudtrainError) else str(exc)
             raise CheckpointNotPublished(
-                f"checkpoint folder(s) {left} not published to {uri}: {exc}; the files are still in {local_root}",
+                f"checkpoint folder(s) {left} not published to {uri}: {why}; the files are still in {local_root}",
                 remedy="check that the checkpoint store is writable and reachable from the job") from exc
         (folder / MANIFEST).write_text(json.dumps({"step": step, "published": remote}))
         published.append(step)
