@@ -186,3 +186,19 @@ def test_corrupt_newest_checkpoint_never_poisons_the_plain_script_folder(tmp_pat
     assert [c.step for c in checkpoints.list_complete(store.as_uri())] == [20, 30, 40]
     assert checkpoints.restore_latest(store.as_uri(), tmp_path / "check") is not None
     assert torch.load(tmp_path / "check" / checkpoints.step_dir(40) / "state.pt")["step"] == 40
+
+
+def test_a_short_job_leaves_a_checkpoint_to_resume_from(baseline: tuple[str, dict], tmp_path: Path) -> None:
+    """Issue 17.2: the template's `checkpoint.interval: 10m` and a job shorter than that: close() saves the last
+    step, so running it again for more epochs resumes there, and ends bitwise equal to one uninterrupted run."""
+    trainer, expected = baseline
+    ct = Cloudtrain(tmp_path / "home", tmp_path)
+    ckpt, out = (tmp_path / "ckpt").as_uri(), (tmp_path / "out").as_uri()
+    submit = ["submit", str(project(tmp_path, trainer)), "--procs-per-node", "2", "--checkpoint-uri", ckpt,
+              "--output-uri", out, "--set", "checkpoint.interval=10m", "--"]
+    first = ct(*submit, "--epochs", "1").stdout
+    steps_per_epoch = 32 if trainer == "ddp" else 16  # 2048 (ddp) or 1024 (fsdp) samples / (32 x 2)
+    assert [c.step for c in checkpoints.list_complete(ckpt)] == [steps_per_epoch], first[-3000:]
+    again = ct(*submit, "--epochs", "2").stdout
+    assert f"INFO resumed from step {steps_per_epoch}" in again, again[-3000:]
+    assert_bitwise_equal(final_weights(out), expected)
