@@ -202,3 +202,23 @@ def test_a_short_job_leaves_a_checkpoint_to_resume_from(baseline: tuple[str, dic
     again = ct(*submit, "--epochs", "2").stdout
     assert f"INFO resumed from step {steps_per_epoch}" in again, again[-3000:]
     assert_bitwise_equal(final_weights(out), expected)
+
+
+def test_checkpoint_uri_equal_to_the_checkpoint_dir_still_resumes(tmp_path: Path) -> None:
+    """Issue 15.2's real misconfiguration: the checkpoint URI is CLOUDTRAIN_CHECKPOINT_DIR itself, so the store
+    fills with the script's own step-0001/ folders (and their published markers). The next restore warns about the
+    setup, skips those folders with one line each and resumes; before, it failed with a traceback after 5 retries."""
+    ct = Cloudtrain(tmp_path / "home", tmp_path)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "plain_checkpoints.py").write_text((SCRIPTS / "plain_checkpoints.py").read_text())
+    shared = tmp_path / "shared"
+    submit = ["submit", str(proj / "plain_checkpoints.py"), "--procs-per-node", "2", "--checkpoint-uri",
+              shared.as_uri(), "--env", f"CLOUDTRAIN_CHECKPOINT_DIR={shared}"]
+    assert "plain: resumed at 0" in ct(*submit).stdout
+    again = ct(*submit, check=False)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0 and "plain: resumed at 3" in out, out[-3000:]
+    assert "are the same folder" in out and "Traceback" not in out and "retry" not in out
+    assert "step-0001 is not a checkpoint folder" in out
+    assert [c.step for c in checkpoints.list_complete(shared.as_uri(), log=lambda _m: None)] == [5, 6]
