@@ -94,6 +94,8 @@ def _steps_present(uri: str, temp: bool = False, log: Log | None = None) -> dict
     ignored: set[str] = set()
     for obj in [*listing, *(_temp_objects(store, uri) if temp else [])]:
         rel = obj[len(base):] if obj.startswith(base) else obj
+        if rel.endswith("/"):  # a folder marker (S3 consoles, FUSE mounts make them): not a file, never ours
+            continue
         head, _, rest = rel.partition("/")
         step = step_of(head)
         if step is not None and rest:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cloudtrain import checkpoints, storage
 from tests.conftest import REPO
 
@@ -159,3 +161,23 @@ def test_a_corrupt_checkpoint_older_than_the_newest_verified_one_is_removed(stor
     assert [c.step for c in checkpoints.list_complete(store_root)] == [30, 40]
     assert sorted({u.split("/step-")[1].split("/")[0] for u in storage.store_for(store_root).list(store_root)}) == \
         ["000000030", "000000040"]
+
+
+def test_folder_markers_are_neither_files_nor_corruption(store_root: str, tmp_path: Path) -> None:
+    """Zero-byte 'folder/' objects (an S3 console's "Create folder", FUSE mounts) under a checkpoint or an output
+    location are folders, not files: a checkpoint holding one still restores, and `outputs --download` skips them."""
+    if store_root.startswith("file://"):
+        pytest.skip("a file system has real folders, not marker objects")
+    from cloudtrain import outputs
+
+    _publish(store_root, tmp_path, 10)
+    _put(store_root, f"{checkpoints.step_dir(10)}/", b"")
+    _put(store_root, f"{checkpoints.step_dir(10)}/extra/", b"")
+    assert _restored_step(store_root, tmp_path / "restore") == 10
+
+    out = storage.join(store_root, "out")
+    for name, data in (("logs/", b""), ("logs/node-0/stdout.log", b"hello"), ("model.pt", b"weights")):
+        _put(out, name, data)
+    fetched = outputs.download(out, tmp_path / "download", show_progress=False)
+    assert sorted(f.name for f in fetched) == ["logs/node-0/stdout.log", "model.pt"]
+    assert (tmp_path / "download" / "logs" / "node-0" / "stdout.log").read_bytes() == b"hello"

@@ -394,3 +394,23 @@ def test_checkpointer_job_whose_last_checkpoint_is_refused_fails_on_every_rank(f
     assert logs.count("CheckpointNotPublished: checkpoint step 32") == 2, logs[-4000:]  # both ranks, no hang
     with faulty.proxy.calm():
         assert checkpoints.list_complete(faulty.root) == []
+
+
+@pytest.mark.parametrize("faulty", ["s3"], indirect=True)
+def test_final_model_upload_refused_says_where_the_model_is(faulty: Faulty, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from cloudtrain.runtime import save_final_model
+
+    monkeypatch.setenv("CLOUDTRAIN_CHECKPOINT_DIR", str(tmp_path / "ckpt"))
+    dist.init_process_group("gloo", init_method=(tmp_path / "pg").as_uri(), rank=0, world_size=1)
+    try:
+        with faulty.proxy.calm(), faulty.proxy.fail_matching(_refuse_writes), \
+                pytest.raises(CloudtrainError, match=r"AccessDenied.*; the model is still in (\S+)") as failure:
+            save_final_model(torch.nn.Linear(4, 1), uri=storage.join(faulty.root, "out"))
+    finally:
+        dist.destroy_process_group()
+    kept = Path(failure.value.message.rsplit("the model is still in ", 1)[1])
+    assert kept.is_file() and set(torch.load(kept, weights_only=True)) == {"weight", "bias"}

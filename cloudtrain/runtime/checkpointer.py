@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from cloudtrain import checkpoints, storage
+from cloudtrain.errors import CloudtrainError
 from cloudtrain.runtime.data import ResumableSampler
 from cloudtrain.runtime.logs import get_logger
 from cloudtrain.runtime.rng import rng_state, set_rng_state
@@ -301,6 +302,9 @@ def save_final_model(model: torch.nn.Module, uri: str | None = None, name: str =
     local.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, local)
     target = storage.join(uri, name)
-    storage.with_retries(lambda: storage.put_file(local, target), f"upload of {target}")
+    try:
+        storage.with_retries(lambda: storage.put_file(local, target), f"upload of {target}")
+    except CloudtrainError as exc:
+        raise CloudtrainError(f"{exc.message}; the model is still in {local}", remedy=exc.remedy) from exc
     local.unlink(missing_ok=True)
     return target
