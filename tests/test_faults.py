@@ -414,3 +414,36 @@ def test_final_model_upload_refused_says_where_the_model_is(faulty: Faulty, tmp_
         dist.destroy_process_group()
     kept = Path(failure.value.message.rsplit("the model is still in ", 1)[1])
     assert kept.is_file() and set(torch.load(kept, weights_only=True)) == {"weight", "bias"}
+
+
+SWALLOWS_THE_ERROR = """
+import torch
+from cloudtrain.runtime import Checkpointer, init_distributed, shutdown
+
+ctx = init_distributed()
+model = torch.nn.Linear(4, 1)
+ckpt = Checkpointer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+ckpt.step(1)
+try:
+    ckpt.close()  # saves step 1; the store refuses it
+except RuntimeError as exc:
+    print(f"swallowed {type(exc).__name__}", flush=True)
+shutdown()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("faulty", ["s3"], indirect=True)
+def test_a_script_that_swallows_the_checkpoint_error_still_fails(faulty: Faulty, cli: Callable[..., Any],
+                                                                 tmp_path: Path) -> None:
+    """The Checkpointer's rank 0 leaves .cloudtrain-unpublished.json; the bootstrap's final step reads it, so a
+    script that catches CheckpointNotPublished and exits 0 does not make the job succeed."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "swallows.py").write_text(SWALLOWS_THE_ERROR)
+    with faulty.proxy.calm(), faulty.proxy.fail_matching(_refuse_writes):
+        handle, status = _job(cli, proj, "swallows.py", faulty.root)
+    logs = cli("logs", handle).stdout
+    assert logs.count("swallowed CheckpointNotPublished") == 2, logs[-3000:]
+    assert status["state"] == "failed" and "checkpoint step 1 was not saved to" in status["message"], status
+    assert cli("wait", handle).returncode == 1
