@@ -43,8 +43,9 @@ from cloudtrain.runtime.rng import rng_state, set_rng_state
 EXIT_PREEMPTED = 143
 
 
-class CheckpointNotPublished(RuntimeError):
-    """A checkpoint the job wrote did not reach the store (raised on every rank); the message says where it is."""
+class CheckpointNotPublished(checkpoints.CheckpointNotPublished, RuntimeError):
+    """A save that did not reach the store, raised on every rank; the message says where its files are. Also a
+    RuntimeError, which is what a failed save raised before."""
 
 
 class Preempted(SystemExit):
@@ -53,6 +54,10 @@ class Preempted(SystemExit):
     def __init__(self, step: int) -> None:
         super().__init__(EXIT_PREEMPTED)
         self.step = step
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, CloudtrainError) else str(exc)  # without the remedy: one is added later
 
 
 def _env_seconds(name: str) -> float | None:
@@ -172,7 +177,7 @@ class Checkpointer:
                 remote = storage.join(self.uri, checkpoints.step_dir(step))
                 checkpoints.upload_files(folder, described, remote, log=self.log.warning)
         except BaseException as exc:  # the others must still meet us in the collectives below
-            error = f"rank {self.rank}: {exc}"
+            error = f"rank {self.rank}: {_reason(exc)}"
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, {"error": error, "files": described}, group=self.save_group)
         verdict: list[Any] = [[g["error"] for g in gathered if g["error"]]]
@@ -183,7 +188,7 @@ class Checkpointer:
                 checkpoints.publish(remote, step, files, world_size=self.world_size, log=self.log.warning)
                 self.log.info(f"checkpoint step {step} published to {remote}")
             except BaseException as exc:
-                verdict[0] = [f"rank 0: {exc}"]
+                verdict[0] = [f"rank 0: {_reason(exc)}"]
         dist.broadcast_object_list(verdict, src=0, group=self.save_group)  # rank 0's publish: news to the others
         if verdict[0]:
             self._not_published(step, folder, verdict[0])
@@ -204,8 +209,9 @@ class Checkpointer:
         where = f"to {self.uri}" if self.uri else "locally"
         message = (f"checkpoint step {step} was not saved {where}: {errors[0]}"
                    + (f" (and {len(errors) - 1} more rank(s))" if len(errors) > 1 else "")
-                   + f"; its files are still in {folder} on each node")
-        self._error = CheckpointNotPublished(message)
+                   + f"; its files are still in {folder}")
+        self._error = CheckpointNotPublished(message, remedy="check that the checkpoint store is writable and "
+                                                     "reachable from the job")
         if self.rank == 0:
             self.log.warning(message)
             # the bootstrap's final sync reads this: the job cannot end "succeeded" with the state on a node's disk
