@@ -255,16 +255,20 @@ _READ_FAULTS = [pytest.param(scheme, what, kind, id=f"{scheme}-{what.__name__.st
                 for what, kind in ((_manifest_read, "truncate"), (_listing, "reset_mid"))]
 
 
+def _publish_small(root: str, tmp_path: Path, steps: tuple[int, ...]) -> None:
+    for step in steps:
+        folder, files = _make_checkpoint(tmp_path / "local", step, 64 * 1024)
+        remote = storage.join(root, checkpoints.step_dir(step))
+        checkpoints.upload_files(folder, files, remote)
+        checkpoints.publish(remote, step, files, world_size=1)
+
+
 @pytest.mark.parametrize(("faulty", "what", "kind"), _READ_FAULTS, indirect=["faulty"])
 def test_restore_survives_a_read_cut_short(faulty: Faulty, what: Callable[[Request], bool], kind: str,
                                            tmp_path: Path) -> None:
     """One transient fault on a read restore depends on must not stop (or downgrade) the restore."""
     with faulty.proxy.calm():
-        for step in (10, 20):
-            folder, files = _make_checkpoint(tmp_path / "local", step, 64 * 1024)
-            remote = storage.join(faulty.root, checkpoints.step_dir(step))
-            checkpoints.upload_files(folder, files, remote)
-            checkpoints.publish(remote, step, files, world_size=1)
+        _publish_small(faulty.root, tmp_path, (10, 20))
     with faulty.proxy.calm(), faulty.proxy.fail_matching(what, kind=kind, times=1):
         found = checkpoints.restore_latest(faulty.root, tmp_path / "restore", log=lambda _m: None)
     assert faulty.proxy.injected[kind] == 1
@@ -313,11 +317,7 @@ def test_a_bit_flipped_in_transit_does_not_condemn_a_good_checkpoint(faulty: Fau
     restore downloads the file again before it calls the checkpoint corrupt, so a good checkpoint is restored and
     never quarantined. (Clients that verify checksums themselves catch it first and retry: same outcome.)"""
     with faulty.proxy.calm():
-        for step in (10, 20):
-            folder, files = _make_checkpoint(tmp_path / "local", step, 64 * 1024)
-            remote = storage.join(faulty.root, checkpoints.step_dir(step))
-            checkpoints.upload_files(folder, files, remote)
-            checkpoints.publish(remote, step, files, world_size=1)
+        _publish_small(faulty.root, tmp_path, (10, 20))
         shard = f"{checkpoints.step_dir(20)}/__0_0.distcp"
         messages: list[str] = []
         with faulty.proxy.fail_matching(lambda r: r.method == "GET" and r.mentions(shard), kind="flip", times=1):
