@@ -3,18 +3,23 @@ No torch here: it moves and verifies files.
 
 A checkpoint is ``<uri>/step-<N>/`` plus ``manifest.json`` written LAST (step, kind, world size, every file with
 its size and sha256). Without its manifest a folder does not exist. Restore takes the newest checkpoint whose
-files all verify; a corrupt or partial one is skipped with a warning, never loaded. Retention keeps the newest K
-complete checkpoints and never deletes the last complete one; local deletes are never mirrored to the bucket.
+files all verify; a corrupt or partial one is skipped with a warning, never loaded, and a corrupt one is marked in
+the store (``quarantine-<manifest digest>.json``) so that retention, in whatever process runs it later, does not
+count it. Retention keeps the newest K complete checkpoints and never deletes the newest one that verifies; local
+deletes are never mirrored to the bucket. Nothing the store holds decides where a restore writes: manifest paths
+are checked before anything is downloaded, and files land in a staging folder beside the target folder, which
+receives only checkpoints that verified.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
-import re
 import shutil
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -23,26 +28,38 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain import storage
+from cloudtrain.checkpoint_manifest import (
+    MANIFEST,
+    QUARANTINE_PREFIX,
+    CorruptCheckpoint,
+    checked_files,
+    quarantine_name,
+    safe_relative,
+    step_dir,
+    step_of,
+)
 from cloudtrain.errors import CloudtrainError
+from cloudtrain.paths import is_within
 
-MANIFEST = "manifest.json"
+__all__ = ["MANIFEST", "RUNTIME_MARKER", "UNPUBLISHED_MARKER", "Checkpoint", "CheckpointNotPublished",
+           "CorruptCheckpoint", "apply_retention", "describe_files", "download", "list_complete", "publish",
+           "restore_latest", "sha256_file", "step_dir", "sync_dir", "upload_files"]
+
 # Dropped into CLOUDTRAIN_CHECKPOINT_DIR by the runtime Checkpointer, which publishes its own folders: the plain-script
 # sync then leaves that directory alone (a folder being written or pruned by the Checkpointer is never half-published).
 RUNTIME_MARKER = ".cloudtrain-runtime"
 # Which job a checkpoint belongs to (set on every node by the plan: cloudtrain.staging.lineage_id); recorded in each
 # manifest and checked at restore, so a job never resumes another job's checkpoints by accident.
 LINEAGE_ENV = "CLOUDTRAIN_LINEAGE"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+# Written there by the Checkpointer's rank 0 while its newest save is not published (removed once one is): the
+# bootstrap's final sync reports it, so a job never ends "succeeded" with its last state only on a node's disk.
+UNPUBLISHED_MARKER = ".cloudtrain-unpublished.json"
 if TYPE_CHECKING:  # only in annotations: nodes may run Python 3.8, where collections.abc types take no [...]
     Log = Callable[[str], None]
 
 
 def _print(message: str) -> None:
     print(f"[cloudtrain] {message}", file=sys.stderr, flush=True)
-
-
-def step_dir(step: int) -> str:
-    return f"step-{step:09d}"
 
 
 def sha256_file(path: Path) -> str:
@@ -58,6 +75,11 @@ class Checkpoint:
     step: int
     uri: str  # the step folder
     manifest: dict[str, Any]
+    digest: str = ""  # sha256 of the manifest as stored: what a quarantine marker names
+
+
+class CheckpointNotPublished(CloudtrainError):
+    """Checkpoints a job wrote that did not reach the store; the message says where their files still are."""
 
 
 def _temp_objects(store: Any, prefix: str) -> list[str]:
@@ -66,43 +88,65 @@ def _temp_objects(store: Any, prefix: str) -> list[str]:
     return list(list_temp(prefix)) if list_temp else []
 
 
-def _steps_present(uri: str, temp: bool = False) -> dict[int, set[str]]:
-    """step -> names of the objects under that step folder (relative); with ``temp``, stale temp files too."""
+def _steps_present(uri: str, temp: bool = False, log: Log | None = None) -> dict[int, set[str]]:
+    """step -> names of the objects under that step folder (relative); with ``temp``, stale temp files too.
+    Only folders named as cloudtrain names them count: ``step-5/`` is not step 5 (``log`` says so once per folder
+    that holds a manifest), so nothing read from or deleted in it is taken for a checkpoint's."""
     found: dict[int, set[str]] = {}
     base = uri.rstrip("/") + "/"
     store = storage.store_for(uri)
     listing = storage.with_retries(lambda: store.list(uri), f"listing {uri}")
+    ignored: set[str] = set()
     for obj in [*listing, *(_temp_objects(store, uri) if temp else [])]:
         rel = obj[len(base):] if obj.startswith(base) else obj
+        if rel.endswith("/"):  # a folder marker (S3 consoles, FUSE mounts make them): not a file, never ours
+            continue
         head, _, rest = rel.partition("/")
-        match = _STEP_DIR.match(head)
-        if match and rest:
-            found.setdefault(int(match.group(1)), set()).add(rest)
+        step = step_of(head)
+        if step is not None and rest:
+            found.setdefault(step, set()).add(rest)
+        elif log and head.startswith("step-") and rest == MANIFEST and head not in ignored:
+            ignored.add(head)
+            log(f"{base}{head} is not a checkpoint folder (cloudtrain names them step-<9 digits>); ignored")
     return found
 
 
-def list_complete(uri: str, log: Log = _print) -> list[Checkpoint]:
-    """Checkpoints whose manifest exists, parses and lists only files that are present, oldest first."""
+def _complete(uri: str, present: dict[int, set[str]], log: Log) -> list[Checkpoint]:
     store = storage.store_for(uri)
     complete = []
-    for step, names in sorted(_steps_present(uri).items()):
+    for step, names in sorted(present.items()):
         if MANIFEST not in names:
             continue
         folder = storage.join(uri, step_dir(step))
-        try:
-            # a read cut short must be retried, never taken as "no checkpoint" (retention would then delete it)
-            data = storage.with_retries(functools.partial(store.read_bytes, storage.join(folder, MANIFEST)),
-                                        f"reading {folder}/{MANIFEST}", log=log)
-            manifest = json.loads(data)
-            missing = [f["path"] for f in manifest["files"] if f["path"] not in names]
-        except (ValueError, KeyError, TypeError) as exc:
-            log(f"checkpoint {folder} has an unreadable manifest ({exc}); skipped")
+        unsafe = sorted(n for n in names if not safe_relative(n))
+        if unsafe:  # an object store can hold 'step-N/../x': such a folder is nobody's checkpoint
+            log(f"checkpoint {folder} is corrupt (object {unsafe[0]!r} escapes its folder); skipped")
             continue
+        # a read cut short must be retried, never taken as "no checkpoint" (retention would then delete it)
+        data = storage.with_retries(functools.partial(store.read_bytes, storage.join(folder, MANIFEST)),
+                                    f"reading {folder}/{MANIFEST}", log=log)
+        digest = hashlib.sha256(data).hexdigest()
+        try:
+            manifest = json.loads(data)
+            files = checked_files(manifest, step)
+        except (ValueError, RecursionError) as exc:  # CorruptCheckpoint is a ValueError, json's errors too
+            log(f"checkpoint {folder} has an unusable manifest ({exc}); skipped")
+            continue
+        if quarantine_name(digest) in names:
+            log(f"checkpoint {folder} was found corrupt by an earlier restore; skipped")
+            continue
+        missing = [f["path"] for f in files if f["path"] not in names]
         if missing:
             log(f"checkpoint {folder} is missing {len(missing)} file(s) ({missing[0]} ...); skipped")
             continue
-        complete.append(Checkpoint(step=step, uri=folder, manifest=manifest))
+        complete.append(Checkpoint(step=step, uri=folder, manifest=manifest, digest=digest))
     return complete
+
+
+def list_complete(uri: str, log: Log = _print) -> list[Checkpoint]:
+    """Checkpoints whose manifest exists, is well formed, lists only files that are present and was not found
+    corrupt by a restore; oldest first. Anything else under ``uri`` is skipped with one line each."""
+    return _complete(uri, _steps_present(uri, log=log), log)
 
 
 def describe_files(root: Path, rel_paths: list[str]) -> list[dict[str, Any]]:
@@ -122,7 +166,8 @@ def upload_files(root: Path, files: list[dict[str, Any]], folder_uri: str, log: 
 
 def publish(folder_uri: str, step: int, files: list[dict[str, Any]], *, world_size: int, kind: str = "full",
             extra: dict[str, Any] | None = None, log: Log = _print) -> None:
-    """Write the manifest, LAST: from this moment the checkpoint exists."""
+    """Write the manifest, LAST: from this moment the checkpoint exists. A quarantine marker left by an earlier,
+    corrupt checkpoint of the same step names that manifest's digest, so it does not apply to this one."""
     manifest = {"step": step, "kind": kind, "world_size": world_size, "created": time.time(),
                 "files": sorted(files, key=lambda f: f["path"]), **(extra or {})}
     if os.environ.get(LINEAGE_ENV):
@@ -136,45 +181,111 @@ def publish(folder_uri: str, step: int, files: list[dict[str, Any]], *, world_si
                          f"publishing {folder_uri}", log=log)
 
 
+def quarantine(checkpoint: Checkpoint, reason: str, log: Log = _print) -> None:
+    """Record in the store that this checkpoint (this very manifest) failed verification: every later listing, in
+    any process (retention runs where the next save happens), skips it. Best effort: a read-only store only means
+    the next restore verifies it again."""
+    marker = storage.join(checkpoint.uri, quarantine_name(checkpoint.digest))
+    body = json.dumps({"reason": reason, "manifest_sha256": checkpoint.digest, "found_at": time.time(),
+                       "found_by": socket.gethostname()}, indent=1).encode()
+    try:
+        storage.with_retries(lambda: storage.write_bytes(marker, body), f"marking {checkpoint.uri} corrupt",
+                             attempts=2)
+    except CloudtrainError as exc:
+        log(f"could not mark {checkpoint.uri} as corrupt in the store ({exc.__cause__}); the next restore checks "
+            "it again")
+
+
 def apply_retention(uri: str, keep: int, log: Log = _print) -> list[int]:
-    """Delete all but the newest ``keep`` (>= 1 enforced; >= 2 by spec) complete checkpoints, and partial folders
-    older than the newest complete one. A manifest is deleted before its files, so a half-deleted checkpoint is
-    never mistaken for a complete one. Returns the steps removed."""
+    """Delete all but the newest ``keep`` (>= 1 enforced; >= 2 by spec) complete checkpoints, and other step
+    folders (partial, unusable, found corrupt) older than the newest complete one. A manifest is deleted before its
+    files, so a half-deleted checkpoint is never mistaken for a complete one. Only checkpoints that verify as far
+    as cloudtrain has seen count: one found corrupt is never among the ``keep``, and what is newer than the newest
+    complete checkpoint is left alone (it may be in flight, or be published again). Returns the steps removed."""
     keep = max(keep, 1)
-    complete = list_complete(uri, log=lambda _m: None)
+    present = _steps_present(uri, temp=True)
+    complete = _complete(uri, present, log=lambda _m: None)
     if not complete:
         return []
-    keep_steps = {c.step for c in complete[-keep:]}
+    kept = complete[-keep:]
+    keep_steps = {c.step for c in kept}
     newest = complete[-1].step
     store = storage.store_for(uri)
     removed = []
-    for step, names in sorted(_steps_present(uri, temp=True).items()):
-        if step in keep_steps or step >= newest:
-            continue  # never the kept ones, never anything newer than the newest complete (may be in flight)
+    for step, names in sorted(present.items()):
         folder = storage.join(uri, step_dir(step))
-        if MANIFEST in names:
+        ours = sorted(n for n in names if safe_relative(n))  # never a delete outside the folder
+        if step in keep_steps:  # markers of a corrupt checkpoint this step replaced: no longer true
+            current = next(quarantine_name(c.digest) for c in kept if c.step == step)
+            stale = [n for n in ours if n.startswith(QUARANTINE_PREFIX) and n != current]
+            if stale:
+                store.delete([storage.join(folder, n) for n in stale])
+            continue
+        if step >= newest:
+            continue
+        if MANIFEST in ours:
             store.delete([storage.join(folder, MANIFEST)])
-        store.delete([storage.join(folder, n) for n in sorted(names) if n != MANIFEST])
+        store.delete([storage.join(folder, n) for n in ours if n != MANIFEST])
         removed.append(step)
     if removed:
         log(f"retention: removed step(s) {removed} under {uri}, kept {sorted(keep_steps)}")
     return removed
 
 
+def _staging_folder(target: Path) -> Path:
+    """Where ``target`` (``<root>/step-N``) is downloaded before it verifies: beside ``<root>``, never in it, so a
+    script reading ``<root>`` sees only verified checkpoints. Inside ``<root>`` under a hidden name only where
+    its parent is unwritable or another filesystem (the final move must be a rename)."""
+    root = target.parent
+    root.mkdir(parents=True, exist_ok=True)
+    beside = root.parent / f".{root.name}.incoming"
+    try:
+        beside.mkdir(exist_ok=True)
+        if beside.stat().st_dev == root.stat().st_dev:
+            return beside / target.name
+        beside.rmdir()
+    except OSError:
+        pass
+    return root / ".cloudtrain-incoming" / target.name
+
+
+def _fetch(store: Any, source: str, local: Path, entry: dict[str, Any]) -> bool:
+    storage.with_retries(functools.partial(store.get_file, source, local), f"download of {source}")
+    return local.stat().st_size == entry["size"] and sha256_file(local) == entry["sha256"]
+
+
 def download(checkpoint: Checkpoint, target: Path) -> None:
-    """Download and verify every file; raise ValueError on a size or digest mismatch."""
+    """Download and verify every file, then move the folder to ``target`` whole. Raises CorruptCheckpoint when the
+    manifest is unusable or a file does not match it, CloudtrainError when the store cannot be read; either way
+    nothing is left behind and nothing is written outside ``target``."""
+    files = checked_files(checkpoint.manifest, checkpoint.step)
     store = storage.store_for(checkpoint.uri)
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    for entry in checkpoint.manifest["files"]:
-        local = partial / entry["path"]
-        source = storage.join(checkpoint.uri, entry["path"])
-        storage.with_retries(functools.partial(store.get_file, source, local), f"download of {source}")
-        if local.stat().st_size != entry["size"] or sha256_file(local) != entry["sha256"]:
-            raise ValueError(f"{entry['path']} does not match its manifest (size or sha256)")
-    (partial / MANIFEST).write_text(json.dumps(checkpoint.manifest, indent=1))
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
+    staged = _staging_folder(target)
+    shutil.rmtree(staged, ignore_errors=True)  # a killed restore's leftovers
+    try:
+        for entry in files:
+            local = staged / entry["path"]
+            if not is_within(local.resolve(), staged.resolve()):  # paths were checked; this is the last word
+                raise CorruptCheckpoint(f"{entry['path']!r} escapes the checkpoint folder")
+            source = storage.join(checkpoint.uri, entry["path"])
+            # a mismatch is confirmed by a second download: a reply cut short that the client did not notice
+            # must not condemn (and quarantine) a good checkpoint
+            if not _fetch(store, source, local, entry) and not _fetch(store, source, local, entry):
+                raise CorruptCheckpoint(f"{entry['path']} does not match its manifest (size or sha256)")
+        (staged / MANIFEST).write_text(json.dumps(checkpoint.manifest, indent=1))
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(staged, target)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            staged.parent.rmdir()  # only once empty: another restore may be using it
+
+
+def _restored_already(target: Path, checkpoint: Checkpoint) -> bool:
+    try:
+        return bool(json.loads((target / MANIFEST).read_text()) == checkpoint.manifest)
+    except (OSError, ValueError, RecursionError):
+        return False
 
 
 def check_lineage(uri: str, candidates: list[Checkpoint]) -> None:
@@ -190,17 +301,22 @@ def check_lineage(uri: str, candidates: list[Checkpoint]) -> None:
 
 
 def restore_latest(uri: str, local_root: Path, log: Log = _print) -> Checkpoint | None:
-    """Bring the newest checkpoint that verifies to ``local_root/step-<N>``; fall back to older ones, saying so."""
+    """Bring the newest checkpoint that verifies to ``local_root/step-<N>``; fall back to older ones, saying so.
+    A checkpoint that does not verify is marked in the store (``quarantine``)."""
     candidates = list_complete(uri, log=log)
     check_lineage(uri, candidates)
     for checkpoint in reversed(candidates):
         target = local_root / step_dir(checkpoint.step)
-        if (target / MANIFEST).is_file() and json.loads((target / MANIFEST).read_text()) == checkpoint.manifest:
+        if _restored_already(target, checkpoint):
             return checkpoint  # already here (the bootstrap restored it before the job started)
         try:
             download(checkpoint, target)
-        except (ValueError, OSError, CloudtrainError) as exc:
+        except CorruptCheckpoint as exc:
             log(f"checkpoint {checkpoint.uri} is corrupt ({exc}); falling back to the previous one")
+            quarantine(checkpoint, str(exc), log=log)
+            continue
+        except (OSError, CloudtrainError) as exc:
+            log(f"checkpoint {checkpoint.uri} could not be downloaded ({exc}); falling back to the previous one")
             continue
         log(f"restored {checkpoint.uri} to {target}")
         return checkpoint
@@ -215,32 +331,65 @@ def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = 2, log: Log
     A folder is complete once a newer one exists, or at exit (``final``). A directory the runtime Checkpointer
     writes (``RUNTIME_MARKER``) publishes itself and is skipped whole; restored or already published folders carry
     a manifest and are skipped. Like SageMaker's /opt/ml/checkpoints, but complete folders only, and local deletes
-    are never mirrored to the bucket. Returns the steps published.
+    are never mirrored to the bucket. Returns the steps published; raises CheckpointNotPublished (saying which
+    steps and where their files are) when a folder could not be published.
     """
     if (local_root / RUNTIME_MARKER).exists():
         return []
-    found = sorted((int(m.group(1)), p) for p in local_root.glob("step-*")
-                   if p.is_dir() and (m := _STEP_DIR.match(p.name)))
-    ready = found if final else found[:-1]
+    found = sorted((step, p) for p in local_root.glob("step-*")
+                   if p.is_dir() and (step := step_of(p.name, canonical=False)) is not None)
+    ready = [(step, folder) for step, folder in (found if final else found[:-1])
+             if not (folder / MANIFEST).exists()]  # restored, or published already (a dcp.save folder is welcome)
     published = []
     for step, folder in ready:
-        if (folder / MANIFEST).exists():  # restored, or published already (a DCP folder from dcp.save is welcome)
-            continue
-        rel = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-        files = describe_files(folder, rel)
-        remote = storage.join(uri, step_dir(step))
-        upload_files(folder, files, remote, log=log)
-        publish(remote, step, files, world_size=0, kind="files", log=log)
+        try:
+            rel = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+            files = describe_files(folder, rel)
+            remote = storage.join(uri, step_dir(step))
+            upload_files(folder, files, remote, log=log)
+            publish(remote, step, files, world_size=0, kind="files", log=log)
+        except (CloudtrainError, OSError) as exc:
+            left = [f.name for s, f in ready if s not in published]
+            why = exc.message if isinstance(exc, CloudtrainError) else str(exc)
+            raise CheckpointNotPublished(
+                f"checkpoint folder(s) {left} not published to {uri}: {why}; the files are still in {local_root}",
+                remedy="check that the checkpoint store is writable and reachable from the job") from exc
         (folder / MANIFEST).write_text(json.dumps({"step": step, "published": remote}))
         published.append(step)
     if published:
         log(f"published plain-script checkpoint(s) {published} to {uri}")
-        apply_retention(uri, keep, log=log)
+        try:  # the checkpoints stand; what retention misses now, the next publish's retention removes
+            apply_retention(uri, keep, log=log)
+        except (CloudtrainError, OSError) as exc:
+            log(f"retention under {uri} failed ({exc}); the next publish tries again")
     return published
 
 
+def runtime_unpublished(local_root: Path) -> str | None:
+    """What the Checkpointer left unpublished in ``local_root`` (its own account, UNPUBLISHED_MARKER), if anything."""
+    try:
+        return str(json.loads((local_root / UNPUBLISHED_MARKER).read_text())["error"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"the Checkpointer left {local_root / UNPUBLISHED_MARKER}, unreadable: its newest save is not published"
+
+
+def _overlaps(uri: str, local_root: Path) -> bool:
+    if not uri.startswith("file://"):
+        return False
+    store, local = storage.local_path(uri).resolve(), local_root.resolve()
+    return is_within(store, local) or is_within(local, store)
+
+
+def _report(result: dict[str, Any], code: int) -> int:
+    """One JSON line on stdout, read by the bootstrap (which logs ``error`` and puts it in the node's status)."""
+    print(json.dumps(result), flush=True)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
-    """What the bootstrap runs around torchrun:
+    """What the bootstrap runs around torchrun (each prints one JSON line; ``error`` and exit 1 on failure):
 
     ``python -m cloudtrain.checkpoints restore URI DIR``           before the workers start
     ``python -m cloudtrain.checkpoints sync DIR URI [--every S]``   while they run (node 0)
@@ -248,22 +397,33 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 3 and args[0] == "restore":
+        uri, local = args[1], Path(args[2])
+        if _overlaps(uri, local):
+            _print(f"warning: the checkpoint URI {uri} and CLOUDTRAIN_CHECKPOINT_DIR {local} are the same folder (or "
+                   "one holds the other): the store then holds the script's own folders too; give the checkpoint "
+                   "URI a folder of its own")
         try:
-            found = restore_latest(args[1], Path(args[2]))
-        except CloudtrainError as exc:  # another job's checkpoints: the node stops before training, saying why
-            _print(f"error: {exc.message}; {exc.remedy}")
-            return 2
-        print(json.dumps({"step": found.step if found else None}))
-        return 0
+            found = restore_latest(uri, local)
+        except CloudtrainError as exc:  # unreadable store, or another job's checkpoints: the node stops, saying why
+            why = f"{exc.message}; {exc.remedy}" if exc.remedy else exc.message
+            return _report({"step": None, "error": why}, 1)
+        return _report({"step": found.step if found else None}, 0)
     if len(args) >= 3 and args[0] == "sync":
         local, uri, rest = Path(args[1]), args[2], args[3:]
         keep = int(os.environ.get("CLOUDTRAIN_CHECKPOINT_KEEP", "2"))
         if "--final" in rest:
-            sync_dir(local, uri, final=True, keep=keep)
-            return 0
+            try:
+                published = sync_dir(local, uri, final=True, keep=keep)
+            except CloudtrainError as exc:
+                return _report({"published": [], "error": str(exc)}, 1)
+            unpublished = runtime_unpublished(local) if (local / RUNTIME_MARKER).exists() else None
+            return _report({"published": published, "error": unpublished}, 1 if unpublished else 0)
         every = float(rest[rest.index("--every") + 1]) if "--every" in rest else 60.0
         while True:
-            sync_dir(local, uri, final=False, keep=keep)
+            try:
+                sync_dir(local, uri, final=False, keep=keep)
+            except CloudtrainError as exc:  # the final sync tries again and decides the job's outcome
+                _print(f"warning: {exc}; trying again in {every:.0f}s")
             time.sleep(every)
     print("usage: python -m cloudtrain.checkpoints restore URI DIR | sync DIR URI [--every S | --final]",
           file=sys.stderr)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain import storage
-from cloudtrain.errors import UserError
+from cloudtrain.errors import CloudtrainError, UserError
+from cloudtrain.paths import is_within
 
 if TYPE_CHECKING:
     from cloudtrain.handles import JobHandle
@@ -45,6 +46,8 @@ def list_outputs(uri: str) -> list[OutputFile]:
     base = uri.rstrip("/") + "/"
     files = []
     for item in found:
+        if item.endswith("/"):  # a folder marker (an S3 console's "Create folder"): nothing to download
+            continue
         size = storage.local_path(item).stat().st_size if item.startswith("file://") else None
         files.append(OutputFile(item, item[len(base):] if item.startswith(base) else item.rsplit("/", 1)[-1], size))
     return files
@@ -59,7 +62,7 @@ def download(uri: str, dest: Path, show_progress: bool = True) -> list[OutputFil
     with Progress(f"downloading {uri}", total=len(files), unit="files", enabled=show_progress) as bar:
         for item in files:
             target = (dest / item.name).resolve()
-            if not target.is_relative_to(dest.resolve()):  # an object named '../x' must not write outside dest
+            if not is_within(target, dest.resolve()):  # an object named '../x' must not write outside dest
                 raise UserError(f"output {item.name!r} would land outside {dest}", remedy="download it by hand")
             target.parent.mkdir(parents=True, exist_ok=True)
             storage.with_retries(functools.partial(storage.store_for(item.uri).get_file, item.uri, target),
@@ -102,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         count = 0
     else:
         runs = sum(1 for p in folder.iterdir() if p.is_dir())
-        count = upload_tree(folder, uri, functools.partial(log_name, runs=runs))
+        try:
+            count = upload_tree(folder, uri, functools.partial(log_name, runs=runs))
+        except CloudtrainError as exc:  # one line, no traceback: the bootstrap says where the logs still are
+            print(f"[cloudtrain] error: {exc.message}", flush=True)
+            return 1
     print(f"[cloudtrain] logs: {count} file(s) copied to {uri}", flush=True)
     return 0
 

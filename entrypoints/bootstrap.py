@@ -368,6 +368,16 @@ def install_requirements(src: Path, site: Path, file: str | None, specs: list[st
         raise BootstrapError(f"pip install failed with exit code {result.returncode}")
 
 
+def _reported(result: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    """The one JSON line ``python -m cloudtrain.checkpoints`` prints last (``{}`` if it died before printing)."""
+    lines = (result.stdout or "").strip().splitlines()
+    try:
+        report = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
 def restore_checkpoint(env: dict[str, str], cwd: Path) -> None:
     """Bring the newest complete checkpoint into CLOUDTRAIN_CHECKPOINT_DIR before any worker starts. Runs
     cloudtrain's own restore from the bundle (it may need a storage client; this file stays stdlib-only)."""
@@ -376,12 +386,11 @@ def restore_checkpoint(env: dict[str, str], cwd: Path) -> None:
         return
     cmd = [sys.executable, "-m", "cloudtrain.checkpoints", "restore", uri, env["CLOUDTRAIN_CHECKPOINT_DIR"]]
     result = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
+    report = _reported(result)
     if result.returncode != 0:
-        raise BootstrapError(f"restoring checkpoints from {uri} failed (exit {result.returncode})")
-    try:  # the last line is the restore's JSON report; a warning printed before it must not crash the node
-        step = json.loads((result.stdout or "{}").strip().splitlines()[-1]).get("step")
-    except (ValueError, IndexError, AttributeError):
-        step = None
+        why = report.get("error") or f"exit {result.returncode}"
+        raise BootstrapError(f"restoring checkpoints from {uri} failed: {why}")
+    step = report.get("step")
     log(f"checkpoint: resuming from step {step}" if step is not None else f"checkpoint: none yet under {uri}")
 
 
@@ -395,31 +404,41 @@ def start_checkpoint_sync(env: dict[str, str], cwd: Path, cluster: ClusterInfo) 
     if not env.get("CLOUDTRAIN_CHECKPOINT_URI") or cluster.node_rank != 0:
         return None
     every = env.get("CLOUDTRAIN_CHECKPOINT_INTERVAL") or "60"
-    return subprocess.Popen(_sync_cmd(env, "--every", every), cwd=cwd, env=env, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(_sync_cmd(env, "--every", every), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL)
 
 
-def finish_checkpoint_sync(syncer: subprocess.Popen[bytes] | None, env: dict[str, str], cwd: Path) -> None:
-    """After the workers exited (also after SIGTERM): everything they left is final; publish it."""
+def finish_checkpoint_sync(syncer: subprocess.Popen[bytes] | None, env: dict[str, str], cwd: Path) -> str | None:
+    """After the workers exited (also after SIGTERM): everything they left is final; publish it. Returns why the
+    job's checkpoints are not all in the store (which fails the node), or None."""
     if syncer is None:
-        return
+        return None
     syncer.terminate()
     syncer.wait()
-    result = subprocess.run(_sync_cmd(env, "--final"), cwd=cwd, env=env, stdin=subprocess.DEVNULL)
-    if result.returncode != 0:
-        log(f"warning: final checkpoint sync failed (exit {result.returncode})")
+    result = subprocess.run(_sync_cmd(env, "--final"), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, text=True)
+    if result.returncode == 0:
+        return None
+    error = _reported(result).get("error")
+    return str(error) if error else (f"the final checkpoint sync failed (exit {result.returncode}); the checkpoint "
+                                     f"files are still in {env['CLOUDTRAIN_CHECKPOINT_DIR']}")
 
 
-def upload_logs(env: dict[str, str], cwd: Path, workdir: Path, cluster: ClusterInfo) -> None:
+def upload_logs(env: dict[str, str], cwd: Path, workdir: Path, cluster: ClusterInfo) -> str | None:
     """Each node's worker logs go to the job's outputs (``<output>/logs/node-<rank>``), where `cloudtrain outputs`
-    finds them on every platform. Best effort: a node's result never depends on it."""
+    finds them on every platform. Best effort: a node's result never depends on it; a failure is returned as a
+    warning for the status file."""
     output, logs = env.get("CLOUDTRAIN_OUTPUT_URI"), workdir / "worker-logs"
     if not output or not logs.is_dir():
-        return
+        return None
     target = f"{output.rstrip('/')}/logs/node-{cluster.node_rank}"
     cmd = [sys.executable, "-m", "cloudtrain.outputs", "upload-logs", str(logs), target]
     result = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL)
-    if result.returncode != 0:
-        log(f"warning: copying logs to {target} failed (exit {result.returncode})")
+    if result.returncode == 0:
+        return None
+    warning = f"copying logs to {target} failed (exit {result.returncode}); they are still in {logs} on this node"
+    log(f"warning: {warning}")
+    return warning
 
 
 def output_dir(cluster: ClusterInfo, env: dict[str, str], workdir: Path, start_dir: Path) -> Path:
@@ -573,8 +592,12 @@ def main(argv: list[str] | None = None) -> int:
             log("torchrun: " + " ".join(argv_[1:]))
             syncer = start_checkpoint_sync(env, src, cluster)
             code, stopped = run_torchrun(argv_, src, env, early_stop)
-            finish_checkpoint_sync(syncer, env, src)
-            upload_logs(env, src, workdir, cluster)
+            sync_error = finish_checkpoint_sync(syncer, env, src)
+            if sync_error:
+                status["error"] = sync_error
+            log_warning = upload_logs(env, src, workdir, cluster)
+            if log_warning:
+                status["warnings"] = [log_warning]
             upload_outputs(env, src, cluster)
     except BootstrapError as exc:
         log(f"error: {exc}")
@@ -583,14 +606,18 @@ def main(argv: list[str] | None = None) -> int:
         write_status(args.status_file, status)
         return EXIT_USAGE
     # torchrun exits 1 after forwarding SIGTERM even when every worker saved and exited cleanly:
-    # a stop we were asked for is "preempted", whatever its exit code.
-    outcome = "preempted" if stopped else ("succeeded" if code == 0 else "failed")
+    # a stop we were asked for is "preempted", whatever its exit code. A job whose checkpoints did not reach the
+    # store has not succeeded (status["error"] says where they are); a preempted one restarts from the last published.
+    outcome = "preempted" if stopped else ("succeeded" if code == 0 and "error" not in status else "failed")
     if outcome == "failed":
-        report_failure(env, f"cloudtrain: node {cluster.node_rank} of {cluster.nnodes} failed: torchrun exited "
-                            f"{code}; the node's log (and its workers' logs in the job's outputs) says why")
+        report_failure(env, f"cloudtrain: node {cluster.node_rank} of {cluster.nnodes} failed: "
+                            + (str(status["error"]) if "error" in status else
+                               f"torchrun exited {code}; the node's log (and its workers' logs in the job's outputs) "
+                               "says why"))
     status.update(outcome=outcome, returncode=code, ended=time.time())
     write_status(args.status_file, status)
-    log(f"node {cluster.node_rank} {outcome} (torchrun exit {code}) after {time.time() - started:.1f}s")
+    why = f": {status['error']}" if "error" in status else ""
+    log(f"node {cluster.node_rank} {outcome} (torchrun exit {code}) after {time.time() - started:.1f}s{why}")
     return {"succeeded": 0, "preempted": EXIT_PREEMPTED}.get(outcome, EXIT_FAILED)
 
 

@@ -93,7 +93,7 @@ def main() -> None:
                 time.sleep(args.step_sleep)
             ckpt.step(step)
         log.info(f"epoch {epoch} step {step} loss {loss.item():.6f}")
-    ckpt.close()
+    ckpt.close()  # saves the last step too: a run shorter than the checkpoint interval leaves one to resume from
     written = save_final_model(model)
     log.info(f"done: world_size={ctx.world_size} steps={step} final_loss={loss.item():.6f} model={written}")
     shutdown()

@@ -9,6 +9,7 @@ any retry budget.
 Kinds: ``reset_before`` (RST before the request reaches the emulator), ``reset_mid`` (the emulator applied it, then
 RST halfway through the response), ``http_500``, ``http_503`` (S3: SlowDown; Azure: ServerBusy), ``slow`` (delay),
 ``truncate`` (full Content-Length, half the body, then close; an empty-bodied response is cut inside its headers).
+``flip`` (only through ``fail_matching``): one bit of the body inverted in transit, a reply no length check notices.
 An emulator that drops a connection without answering gets a 502, as from a load balancer (in ``trace``, not counted).
 """
 
@@ -302,6 +303,10 @@ class FaultProxy:
             if kind == "slow":
                 self._count(kind, request)
                 time.sleep(self.plan.delay)
+            if kind == "flip" and reply_body:
+                self._count(kind, request)
+                middle = len(reply_body) // 2
+                reply_body = reply_body[:middle] + bytes([reply_body[middle] ^ 1]) + reply_body[middle + 1:]
             keep = keep_alive and not close_delimited
             lines = [status_line] + [f"{k}: {v}" for k, v in reply_headers if k.lower() not in _HOP_BY_HOP]
             if not keep:

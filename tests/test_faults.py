@@ -255,16 +255,20 @@ _READ_FAULTS = [pytest.param(scheme, what, kind, id=f"{scheme}-{what.__name__.st
                 for what, kind in ((_manifest_read, "truncate"), (_listing, "reset_mid"))]
 
 
+def _publish_small(root: str, tmp_path: Path, steps: tuple[int, ...]) -> None:
+    for step in steps:
+        folder, files = _make_checkpoint(tmp_path / "local", step, 64 * 1024)
+        remote = storage.join(root, checkpoints.step_dir(step))
+        checkpoints.upload_files(folder, files, remote)
+        checkpoints.publish(remote, step, files, world_size=1)
+
+
 @pytest.mark.parametrize(("faulty", "what", "kind"), _READ_FAULTS, indirect=["faulty"])
 def test_restore_survives_a_read_cut_short(faulty: Faulty, what: Callable[[Request], bool], kind: str,
                                            tmp_path: Path) -> None:
     """One transient fault on a read restore depends on must not stop (or downgrade) the restore."""
     with faulty.proxy.calm():
-        for step in (10, 20):
-            folder, files = _make_checkpoint(tmp_path / "local", step, 64 * 1024)
-            remote = storage.join(faulty.root, checkpoints.step_dir(step))
-            checkpoints.upload_files(folder, files, remote)
-            checkpoints.publish(remote, step, files, world_size=1)
+        _publish_small(faulty.root, tmp_path, (10, 20))
     with faulty.proxy.calm(), faulty.proxy.fail_matching(what, kind=kind, times=1):
         found = checkpoints.restore_latest(faulty.root, tmp_path / "restore", log=lambda _m: None)
     assert faulty.proxy.injected[kind] == 1
@@ -305,3 +309,141 @@ def test_every_fault_kind_reaches_a_client_that_does_not_retry(kind: str, emulat
         assert client.get_object(Bucket="cloudtrain-test", Key=key)["Body"].read() == b"x" * 4096
     finally:
         proxy.stop()
+
+
+@pytest.mark.parametrize("faulty", ["s3", "gs", "az"], indirect=True)
+def test_a_bit_flipped_in_transit_does_not_condemn_a_good_checkpoint(faulty: Faulty, tmp_path: Path) -> None:
+    """A reply whose body was spoiled on the way (the length is right, one bit is not) fails the sha256 check; the
+    restore downloads the file again before it calls the checkpoint corrupt, so a good checkpoint is restored and
+    never quarantined. (Clients that verify checksums themselves catch it first and retry: same outcome.)"""
+    with faulty.proxy.calm():
+        _publish_small(faulty.root, tmp_path, (10, 20))
+        shard = f"{checkpoints.step_dir(20)}/__0_0.distcp"
+        messages: list[str] = []
+        with faulty.proxy.fail_matching(lambda r: r.method == "GET" and r.mentions(shard), kind="flip", times=1):
+            found = checkpoints.restore_latest(faulty.root, tmp_path / "restore", log=messages.append)
+        assert faulty.proxy.injected["flip"] == 1
+        assert found is not None and found.step == 20, messages
+        assert not [m for m in messages if "corrupt" in m], messages
+        names = storage.store_for(faulty.root).list(storage.join(faulty.root, checkpoints.step_dir(20)))
+        assert not [n for n in names if "quarantine" in n]
+    restored = tmp_path / "restore" / checkpoints.step_dir(20) / "__0_0.distcp"
+    assert restored.read_bytes() == (tmp_path / "local" / checkpoints.step_dir(20) / "__0_0.distcp").read_bytes()
+
+
+def _job(cli: Callable[..., Any], proj: Path, script: str, root: str, *args: str) -> tuple[str, dict[str, Any]]:
+    """Submit a local job in the foreground; (handle, status as `status -o json` shows it)."""
+    run = cli("submit", str(proj / script), "--procs-per-node", "2", "--checkpoint-uri", root, *args, timeout=300)
+    submitted = [line.split()[1] for line in (run.stdout + run.stderr).splitlines() if line.startswith("submitted ")]
+    assert submitted, run.stdout[-3000:] + run.stderr[-3000:]
+    handle = submitted[0]
+    status = json.loads(cli("status", handle, "-o", "json").stdout)
+    return handle, status
+
+
+def _refuse_writes(request: Request) -> bool:
+    return request.method in ("PUT", "POST")  # what a read-only credential meets: 403 AccessDenied
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("faulty", ["s3"], indirect=True)
+def test_plain_script_job_whose_checkpoints_cannot_be_published_fails(faulty: Faulty, cli: Callable[..., Any],
+                                                                      tmp_path: Path) -> None:
+    """Issue 15.5: a plain-script job against a store it cannot write to ends failed (not succeeded with a warning),
+    `wait` exits 1, and the job says where the checkpoint files still are."""
+    from tests.conftest import SCRIPTS
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "plain_checkpoints.py").write_text((SCRIPTS / "plain_checkpoints.py").read_text())
+    with faulty.proxy.calm(), faulty.proxy.fail_matching(_refuse_writes):
+        handle, status = _job(cli, proj, "plain_checkpoints.py", faulty.root)
+    assert status["state"] == "failed", status
+    assert "not published to" in status["message"] and "AccessDenied" in status["message"], status["message"]
+    where = Path(status["message"].split("the files are still in ")[1].split()[0].rstrip(";"))
+    assert sorted(p.name for p in where.iterdir()) == ["step-0001", "step-0002", "step-0003"]
+    assert cli("wait", handle).returncode == 1
+    node = json.loads((Path(status["job_dir"]) / "node-0.status.json").read_text())
+    assert node["outcome"] == "failed" and "not published" in node["error"]
+    with faulty.proxy.calm():
+        assert checkpoints.list_complete(faulty.root) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("faulty", ["s3"], indirect=True)
+def test_checkpointer_job_whose_last_checkpoint_is_refused_fails_on_every_rank(faulty: Faulty, cli: Callable[..., Any],
+                                                                               tmp_path: Path) -> None:
+    """Issue 15.5, the runtime Checkpointer: the store refuses the manifest of the final checkpoint (taken by
+    close(), issue 17.2), which only rank 0 writes. Every rank learns it (none hangs), the job ends failed, and the
+    message names the step and the folder that still holds it."""
+    from tests.conftest import REPO
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train_ddp.py").write_text((REPO / "entrypoints" / "train_ddp.py").read_text())
+    manifest = f"{checkpoints.step_dir(32)}/{checkpoints.MANIFEST}"  # 2048 samples / (32 x 2): 32 steps per epoch
+    with faulty.proxy.calm(), faulty.proxy.fail_matching(lambda r: _refuse_writes(r) and r.mentions(manifest)):
+        handle, status = _job(cli, proj, "train_ddp.py", faulty.root, "--", "--epochs", "1")
+    assert status["state"] == "failed", status
+    message = status["message"]
+    assert "checkpoint step 32 was not saved to" in message and "AccessDenied" in message, message
+    folder = Path(message.split("its files are still in ")[1].split()[0])
+    assert folder.name == checkpoints.step_dir(32) and (folder / ".metadata").is_file()
+    assert cli("wait", handle).returncode == 1
+    logs = cli("logs", handle).stdout
+    assert logs.count("CheckpointNotPublished: checkpoint step 32") == 2, logs[-4000:]  # both ranks, no hang
+    with faulty.proxy.calm():
+        assert checkpoints.list_complete(faulty.root) == []
+
+
+@pytest.mark.parametrize("faulty", ["s3"], indirect=True)
+def test_final_model_upload_refused_says_where_the_model_is(faulty: Faulty, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from cloudtrain.runtime import save_final_model
+
+    monkeypatch.setenv("CLOUDTRAIN_CHECKPOINT_DIR", str(tmp_path / "ckpt"))
+    dist.init_process_group("gloo", init_method=(tmp_path / "pg").as_uri(), rank=0, world_size=1)
+    try:
+        with faulty.proxy.calm(), faulty.proxy.fail_matching(_refuse_writes), \
+                pytest.raises(CloudtrainError, match=r"AccessDenied.*; the model is still in (\S+)") as failure:
+            save_final_model(torch.nn.Linear(4, 1), uri=storage.join(faulty.root, "out"))
+    finally:
+        dist.destroy_process_group()
+    kept = Path(failure.value.message.rsplit("the model is still in ", 1)[1])
+    assert kept.is_file() and set(torch.load(kept, weights_only=True)) == {"weight", "bias"}
+
+
+SWALLOWS_THE_ERROR = """
+import torch
+from cloudtrain.runtime import Checkpointer, init_distributed, shutdown
+
+ctx = init_distributed()
+model = torch.nn.Linear(4, 1)
+ckpt = Checkpointer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+ckpt.step(1)
+try:
+    ckpt.close()  # saves step 1; the store refuses it
+except RuntimeError as exc:
+    print(f"swallowed {type(exc).__name__}", flush=True)
+shutdown()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("faulty", ["s3"], indirect=True)
+def test_a_script_that_swallows_the_checkpoint_error_still_fails(faulty: Faulty, cli: Callable[..., Any],
+                                                                 tmp_path: Path) -> None:
+    """The Checkpointer's rank 0 leaves .cloudtrain-unpublished.json; the bootstrap's final step reads it, so a
+    script that catches CheckpointNotPublished and exits 0 does not make the job succeed."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "swallows.py").write_text(SWALLOWS_THE_ERROR)
+    with faulty.proxy.calm(), faulty.proxy.fail_matching(_refuse_writes):
+        handle, status = _job(cli, proj, "swallows.py", faulty.root)
+    logs = cli("logs", handle).stdout
+    assert logs.count("swallowed CheckpointNotPublished") == 2, logs[-3000:]
+    assert status["state"] == "failed" and "checkpoint step 1 was not saved to" in status["message"], status
+    assert cli("wait", handle).returncode == 1

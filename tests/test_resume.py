@@ -150,3 +150,77 @@ def test_plain_script_checkpoint_dir_is_restored_and_synced(tmp_path: Path) -> N
     again = ct(*submit).stdout
     assert "plain: resumed at 3" in again  # restored into the fresh node's CLOUDTRAIN_CHECKPOINT_DIR
     assert [c.step for c in checkpoints.list_complete(ckpt)] == [5, 6]
+
+
+def documented_plain_script() -> str:
+    """The plain script exactly as docs/checkpoints.md shows it."""
+    doc = (REPO / "docs" / "checkpoints.md").read_text()
+    section = doc.split("### A minimal plain script that saves and resumes", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_corrupt_newest_checkpoint_never_poisons_the_plain_script_folder(tmp_path: Path) -> None:
+    """Issue 15.1: the documented plain script, a flipped byte in its newest checkpoint, a resubmission. The restore
+    falls back to the previous checkpoint; the script's folder only ever holds verified checkpoints (no
+    step-000000030.partial for the script to trip over or load) and the job resumes from step 20."""
+    ct = Cloudtrain(tmp_path / "home", tmp_path)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train_plain.py").write_text(documented_plain_script())
+    store = tmp_path / "X"
+    submit = ["submit", str(proj / "train_plain.py"), "--procs-per-node", "2", "--checkpoint-uri", store.as_uri(),
+              "--set", "checkpoint.keep=3"]
+    ct(*submit, "--", "--steps", "30", "--save-every", "10")
+    assert [c.step for c in checkpoints.list_complete(store.as_uri())] == [10, 20, 30]
+    state = store / checkpoints.step_dir(30) / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    state.write_bytes(bytes(data))
+
+    run = ct(*submit, "--", "--steps", "40", check=False)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-4000:]
+    assert "is corrupt" in out and "falling back" in out
+    assert "rank 0: starting at step 20" in out and "Traceback" not in out
+    folders = [p.name for p in (tmp_path / "home").rglob("checkpoints/*") if p.is_dir()]
+    assert folders and not [f for f in folders if f.endswith(".partial") or "step-000000030" in f], folders
+    # step 30 was trained again and published over the corrupt one; 40 is new: three verified checkpoints
+    assert [c.step for c in checkpoints.list_complete(store.as_uri())] == [20, 30, 40]
+    assert checkpoints.restore_latest(store.as_uri(), tmp_path / "check") is not None
+    assert torch.load(tmp_path / "check" / checkpoints.step_dir(40) / "state.pt")["step"] == 40
+
+
+def test_a_short_job_leaves_a_checkpoint_to_resume_from(baseline: tuple[str, dict], tmp_path: Path) -> None:
+    """Issue 17.2: the template's `checkpoint.interval: 10m` and a job shorter than that: close() saves the last
+    step, so running it again for more epochs resumes there, and ends bitwise equal to one uninterrupted run."""
+    trainer, expected = baseline
+    ct = Cloudtrain(tmp_path / "home", tmp_path)
+    ckpt, out = (tmp_path / "ckpt").as_uri(), (tmp_path / "out").as_uri()
+    submit = ["submit", str(project(tmp_path, trainer)), "--procs-per-node", "2", "--checkpoint-uri", ckpt,
+              "--output-uri", out, "--set", "checkpoint.interval=10m", "--"]
+    first = ct(*submit, "--epochs", "1").stdout
+    steps_per_epoch = 32 if trainer == "ddp" else 16  # 2048 (ddp) or 1024 (fsdp) samples / (32 x 2)
+    assert [c.step for c in checkpoints.list_complete(ckpt)] == [steps_per_epoch], first[-3000:]
+    again = ct(*submit, "--epochs", "2").stdout
+    assert f"INFO resumed from step {steps_per_epoch}" in again, again[-3000:]
+    assert_bitwise_equal(final_weights(out), expected)
+
+
+def test_checkpoint_uri_equal_to_the_checkpoint_dir_still_resumes(tmp_path: Path) -> None:
+    """Issue 15.2's real misconfiguration: the checkpoint URI is CLOUDTRAIN_CHECKPOINT_DIR itself, so the store
+    fills with the script's own step-0001/ folders (and their published markers). The next restore warns about the
+    setup, skips those folders with one line each and resumes; before, it failed with a traceback after 5 retries."""
+    ct = Cloudtrain(tmp_path / "home", tmp_path)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "plain_checkpoints.py").write_text((SCRIPTS / "plain_checkpoints.py").read_text())
+    shared = tmp_path / "shared"
+    submit = ["submit", str(proj / "plain_checkpoints.py"), "--procs-per-node", "2", "--checkpoint-uri",
+              shared.as_uri(), "--env", f"CLOUDTRAIN_CHECKPOINT_DIR={shared}"]
+    assert "plain: resumed at 0" in ct(*submit).stdout
+    again = ct(*submit, check=False)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0 and "plain: resumed at 3" in out, out[-3000:]
+    assert "are the same folder" in out and "Traceback" not in out and "retry" not in out
+    assert "step-0001 is not a checkpoint folder" in out
+    assert [c.step for c in checkpoints.list_complete(shared.as_uri(), log=lambda _m: None)] == [5, 6]

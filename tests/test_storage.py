@@ -161,3 +161,19 @@ def test_upload_killed_mid_checkpoint_falls_back_to_the_previous(store_root: str
     assert [c.step for c in checkpoints.list_complete(store_root)] == [10]
     found = checkpoints.restore_latest(store_root, tmp_path / "restore")
     assert found is not None and found.step == 10
+
+
+def test_log_upload_that_fails_says_so_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`upload-logs` (the bootstrap's last step on a node) exits 1 with one line, no traceback; the bootstrap then
+    records where the logs still are as a warning in the node's status."""
+    from cloudtrain import outputs
+
+    logs = tmp_path / "worker-logs" / "run_0" / "attempt_0" / "0"
+    logs.mkdir(parents=True)
+    (logs / "stdout.log").write_text("hello")
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the output folder should be")
+    assert outputs.main(["upload-logs", str(tmp_path / "worker-logs"), blocked.as_uri()]) == 1
+    out = capsys.readouterr()
+    assert out.out.startswith("[cloudtrain] error: upload of ") and out.out.count("\n") == 1
+    assert "Traceback" not in out.out + out.err

@@ -5,10 +5,17 @@ publishing run in a background thread, on a process group of their own (``dcp.as
 group while training continues hangs or crashes gloo). At most one save is in flight. On SIGTERM every rank agrees
 (an all_reduce on a third group) at the next ``step()``, takes a final checkpoint, drains the upload and raises
 ``Preempted``.
+
+A save that cannot be written or published (the store refuses it, or stays unreachable through every retry) is
+known to every rank: each raises ``CheckpointNotPublished`` at its next ``wait()`` (the next save, a stop, or
+``close()``), saying where the files still are, so no rank hangs in a collective the others left. ``close()`` saves
+the last step too, so a run that ends between two checkpoints leaves one to resume from.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
@@ -28,11 +35,17 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from cloudtrain import checkpoints, storage
+from cloudtrain.errors import CloudtrainError
 from cloudtrain.runtime.data import ResumableSampler
 from cloudtrain.runtime.logs import get_logger
 from cloudtrain.runtime.rng import rng_state, set_rng_state
 
 EXIT_PREEMPTED = 143
+
+
+class CheckpointNotPublished(checkpoints.CheckpointNotPublished, RuntimeError):
+    """A save that did not reach the store, raised on every rank; the message says where its files are. Also a
+    RuntimeError, which is what a failed save raised before."""
 
 
 class Preempted(SystemExit):
@@ -41,6 +54,10 @@ class Preempted(SystemExit):
     def __init__(self, step: int) -> None:
         super().__init__(EXIT_PREEMPTED)
         self.step = step
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, CloudtrainError) else str(exc)  # without the remedy: one is added later
 
 
 def _env_seconds(name: str) -> float | None:
@@ -78,8 +95,9 @@ class Checkpointer:
             (self.local_dir / checkpoints.RUNTIME_MARKER).touch()
         self.blocked_seconds: list[float] = []  # training time lost per save (staging), for benchmarks
         self.last_saved_step: int | None = None
+        self._last_step: int | None = None  # the newest step seen by step()/save(): what close() saves
         self._inflight: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._error: CheckpointNotPublished | None = None
         self._stop_requested = False
         self._last_save = time.monotonic()
         self._previous_handler: Any = None
@@ -95,6 +113,7 @@ class Checkpointer:
 
     def step(self, step: int) -> None:
         """Call after every optimizer step. Saves when due; on a stop request saves, drains and raises Preempted."""
+        self._last_step = step
         due_time = self.rank == 0 and self.every_seconds is not None and \
             time.monotonic() - self._last_save >= self.every_seconds
         flags = torch.tensor([int(self._stop_requested), int(due_time)])
@@ -115,6 +134,7 @@ class Checkpointer:
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
 
     def save(self, step: int, block: bool = False) -> None:
+        self._last_step = step
         self.wait()  # at most one save in flight
         if step == self.last_saved_step:
             return
@@ -146,8 +166,9 @@ class Checkpointer:
         return [*sorted(mine), f"extra/rank-{self.rank}.pt"]
 
     def _finish(self, future: Any, step: int, folder: Path) -> None:
+        """Write, hash and upload this rank's files; then every rank learns whether the step was published."""
         described: list[dict[str, Any]] = []
-        ok = True
+        error = None
         try:
             if future is not None:
                 future.result()
@@ -155,22 +176,26 @@ class Checkpointer:
             if self.uri:
                 remote = storage.join(self.uri, checkpoints.step_dir(step))
                 checkpoints.upload_files(folder, described, remote, log=self.log.warning)
-        except BaseException as exc:  # reported by wait(); the others must still meet us in the gather below
-            self._error, ok = exc, False
+        except BaseException as exc:  # the others must still meet us in the collectives below
+            error = f"rank {self.rank}: {_reason(exc)}"
         gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, {"ok": ok, "files": described}, group=self.save_group)
-        if not all(g["ok"] for g in gathered):
-            self.log.warning(f"checkpoint step {step} not published: a rank failed to write or upload it")
-            return
-        if self.rank == 0 and self.uri:
+        dist.all_gather_object(gathered, {"error": error, "files": described}, group=self.save_group)
+        verdict: list[Any] = [[g["error"] for g in gathered if g["error"]]]
+        if self.rank == 0 and self.uri and not verdict[0]:
             try:
                 remote = storage.join(self.uri, checkpoints.step_dir(step))
                 files = [f for g in gathered for f in g["files"]]
                 checkpoints.publish(remote, step, files, world_size=self.world_size, log=self.log.warning)
                 self.log.info(f"checkpoint step {step} published to {remote}")
             except BaseException as exc:
-                self._error = exc
-                return
+                verdict[0] = [f"rank 0: {_reason(exc)}"]
+        dist.broadcast_object_list(verdict, src=0, group=self.save_group)  # rank 0's publish: news to the others
+        if verdict[0]:
+            self._not_published(step, folder, verdict[0])
+            return
+        if self.rank == 0:
+            (self.local_dir / checkpoints.UNPUBLISHED_MARKER).unlink(missing_ok=True)
+        if self.rank == 0 and self.uri:
             try:  # the checkpoint stands; what retention misses now, the next save's retention removes
                 storage.with_retries(lambda: checkpoints.apply_retention(self.uri or "", self.keep,
                                                                          log=self.log.info),
@@ -179,6 +204,20 @@ class Checkpointer:
                 self.log.warning(f"retention after step {step} failed: {exc}")
         self.last_saved_step = step
         self._prune_local(step)
+
+    def _not_published(self, step: int, folder: Path, errors: list[str]) -> None:
+        where = f"to {self.uri}" if self.uri else "locally"
+        message = (f"checkpoint step {step} was not saved {where}: {errors[0]}"
+                   + (f" (and {len(errors) - 1} more rank(s))" if len(errors) > 1 else "")
+                   + f"; its files are still in {folder}")
+        self._error = CheckpointNotPublished(message, remedy="check that the checkpoint store is writable and "
+                                                     "reachable from the job")
+        if self.rank == 0:
+            self.log.warning(message)
+            # the bootstrap's final sync reads this: the job cannot end "succeeded" with the state on a node's disk
+            with contextlib.suppress(OSError):
+                marker = {"step": step, "error": message}
+                (self.local_dir / checkpoints.UNPUBLISHED_MARKER).write_text(json.dumps(marker))
 
     def _prune_local(self, newest: int) -> None:
         """Local disk keeps the newest folder only (the bucket keeps ``keep``); never mirrored to the bucket."""
@@ -193,19 +232,27 @@ class Checkpointer:
                     continue
 
     def wait(self) -> None:
-        """Block until the in-flight save is written, uploaded and published; re-raise its error."""
+        """Block until the in-flight save is written, uploaded and published; raise CheckpointNotPublished (on
+        every rank) if it was not."""
         if self._inflight is not None:
             self._inflight.join()
             self._inflight = None
         if self._error is not None:
             error, self._error = self._error, None
-            raise RuntimeError(f"checkpoint save failed: {error}") from error
+            raise error
 
-    def close(self) -> None:
-        self.wait()
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
+    def close(self, save: bool = True) -> None:
+        """End of training, on every rank (a collective): save the last step unless it is saved already, so a run
+        that ends between two checkpoints still leaves one to resume from (only where there is a store to publish
+        to), wait until it is published, and give SIGTERM back to the previous handler."""
+        try:
+            if save and self.uri and self._last_step is not None and self._last_step != self.last_saved_step:
+                self.save(self._last_step, block=True)
+            self.wait()
+        finally:
+            if self._previous_handler is not None:
+                signal.signal(signal.SIGTERM, self._previous_handler)
+                self._previous_handler = None
 
     # -- restoring -------------------------------------------------------------------------------------
     def restore(self) -> int:
@@ -261,6 +308,9 @@ def save_final_model(model: torch.nn.Module, uri: str | None = None, name: str =
     local.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, local)
     target = storage.join(uri, name)
-    storage.with_retries(lambda: storage.put_file(local, target), f"upload of {target}")
+    try:
+        storage.with_retries(lambda: storage.put_file(local, target), f"upload of {target}")
+    except CloudtrainError as exc:
+        raise CloudtrainError(f"{exc.message}; the model is still in {local}", remedy=exc.remedy) from exc
     local.unlink(missing_ok=True)
     return target

@@ -136,6 +136,9 @@ class Supervisor:
         failed = [n for n in nodes if n["outcome"] == "failed"]
         if failed:
             first = failed[0]
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # the reason the bootstrap gave
+                error = json.loads(Path(first["status_file"]).read_text())["error"]
+                return "failed", f"node {first['rank']} failed: {error}"
             return "failed", f"node {first['rank']} failed with exit code {first['exit_code']} (see its log)"
         if any(n["outcome"] == "preempted" for n in nodes):
             return "preempted", f"preempted (SIGTERM) after {record.attempt if record else 0} restart(s)"
