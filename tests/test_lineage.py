@@ -83,7 +83,8 @@ def test_restore_refuses_another_jobs_checkpoints_and_resumes_its_own(tmp_path: 
     manifest = json.loads((tmp_path / "store" / "step-000000064" / "manifest.json").read_text())
     assert manifest["lineage"] == "other-job-1234"
     refused = run_module("restore", store, str(tmp_path / "mine"), lineage="my-job-5678")
-    assert refused.returncode == 2 and "belong to another job (lineage other-job-1234" in refused.stderr
+    assert refused.returncode == 1  # one JSON report, which the bootstrap turns into the node's error
+    assert "belong to another job (lineage other-job-1234" in json.loads(refused.stdout)["error"]
     assert not (tmp_path / "mine").exists()
     resumed = run_module("restore", store, str(tmp_path / "again"), lineage="other-job-1234")
     assert resumed.returncode == 0 and json.loads(resumed.stdout) == {"step": 64}
