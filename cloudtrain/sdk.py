@@ -27,6 +27,7 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True) -> 
     Provider settings the spec leaves unset come from the environment or the active profile (cloudtrain.config)."""
     from cloudtrain.config import with_defaults
     from cloudtrain.packaging import PackageLimits, build_package
+    from cloudtrain.secrets import split_args_note
 
     impl = get_provider(provider) if isinstance(provider, str) else provider
     spec = with_defaults(spec, impl.name)
@@ -36,7 +37,11 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True) -> 
                            allow_secrets=tuple(rules.allow_secrets), exclude=tuple(rules.exclude))
     package = build_package(source, limits, progress=progress)
     try:
-        return impl.plan(spec, package)
+        plan = impl.plan(spec, package)
+        plan.notes += package.notes()
+        if note := split_args_note(spec.args, spec.env):
+            plan.notes.append(note)
+        return plan
     except BaseException:
         package.close()
         raise

@@ -2,14 +2,16 @@
 """cloudtrain's in-node bootstrap: the first thing every node of every job runs, locally and in the cloud.
 
 It must run on any image with Python 3.10+ and torch, so it uses the standard library only. Steps:
-derive this node's place in the cluster from the environment, unpack the source bundle safely, install the job's
-requirements, run ``torchrun`` with the derived arguments, forward signals to it, and report the outcome
-(succeeded, failed or preempted) as an exit code, a last log line and, when asked, a JSON status file.
+derive this node's place in the cluster from the environment, unpack the source bundle safely, mask secrets in all
+output from then on (its own and its children's), install the job's requirements, run ``torchrun`` with the derived
+arguments, forward signals to it, and report the outcome (succeeded, failed or preempted) as an exit code, a last
+log line and, when asked, a JSON status file.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -21,6 +23,7 @@ import tarfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -316,10 +319,21 @@ def finish_checkpoint_sync(syncer: subprocess.Popen[bytes] | None, env: dict[str
         log(f"warning: final checkpoint sync failed (exit {result.returncode})")
 
 
-def upload_logs(env: dict[str, str], cwd: Path, workdir: Path, cluster: ClusterInfo) -> None:
+def mask_output(lib: Path, env: dict[str, str]) -> Any:
+    """From here on, everything this node prints, and everything the processes it starts print, reaches the node's
+    log with secrets masked (cloudtrain/log_masking.py, stdlib only, loaded from the bundle just unpacked)."""
+    sys.path.insert(0, str(lib))
+    from cloudtrain.log_masking import MaskedOutput, Masker
+
+    return MaskedOutput(Masker.from_env(env))
+
+
+def upload_logs(env: dict[str, str], cwd: Path, workdir: Path, cluster: ClusterInfo, masker: Any = None) -> None:
     """Each node's worker logs go to the job's outputs (``<output>/logs/node-<rank>``), where `cloudtrain outputs`
     finds them on every platform. Best effort: a node's result never depends on it."""
     output, logs = env.get("CLOUDTRAIN_OUTPUT_URI"), workdir / "worker-logs"
+    if logs.is_dir() and masker is not None:  # torchrun wrote the workers' output there, unmasked
+        masker.mask_tree(logs)
     if not output or not logs.is_dir():
         return
     target = f"{output.rstrip('/')}/logs/node-{cluster.node_rank}"
@@ -398,6 +412,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with contextlib.ExitStack() as output:  # the masked output, entered once the bundle is unpacked, ends last
+        return run_node(argv, output)
+
+
+def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
     args, user_args = parse_args(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ)
     for item in args.env:
@@ -428,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         if unpacked.exists():
             shutil.rmtree(unpacked)
         safe_extract(bundle, unpacked)
+        masking = output.enter_context(mask_output(unpacked / "lib", env))
         src, site = unpacked / "src", workdir / "site-packages"
         install_requirements(src, site, args.requirements_file, args.requirement)
         python_path = [str(unpacked / "lib"), str(src), str(site)]
@@ -450,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
             syncer = start_checkpoint_sync(env, src, cluster)
             code, stopped = run_torchrun(argv_, src, env, early_stop)
             finish_checkpoint_sync(syncer, env, src)
-            upload_logs(env, src, workdir, cluster)
+            upload_logs(env, src, workdir, cluster, masking.masker)
     except BootstrapError as exc:
         log(f"error: {exc}")
         status.update(outcome="failed", error=str(exc), returncode=EXIT_USAGE, ended=time.time())
