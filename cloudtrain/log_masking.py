@@ -35,8 +35,7 @@ class Masker:
 
     def __init__(self, values: Iterable[str]) -> None:
         self._values = [v.encode() for v in values]  # longest first (env_secrets' order): a value inside another
-        self._rules = [(tuple(n.encode() for n in rule.needles), re.compile(rule.pattern.encode()))
-                       for rule in VALUE_RULES]
+        self._rules = [(re.compile(rule.probe.encode()), re.compile(rule.pattern.encode())) for rule in VALUE_RULES]
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Masker:
@@ -46,8 +45,8 @@ class Masker:
         for value in self._values:
             if value in data:
                 data = data.replace(value, MASK.encode())
-        for needles, regex in self._rules:  # substring tests first: ~100x cheaper than the regex on clean text
-            if any(needle in data for needle in needles):
+        for probe, regex in self._rules:  # the probe first: ~100x cheaper than the rule on clean text
+            if probe.search(data):
                 data = regex.sub(_masked_group, data)
         return data
 

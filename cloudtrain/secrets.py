@@ -38,31 +38,30 @@ SECRET_NAME_PATTERN = (
 @dataclass(frozen=True)
 class Rule:
     """A well-known credential format: ``pattern``'s first matching group is the secret (what is masked, the rest of
-    the match stays readable); ``needles`` are literal
-    strings one of which every match contains, checked first because a plain substring test is ~100x faster than
-    the regex (logs and source trees are mostly free of all of them)."""
+    the match stays readable). ``probe`` is a pattern starting with a literal that every match contains: text is
+    searched for it first, which the regex engine does about as fast as a substring test, ~100x faster than the
+    full pattern (logs and source trees are mostly free of all of them)."""
 
     name: str
-    needles: tuple[str, ...]
+    probe: str
     pattern: str
 
 
 # Formats searched inside any text: plan strings, log lines, command lines, source files.
 VALUE_RULES = (
-    Rule("aws-access-key-id", ("AKIA", "ASIA"), r"\b((?:AKIA|ASIA)[A-Z2-7]{16})\b"),
-    Rule("huggingface-token", ("hf_",), r"\b(hf_[A-Za-z0-9]{30,})"),
-    Rule("github-token", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
-         r"\b(gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})"),
-    Rule("openai-anthropic-key", ("sk-",), r"\b(sk-(?:proj-|svcacct-|ant-)?[A-Za-z0-9_-]{32,})"),
-    Rule("slack-token", ("xox",), r"\b(xox[abprs]-[A-Za-z0-9-]{10,})"),
-    Rule("azure-account-key", ("AccountKey=", "SharedAccessKey="), r"(?:AccountKey|SharedAccessKey)=([^;\s\"']+)"),
-    Rule("azure-sas-signature", ("SharedAccessSignature=", "sig="),
+    Rule("aws-access-key-id", r"A[KS]IA", r"\b((?:AKIA|ASIA)[A-Z2-7]{16})\b"),
+    Rule("huggingface-token", r"hf_", r"\b(hf_[A-Za-z0-9]{30,})"),
+    Rule("github-token", r"gh(?:[pousr]_|ithub_pat_)", r"\b(gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})"),
+    Rule("openai-anthropic-key", r"sk-", r"\b(sk-(?:proj-|svcacct-|ant-)?[A-Za-z0-9_-]{32,})"),
+    Rule("slack-token", r"xox", r"\b(xox[abprs]-[A-Za-z0-9-]{10,})"),
+    Rule("azure-account-key", r"Key=", r"(?:AccountKey|SharedAccessKey)=([^;\s\"']+)"),
+    Rule("azure-sas-signature", r"ig(?:=|nature=)",
          r"SharedAccessSignature=([^;\s\"']+)|[?&]sig=([A-Za-z0-9%+/=]{20,})"),
     # only the password is masked, so postgres://user:****@host stays readable
-    Rule("url-password", ("://",), r"://[^/\s:@\"']*:([^/\s@\"']+)@"),
+    Rule("url-password", r"://", r"://[^/\s:@\"']*:([^/\s@\"']+)@"),
 )
 _SECRET_NAME = re.compile(SECRET_NAME_PATTERN, re.IGNORECASE)
-_COMPILED = tuple((rule.needles, re.compile(rule.pattern)) for rule in VALUE_RULES)
+_COMPILED = tuple((re.compile(rule.probe), re.compile(rule.pattern)) for rule in VALUE_RULES)
 
 # Secret command-line values travel to the node in these variables; the command line holds a placeholder that the
 # bundle's lib/sitecustomize.py turns back into the value inside each worker (sys.argv), so `ps` never shows it.
@@ -75,8 +74,8 @@ def secret_name(name: str) -> bool:
 
 
 def _matches(text: str) -> Iterable[re.Match[str]]:
-    for needles, regex in _COMPILED:
-        if any(needle in text for needle in needles):
+    for probe, regex in _COMPILED:
+        if probe.search(text):
             yield from regex.finditer(text)
 
 
@@ -98,8 +97,8 @@ def mask_text(text: str, known: Iterable[str] = ()) -> str:
     for value in known:
         if value in text:
             text = text.replace(value, MASK)
-    for needles, regex in _COMPILED:
-        if any(needle in text for needle in needles):
+    for probe, regex in _COMPILED:
+        if probe.search(text):
             text = regex.sub(lambda m: m.group(0)[:m.start(g := _secret_group(m)) - m.start()] + MASK
                              + m.group(0)[m.end(g) - m.start():], text)
     return text

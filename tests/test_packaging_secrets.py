@@ -217,3 +217,9 @@ def test_downloaded_outputs_are_left_out(tmp_path: Path) -> None:
 
     download(store.as_uri(), root / "pkg", show_progress=False)  # a folder of code: not marked
     assert not (root / "pkg" / DOWNLOAD_MARKER).exists()
+
+
+def test_every_content_rule_is_reached_by_a_probe() -> None:
+    from cloudtrain.secret_scan import FILE_RULES, PROBES
+
+    assert {name for _, names in PROBES for name in names} == {rule.name for rule in FILE_RULES}
