@@ -125,6 +125,8 @@ class MaskedOutput:
         for fd, original, thread in self._pumps:
             os.dup2(original, fd)  # our write end closes here: the pump sees EOF once no child holds the pipe
             thread.join(_DRAIN_SECONDS)
+            if not thread.is_alive():  # else an orphan still writes: the pump keeps its descriptor until exit
+                os.close(original)
         self._pumps.clear()
 
     def _pump(self, read_end: int, out: int) -> None:

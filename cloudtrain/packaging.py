@@ -15,19 +15,13 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import hashlib
 import json
 import os
-import queue
 import re
 import shutil
 import stat
-import struct
-import tarfile
 import tempfile
-import threading
 import weakref
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +29,7 @@ from typing import Any
 from cloudtrain.errors import PackagingError
 from cloudtrain.home import resource_dir
 from cloudtrain.secret_scan import Finding, ScanningReader, describe
+from cloudtrain.tarstream import GzipPipe, add_file, finish
 
 BUNDLE_NAME = "bundle.tar.gz"
 BOOTSTRAP_NAME = "bootstrap.py"
@@ -68,8 +63,6 @@ _SPEC_PROBE_BYTES = 256 * 1024
 
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 DEFAULT_MAX_FILES = 50_000
-# Level 1: the bundle is uploaded once and read once; level 6 costs ~2x the CPU for a few % smaller bundles.
-_GZIP_LEVEL = 1
 
 
 IGNORE_FILES = (".gitignore", ".cloudtrainignore")  # read in this order: .cloudtrainignore may re-include (!)
@@ -313,84 +306,14 @@ def _runtime_files() -> list[tuple[str, Path]]:
         [("lib/sitecustomize.py", package_root / "data" / "sitecustomize.py")]  # loads cloudtrain/exit_guard.py
 
 
-def _add(tar: tarfile.TarFile, arcname: str, path: Path, scan_as: str | None = None) -> list[Finding]:
+def _add(out: GzipPipe, arcname: str, path: Path, scan_as: str | None = None) -> list[Finding]:
     """Add one file; with ``scan_as`` (its path in the source), look for credentials in what is read for the tar."""
-    info = tarfile.TarInfo(arcname)
     st = path.stat()
-    info.size = st.st_size
-    info.mode = 0o755 if st.st_mode & stat.S_IXUSR else 0o644
-    info.mtime = 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
+    mode = 0o755 if st.st_mode & stat.S_IXUSR else 0o644
     with open(path, "rb") as data:
-        if scan_as is None:
-            tar.addfile(info, data)
-            return []
-        reader = ScanningReader(scan_as, data, path)
-        tar.addfile(info, reader)  # tarfile only calls read(size)
-    return reader.findings()
-
-
-class _GzipPipe:
-    """A write-only file for tarfile that gzips, hashes and writes in a second thread.
-
-    tar framing and file reads stay on the caller's thread while deflate (which releases the GIL) runs on another
-    core, the way `tar | gzip` splits the work. The gzip header is fixed (no name, mtime 0, OS 255) so the bytes
-    are the same on every machine.
-    """
-
-    _CHUNK = 1 << 20
-
-    def __init__(self, out: Any) -> None:
-        self._out = out
-        self._buffer = bytearray()
-        self._written = 0  # uncompressed bytes; tarfile asks via tell()
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
-        self._sha = hashlib.sha256()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._drain, name="cloudtrain-gzip", daemon=True)
-        self._emit(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff")
-        self._thread.start()
-
-    def _emit(self, data: bytes) -> None:
-        self._out.write(data)
-        self._sha.update(data)
-
-    def _drain(self) -> None:
-        deflate = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
-        crc = size = 0
-        try:
-            while (chunk := self._queue.get()) is not None:
-                crc = zlib.crc32(chunk, crc)
-                size += len(chunk)
-                self._emit(deflate.compress(chunk))
-            self._emit(deflate.flush() + struct.pack("<II", crc, size & 0xFFFFFFFF))
-        except BaseException as exc:  # surfaced on the writer's thread by close()
-            self._error = exc
-            while self._queue.get() is not None:
-                pass
-
-    def tell(self) -> int:
-        return self._written
-
-    def write(self, data: bytes) -> int:
-        self._written += len(data)
-        self._buffer += data
-        if len(self._buffer) >= self._CHUNK:
-            self._queue.put(bytes(self._buffer))
-            self._buffer.clear()
-        return len(data)
-
-    def close(self) -> str:
-        """Flush everything; return the sha256 hex digest of the gzip bytes."""
-        if self._buffer:
-            self._queue.put(bytes(self._buffer))
-            self._buffer.clear()
-        self._queue.put(None)
-        self._thread.join()
-        if self._error:
-            raise self._error
-        return self._sha.hexdigest()
+        reader = ScanningReader(scan_as, data, path) if scan_as is not None else None
+        add_file(out, arcname, st.st_size, mode, reader or data)
+    return reader.findings() if reader else []
 
 
 def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), progress: bool = False) -> Package:
@@ -410,13 +333,13 @@ def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), pro
     path = Path(tmp)
     try:
         with os.fdopen(fd, "wb") as raw:
-            pipe = _GzipPipe(raw)
+            pipe = GzipPipe(raw)
             try:
-                bar = Progress(f"bundling {source_dir}", total=len(members), unit="files", enabled=progress)
-                with tarfile.open(fileobj=pipe, mode="w", format=tarfile.PAX_FORMAT) as tar, bar:  # type: ignore[call-overload]
+                with Progress(f"bundling {source_dir}", total=len(members), unit="files", enabled=progress) as bar:
                     for arcname, file, scan_as in members:
-                        findings += _add(tar, arcname, file, scan_as)
+                        findings += _add(pipe, arcname, file, scan_as)
                         bar.advance()
+                finish(pipe)
             finally:
                 digest = pipe.close()
         if findings:

@@ -223,3 +223,16 @@ def test_every_content_rule_is_reached_by_a_probe() -> None:
     from cloudtrain.secret_scan import FILE_RULES, PROBES
 
     assert {name for _, names in PROBES for name in names} == {rule.name for rule in FILE_RULES}
+
+
+def test_the_plan_says_what_was_left_out(cli, tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "proj")
+    (root / "cloudtrain.yaml").write_text("script: train.py\nnodes: 1\nenv:\n  DB_PASSWORD: hunter2-x\n")
+    (root / "out").mkdir()
+    (root / "out" / DOWNLOAD_MARKER).write_text("downloaded\n")
+    (root / "out" / "model.pt").write_bytes(b"weights")
+    out = cli("plan", "-f", "cloudtrain.yaml", cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert "package: left out cloudtrain.yaml (a cloudtrain spec file" in out.stdout
+    assert f"package: left out out/ (downloaded outputs; delete out/{DOWNLOAD_MARKER} to package it)" in out.stdout
+    assert "hunter2-x" not in out.stdout
