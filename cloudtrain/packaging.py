@@ -199,18 +199,19 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
         nested = ignore_rules(folder, names=(".gitignore",)) if prefix and use_ignore_files else None
         return [*rules, (prefix, nested)] if nested is not None else rules
 
-    def left_out_why(path: Path, rel: str, name: str, is_dir: bool, rules: list[tuple[str, Any]]) -> str | None:
-        """Why a file or folder is not shipped, or None if it is (or, for a credentials file, refused)."""
+    def judge(path: Path, rel: str, name: str, is_dir: bool, rules: list[tuple[str, Any]]) -> tuple[str, str] | None:
+        """(what happens, why) to a file or folder that does not ship as it is: "skip" (excluded or ignored),
+        "refuse" (a credentials file) or "omit" (cloudtrain's own files: left out, and the plan says so)."""
         if _matches(name, rel, excludes):
-            return "never packaged (BUILTIN_EXCLUDES)"
+            return "skip", "never packaged (BUILTIN_EXCLUDES)"
         if ignored(rel + "/" if is_dir else rel, rules):
-            return "ignored (.gitignore, .cloudtrainignore or package.exclude)"
+            return "skip", "ignored (.gitignore, .cloudtrainignore or package.exclude)"
         if is_secret(name, rel):
-            return "a credentials file"
+            return "refuse", "a credentials file"
         if check_secrets and is_dir and (path / DOWNLOAD_MARKER).exists():
-            return f"downloaded by `cloudtrain outputs` (delete {rel}/{DOWNLOAD_MARKER} to package it)"
+            return "omit", f"downloaded by `cloudtrain outputs` (delete {rel}/{DOWNLOAD_MARKER} to package it)"
         if check_secrets and not is_dir and is_spec_file(path):
-            return "a cloudtrain spec file (nodes get its settings through the request)"
+            return "omit", "a cloudtrain spec file (nodes get its settings through the request)"
         return None
 
     def link(rel: str, path: Path) -> int:
@@ -230,10 +231,10 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
         why = "a folder (bundles hold plain files)" if target.is_dir() else None
         rules = [("", root_rules)] if root_rules is not None else []
         parts = target_rel.split("/")
-        for depth in range(len(parts)):
+        for depth in range(len(parts)):  # the target's own path, folder by folder, as the walk would judge it
             sub = "/".join(parts[:depth + 1])
             is_dir = depth < len(parts) - 1
-            why = why or left_out_why(root / sub, sub, parts[depth], is_dir, rules)
+            why = why or (judge(root / sub, sub, parts[depth], is_dir, rules) or (None, None))[1]
             if is_dir:
                 rules = nested_rules(root / sub, sub + "/", rules)
         if why:
@@ -250,12 +251,12 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
         for entry in entries:
             rel = prefix + entry.name
             is_dir = entry.is_dir(follow_symlinks=False)
-            why = left_out_why(Path(entry.path), rel, entry.name, is_dir, rules)  # a link: by its own name here
-            if why == "a credentials file":
+            action, _ = judge(Path(entry.path), rel, entry.name, is_dir, rules) or (None, None)  # a link: by its name
+            if action == "refuse":
                 secrets.append(rel + "/" if is_dir else rel)
-            elif why and why.startswith(("downloaded", "a cloudtrain spec")):
+            elif action == "omit":
                 omitted.append(f"{rel}/" if is_dir else rel)
-            elif why:
+            elif action:
                 continue
             elif is_dir:
                 walk(Path(entry.path), rel + "/", rules)
