@@ -141,3 +141,10 @@ def test_spec_errors_do_not_echo_secret_values(cli, tmp_path: Path) -> None:
     out = cli("plan", "-f", "cloudtrain.yaml", cwd=tmp_path)
     assert out.returncode == 2 and "env.DB_PASSWORD" in out.stderr and "982734987" not in out.stderr
     assert "(got 3)" in out.stderr  # an ordinary value is still shown
+
+
+def test_an_env_flag_without_a_name_is_not_echoed(cli, tmp_path: Path) -> None:
+    """`--env $HF_TOKEN` (the name forgotten) must not print the token in the error."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    out = cli("plan", "train.py", "--env", HF, cwd=tmp_path)
+    assert out.returncode == 2 and "--env" in out.stderr and HF not in out.stderr
