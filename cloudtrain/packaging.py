@@ -54,10 +54,13 @@ SECRET_EXCEPTIONS = (".env.example", ".env.sample", ".env.template", "*.env.exam
 # `cloudtrain outputs --download DIR` marks DIR with this file; bundles leave such folders out (a downloaded model
 # and logs are not source). Delete the file to package the folder.
 DOWNLOAD_MARKER = ".cloudtrain-download"
-# A cloudtrain spec file: script/module plus one of cloudtrain's own top-level keys. Never packaged: a node gets
-# every setting through the provider request and its environment, and a copy would carry env values in clear.
-_SPEC_FILE = re.compile(r"^(?:script|module):.*^(?:nodes|procs_per_node|providers|checkpoint|strategy|accelerator)"
-                        r":|^(?:nodes|procs_per_node|providers|checkpoint|strategy|accelerator):.*^(?:script|module):",
+# A cloudtrain spec file: cloudtrain.yaml, or YAML with script/module and one more of the spec's top-level keys. Never
+# packaged: a node gets every setting through the provider request and its environment, and a copy would carry env
+# values in clear.
+SPEC_FILE_NAMES = ("cloudtrain.yaml", "cloudtrain.yml")
+_SPEC_KEYS = ("nodes|procs_per_node|providers|checkpoint|strategy|accelerator|env|args|source_dir|requirements|spot"
+              "|max_runtime|image|inputs|output_uri|package")
+_SPEC_FILE = re.compile(rf"^(?:script|module):.*^(?:{_SPEC_KEYS}):|^(?:{_SPEC_KEYS}):.*^(?:script|module):",
                         re.MULTILINE | re.DOTALL)
 _SPEC_PROBE_BYTES = 256 * 1024
 
@@ -148,6 +151,8 @@ def _matches(name: str, rel: str, patterns: tuple[str, ...], ignore_case: bool =
 
 def is_spec_file(path: Path) -> bool:
     """A YAML file that is a cloudtrain job spec (cloudtrain.yaml, or any file given to -f)."""
+    if path.name.lower() in SPEC_FILE_NAMES:
+        return True
     if path.suffix.lower() not in (".yaml", ".yml"):
         return False
     try:

@@ -180,16 +180,17 @@ def test_spec_files_are_left_out_and_said_so(tmp_path: Path) -> None:
     """cloudtrain.yaml (or any spec given with -f) is never shipped: nodes get its settings through the request,
     and a copy would carry env values in clear. Other YAML stays."""
     root = make_tree(tmp_path / "src")
-    (root / "cloudtrain.yaml").write_text("name: demo\nscript: train.py\nnodes: 2\nenv:\n  DB_PASSWORD: hunter2\n")
+    (root / "cloudtrain.yaml").write_text("env:\n  DB_PASSWORD: hunter2\n")  # the name alone says it
     (root / "jobs").mkdir()
     (root / "jobs" / "big.yml").write_text("nodes: 4\nmodule: pkg.train\n")
+    (root / "jobs" / "gpu.yaml").write_text("script: train.py\nenv:\n  DB_PASSWORD: hunter2\n")
     (root / "config.yaml").write_text("lr: 0.1\nscript: not-a-spec\n")
     with build_package(root) as package, tarfile.open(package.path) as tar:
         names = tar.getnames()
         assert "src/config.yaml" in names
-        assert "src/cloudtrain.yaml" not in names and "src/jobs/big.yml" not in names
-        assert package.left_out == ["cloudtrain.yaml", "jobs/big.yml"]
-        assert package.manifest()["left_out"] == ["cloudtrain.yaml", "jobs/big.yml"]
+        assert not {"src/cloudtrain.yaml", "src/jobs/big.yml", "src/jobs/gpu.yaml"} & set(names)
+        assert package.left_out == ["cloudtrain.yaml", "jobs/big.yml", "jobs/gpu.yaml"]
+        assert package.manifest()["left_out"] == package.left_out
         assert any("left out cloudtrain.yaml" in note for note in package.notes())
 
 
