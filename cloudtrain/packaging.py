@@ -105,10 +105,11 @@ class Package:
         }
 
     def notes(self) -> list[str]:
-        """What a plan says about the package: what cloudtrain left out on its own."""
+        """What a plan says about the package: what cloudtrain left out on its own (cloudtrain.yaml goes without
+        saying; another YAML taken for a spec, or downloaded outputs, may surprise)."""
         return [f"package: left out {path} (" + ("a cloudtrain spec file: nodes get its settings through the "
                 "request" if not path.endswith("/") else f"downloaded outputs; delete {path}{DOWNLOAD_MARKER} "
-                "to package it") + ")" for path in self.left_out]
+                "to package it") + ")" for path in self.left_out if path.rsplit("/", 1)[-1] not in SPEC_FILE_NAMES]
 
     def __post_init__(self) -> None:
         # The bundle is a temp file: delete it however the Package is dropped (notebooks rarely close things).

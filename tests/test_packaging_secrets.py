@@ -191,7 +191,8 @@ def test_spec_files_are_left_out_and_said_so(tmp_path: Path) -> None:
         assert not {"src/cloudtrain.yaml", "src/jobs/big.yml", "src/jobs/gpu.yaml"} & set(names)
         assert package.left_out == ["cloudtrain.yaml", "jobs/big.yml", "jobs/gpu.yaml"]
         assert package.manifest()["left_out"] == package.left_out
-        assert any("left out cloudtrain.yaml" in note for note in package.notes())
+        assert [note.split(" (")[0] for note in package.notes()] == [  # cloudtrain.yaml goes without saying
+            "package: left out jobs/big.yml", "package: left out jobs/gpu.yaml"]
 
 
 def test_downloaded_outputs_are_left_out(tmp_path: Path) -> None:
@@ -228,12 +229,12 @@ def test_every_content_rule_is_reached_by_a_probe() -> None:
 
 def test_the_plan_says_what_was_left_out(cli, tmp_path: Path) -> None:
     root = make_tree(tmp_path / "proj")
-    (root / "cloudtrain.yaml").write_text("script: train.py\nnodes: 1\nenv:\n  DB_PASSWORD: hunter2-x\n")
+    (root / "gpu.yaml").write_text("script: train.py\nnodes: 1\nenv:\n  DB_PASSWORD: hunter2-x\n")
     (root / "out").mkdir()
     (root / "out" / DOWNLOAD_MARKER).write_text("downloaded\n")
     (root / "out" / "model.pt").write_bytes(b"weights")
-    out = cli("plan", "-f", "cloudtrain.yaml", cwd=root)
+    out = cli("plan", "-f", "gpu.yaml", cwd=root)
     assert out.returncode == 0, out.stderr
-    assert "package: left out cloudtrain.yaml (a cloudtrain spec file" in out.stdout
+    assert "package: left out gpu.yaml (a cloudtrain spec file" in out.stdout
     assert f"package: left out out/ (downloaded outputs; delete out/{DOWNLOAD_MARKER} to package it)" in out.stdout
     assert "hunter2-x" not in out.stdout
