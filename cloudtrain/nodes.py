@@ -14,6 +14,7 @@ from types import ModuleType
 
 from cloudtrain.home import resource_dir
 from cloudtrain.plan import NodeCommand
+from cloudtrain.secrets import split_args
 from cloudtrain.spec import JobSpec
 
 
@@ -42,12 +43,14 @@ def bootstrap_args(spec: JobSpec, *, bundle: str, digest: str, workdir: str, job
             args += ["--requirement", req]
     if status_file:
         args += ["--status-file", status_file]
-    return [*args, "--", *spec.args]
+    shown, _ = split_args(spec.args, spec.env)  # secret values travel in job_env, not on command lines (ps)
+    return [*args, "--", *shown]
 
 
 def job_env(spec: JobSpec) -> dict[str, str]:
     """Variables every node of every provider sees (the user's env plus cloudtrain's own)."""
     env = dict(spec.env)
+    env.update(split_args(spec.args, spec.env)[1])  # the script's secret arguments (see bootstrap_args)
     env["CLOUDTRAIN_STRATEGY"] = spec.strategy
     if spec.checkpoint.uri:
         from cloudtrain.checkpoints import LINEAGE_ENV

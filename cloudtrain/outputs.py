@@ -53,11 +53,31 @@ def list_outputs(uri: str) -> list[OutputFile]:
     return files
 
 
+def mark_download_folder(dest: Path, uri: str) -> bool:
+    """Mark ``dest`` as downloaded outputs, which bundles leave out (a model and logs downloaded into the project
+    must not ship with the next job). Only a new or empty folder (or one marked before) is marked: marking a folder
+    that already held files, the source itself say, would leave those out too. Returns whether it is marked."""
+    from cloudtrain.packaging import DOWNLOAD_MARKER
+
+    marker = dest / DOWNLOAD_MARKER
+    if dest.exists() and not marker.exists() and any(dest.iterdir()):
+        print(f"note: {dest} already held files, so it is not marked as downloaded outputs: if it is inside a "
+              "source folder, the next bundle includes what was downloaded (download into a new folder, or "
+              "exclude it in .cloudtrainignore)", file=sys.stderr)
+        return False
+    dest.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"Outputs of {uri}, downloaded by `cloudtrain outputs --download`.\n"
+                      "cloudtrain leaves this folder out of job bundles; delete this file to package it.\n")
+    return True
+
+
 def download(uri: str, dest: Path, show_progress: bool = True) -> list[OutputFile]:
-    """Copy every output under ``uri`` into ``dest`` (folders kept), reporting progress per file."""
+    """Copy every output under ``uri`` into ``dest`` (folders kept), reporting progress per file. ``dest`` is
+    marked so that bundles leave it out (:func:`mark_download_folder`)."""
     from cloudtrain.progress import Progress
 
     files = list_outputs(uri)
+    mark_download_folder(dest, uri)
     fetched = []
     with Progress(f"downloading {uri}", total=len(files), unit="files", enabled=show_progress) as bar:
         for item in files:

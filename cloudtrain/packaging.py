@@ -15,25 +15,21 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import hashlib
 import json
 import os
-import queue
 import re
 import shutil
 import stat
-import struct
-import tarfile
 import tempfile
-import threading
 import weakref
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cloudtrain.errors import PackagingError
 from cloudtrain.home import resource_dir
+from cloudtrain.secret_scan import Finding, ScanningReader, describe
+from cloudtrain.tarstream import GzipPipe, add_file, finish
 
 BUNDLE_NAME = "bundle.tar.gz"
 BOOTSTRAP_NAME = "bootstrap.py"
@@ -44,19 +40,32 @@ BUILTIN_EXCLUDES = (
     ".mypy_cache", ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints", "node_modules", "build", "dist",
     "*.egg-info", ".DS_Store", ".cloudtrain", "wandb", "mlruns",
 )
-# Refused unless explicitly allowed: these hold credentials far more often than not.
+# Refused unless explicitly allowed (names compared without case): these hold credentials far more often than not.
 SECRET_PATTERNS = (
-    ".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_ecdsa*", "id_ed25519*", ".netrc",
-    ".pypirc", ".git-credentials", ".npmrc", "credentials", "credentials.json", "*service-account*.json",
-    "*serviceaccount*.json", "application_default_credentials.json", ".aws", ".ssh", ".azure", ".gcloud",
-    ".kube",
+    ".env", ".env.*", "*.env", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "id_rsa*", "id_ecdsa*",
+    "id_ed25519*", "id_dsa*", "deploy_key", "deploy_key.*", "*_deploy_key", ".netrc", ".pgpass", ".pypirc",
+    ".git-credentials", ".npmrc", ".dockercfg", "credentials", "credentials.json", "credentials.csv",
+    "*_credentials.csv", "*accesskeys.csv", "*service-account*.json", "*serviceaccount*.json", "*-key.json",
+    "*_key.json", "key.json", "application_default_credentials.json", ".aws", ".ssh", ".azure", ".gcloud", ".kube",
+    ".docker",
 )
-SECRET_EXCEPTIONS = (".env.example", ".env.sample", ".env.template")
+SECRET_EXCEPTIONS = (".env.example", ".env.sample", ".env.template", "*.env.example", "*.env.sample",
+                     "*.env.template", "example.env", "sample.env", "template.env")
+# `cloudtrain outputs --download DIR` marks DIR with this file; bundles leave such folders out (a downloaded model
+# and logs are not source). Delete the file to package the folder.
+DOWNLOAD_MARKER = ".cloudtrain-download"
+# A cloudtrain spec file: cloudtrain.yaml, or YAML with script/module and one more of the spec's top-level keys. Never
+# packaged: a node gets every setting through the provider request and its environment, and a copy would carry env
+# values in clear.
+SPEC_FILE_NAMES = ("cloudtrain.yaml", "cloudtrain.yml")
+_SPEC_KEYS = ("nodes|procs_per_node|providers|checkpoint|strategy|accelerator|env|args|source_dir|requirements|spot"
+              "|max_runtime|image|inputs|output_uri|package")
+_SPEC_FILE = re.compile(rf"^(?:script|module):.*^(?:{_SPEC_KEYS}):|^(?:{_SPEC_KEYS}):.*^(?:script|module):",
+                        re.MULTILINE | re.DOTALL)
+_SPEC_PROBE_BYTES = 256 * 1024
 
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 DEFAULT_MAX_FILES = 50_000
-# Level 1: the bundle is uploaded once and read once; level 6 costs ~2x the CPU for a few % smaller bundles.
-_GZIP_LEVEL = 1
 
 
 IGNORE_FILES = (".gitignore", ".cloudtrainignore")  # read in this order: .cloudtrainignore may re-include (!)
@@ -79,6 +88,7 @@ class Package:
     digest: str
     bundle_bytes: int
     files: list[dict[str, Any]] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # not ignored, yet not shipped: spec files, downloads
 
     @property
     def source_bytes(self) -> int:
@@ -91,7 +101,15 @@ class Package:
             "file_count": len(self.files),
             "bytes": self.source_bytes,
             "files": self.files,
+            **({"left_out": self.left_out} if self.left_out else {}),
         }
+
+    def notes(self) -> list[str]:
+        """What a plan says about the package: what cloudtrain left out on its own (cloudtrain.yaml goes without
+        saying; another YAML taken for a spec, or downloaded outputs, may surprise)."""
+        return [f"package: left out {path} (" + ("a cloudtrain spec file: nodes get its settings through the "
+                "request" if not path.endswith("/") else f"downloaded outputs; delete {path}{DOWNLOAD_MARKER} "
+                "to package it") + ")" for path in self.left_out if path.rsplit("/", 1)[-1] not in SPEC_FILE_NAMES]
 
     def __post_init__(self) -> None:
         # The bundle is a temp file: delete it however the Package is dropped (notebooks rarely close things).
@@ -121,14 +139,29 @@ class Package:
 
 
 @functools.cache
-def _pattern(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+def _pattern(patterns: tuple[str, ...], ignore_case: bool = False) -> re.Pattern[str] | None:
     """One compiled regex for a set of globs: a walk over 10,000 files matches each name once, not per glob."""
-    return re.compile("|".join(fnmatch.translate(p) for p in patterns)) if patterns else None
+    flags = re.IGNORECASE if ignore_case else 0
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns), flags) if patterns else None
 
 
-def _matches(name: str, rel: str, patterns: tuple[str, ...]) -> bool:
-    regex = _pattern(patterns)
+def _matches(name: str, rel: str, patterns: tuple[str, ...], ignore_case: bool = False) -> bool:
+    regex = _pattern(patterns, ignore_case)
     return bool(regex and (regex.match(name) or regex.match(rel)))
+
+
+def is_spec_file(path: Path) -> bool:
+    """A YAML file that is a cloudtrain job spec (cloudtrain.yaml, or any file given to -f)."""
+    if path.name.lower() in SPEC_FILE_NAMES:
+        return True
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SPEC_PROBE_BYTES).decode("utf-8", "replace")
+    except OSError:  # unreadable or a dangling link: judged where it is read
+        return False
+    return bool(_SPEC_FILE.search(head))
 
 
 def ignore_rules(folder: Path, extra: tuple[str, ...] = (), names: tuple[str, ...] = IGNORE_FILES) -> Any:
@@ -148,54 +181,93 @@ def ignore_rules(folder: Path, extra: tuple[str, ...] = (), names: tuple[str, ..
 
 def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
                   limits: PackageLimits = PackageLimits(), check_secrets: bool = True,
-                  use_ignore_files: bool = True) -> list[tuple[str, Path, int]]:
-    """Walk ``root``; return ``(relative posix path, absolute path, size)`` for every file to ship, sorted."""
+                  use_ignore_files: bool = True, left_out: list[str] | None = None) -> list[tuple[str, Path, int]]:
+    """Walk ``root``; return ``(relative posix path, absolute path, size)`` for every file to ship, sorted.
+
+    With ``check_secrets`` (the user's source), credential files are refused, links are judged by their target too,
+    and cloudtrain's own files are left out and named in ``left_out``: spec files and downloaded outputs."""
     root = root.resolve()
     # (folder prefix, matcher): the root's .gitignore/.cloudtrainignore/package.exclude, then each nested .gitignore,
     # whose patterns are relative to its own folder, as git reads them.
     root_rules = ignore_rules(root, limits.exclude) if use_ignore_files else None
     found: list[tuple[str, Path, int]] = []
     secrets: list[str] = []
+    omitted = left_out if left_out is not None else []
 
     def ignored(rel: str, rules: list[tuple[str, Any]]) -> bool:
         return any(spec.match_file(rel[len(prefix):]) for prefix, spec in rules)
 
     def is_secret(name: str, rel: str) -> bool:
-        return check_secrets and _matches(name, rel, SECRET_PATTERNS) and not _matches(name, rel, SECRET_EXCEPTIONS) \
-            and not _matches(name, rel, limits.allow_secrets)
+        return check_secrets and _matches(name, rel, SECRET_PATTERNS, True) \
+            and not _matches(name, rel, SECRET_EXCEPTIONS, True) and not _matches(name, rel, limits.allow_secrets)
+
+    def nested_rules(folder: Path, prefix: str, rules: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        nested = ignore_rules(folder, names=(".gitignore",)) if prefix and use_ignore_files else None
+        return [*rules, (prefix, nested)] if nested is not None else rules
+
+    def judge(path: Path, rel: str, name: str, is_dir: bool, rules: list[tuple[str, Any]]) -> tuple[str, str] | None:
+        """(what happens, why) to a file or folder that does not ship as it is: "skip" (excluded or ignored),
+        "refuse" (a credentials file) or "omit" (cloudtrain's own files: left out, and the plan says so)."""
+        if _matches(name, rel, excludes):
+            return "skip", "never packaged (BUILTIN_EXCLUDES)"
+        if ignored(rel + "/" if is_dir else rel, rules):
+            return "skip", "ignored (.gitignore, .cloudtrainignore or package.exclude)"
+        if is_secret(name, rel):
+            return "refuse", "a credentials file"
+        if check_secrets and is_dir and (path / DOWNLOAD_MARKER).exists():
+            return "omit", f"downloaded by `cloudtrain outputs` (delete {rel}/{DOWNLOAD_MARKER} to package it)"
+        if check_secrets and not is_dir and is_spec_file(path):
+            return "omit", "a cloudtrain spec file (nodes get its settings through the request)"
+        return None
+
+    def link(rel: str, path: Path) -> int:
+        """A link ships its target's content, so the target must be a file that would ship by its own path."""
+        try:
+            target = path.resolve(strict=True)
+        except (OSError, RuntimeError) as exc:  # a dangling link, or a loop (RuntimeError before Python 3.13)
+            raise PackagingError(f"{rel} is a link that cannot be followed ({exc})", field="source_dir",
+                                 remedy="remove the link, or exclude it (.cloudtrainignore)") from None
+        if not target.is_relative_to(root) or target == root:
+            raise PackagingError(
+                f"{rel} is a link to {target}, outside the source folder",
+                field="source_dir",
+                remedy="copy the file into the source folder, or exclude the link",
+            )
+        target_rel = target.relative_to(root).as_posix()
+        why = "a folder (bundles hold plain files)" if target.is_dir() else None
+        rules = [("", root_rules)] if root_rules is not None else []
+        parts = target_rel.split("/")
+        for depth in range(len(parts)):  # the target's own path, folder by folder, as the walk would judge it
+            sub = "/".join(parts[:depth + 1])
+            is_dir = depth < len(parts) - 1
+            why = why or (judge(root / sub, sub, parts[depth], is_dir, rules) or (None, None))[1]
+            if is_dir:
+                rules = nested_rules(root / sub, sub + "/", rules)
+        if why:
+            raise PackagingError(
+                f"{rel} is a link to {target_rel}, which is {why}: the link would ship it anyway",
+                field="source_dir",
+                remedy="remove the link or exclude it (.cloudtrainignore); copy the file in if it is safe to ship")
+        return target.stat().st_size
 
     def walk(folder: Path, prefix: str, rules: list[tuple[str, Any]]) -> None:
-        if prefix and use_ignore_files:
-            nested = ignore_rules(folder, names=(".gitignore",))
-            rules = [*rules, (prefix, nested)] if nested is not None else rules
+        rules = nested_rules(folder, prefix, rules)
         with os.scandir(folder) as it:
             entries = sorted(it, key=lambda e: e.name)
         for entry in entries:
             rel = prefix + entry.name
-            if _matches(entry.name, rel, excludes):
+            is_dir = entry.is_dir(follow_symlinks=False)
+            action, _ = judge(Path(entry.path), rel, entry.name, is_dir, rules) or (None, None)  # a link: by its name
+            if action == "refuse":
+                secrets.append(rel + "/" if is_dir else rel)
+            elif action == "omit":
+                omitted.append(f"{rel}/" if is_dir else rel)
+            elif action:
                 continue
-            if entry.is_dir(follow_symlinks=False):
-                if ignored(rel + "/", rules):
-                    continue
-                if is_secret(entry.name, rel):
-                    secrets.append(rel + "/")
-                    continue
+            elif is_dir:
                 walk(Path(entry.path), rel + "/", rules)
-                continue
-            if ignored(rel, rules):
-                continue
-            if is_secret(entry.name, rel):
-                secrets.append(rel)
-                continue
-            if entry.is_symlink():
-                target = Path(entry.path).resolve()
-                if not target.is_relative_to(root) or not target.is_file():
-                    raise PackagingError(
-                        f"{rel} is a link to {target}, outside the source folder",
-                        field="source_dir",
-                        remedy="copy the file into the source folder, or exclude the link",
-                    )
-                found.append((rel, Path(entry.path), target.stat().st_size))
+            elif entry.is_symlink():
+                found.append((rel, Path(entry.path), link(rel, Path(entry.path))))
             elif entry.is_file(follow_symlinks=False):  # sockets and fifos are skipped
                 found.append((rel, Path(entry.path), entry.stat(follow_symlinks=False).st_size))
 
@@ -241,78 +313,14 @@ def _runtime_files() -> list[tuple[str, Path]]:
         [("lib/sitecustomize.py", package_root / "data" / "sitecustomize.py")]  # loads cloudtrain/exit_guard.py
 
 
-def _add(tar: tarfile.TarFile, arcname: str, path: Path) -> None:
-    info = tarfile.TarInfo(arcname)
+def _add(out: GzipPipe, arcname: str, path: Path, scan_as: str | None = None) -> list[Finding]:
+    """Add one file; with ``scan_as`` (its path in the source), look for credentials in what is read for the tar."""
     st = path.stat()
-    info.size = st.st_size
-    info.mode = 0o755 if st.st_mode & stat.S_IXUSR else 0o644
-    info.mtime = 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
+    mode = 0o755 if st.st_mode & stat.S_IXUSR else 0o644
     with open(path, "rb") as data:
-        tar.addfile(info, data)
-
-
-class _GzipPipe:
-    """A write-only file for tarfile that gzips, hashes and writes in a second thread.
-
-    tar framing and file reads stay on the caller's thread while deflate (which releases the GIL) runs on another
-    core, the way `tar | gzip` splits the work. The gzip header is fixed (no name, mtime 0, OS 255) so the bytes
-    are the same on every machine.
-    """
-
-    _CHUNK = 1 << 20
-
-    def __init__(self, out: Any) -> None:
-        self._out = out
-        self._buffer = bytearray()
-        self._written = 0  # uncompressed bytes; tarfile asks via tell()
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
-        self._sha = hashlib.sha256()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._drain, name="cloudtrain-gzip", daemon=True)
-        self._emit(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff")
-        self._thread.start()
-
-    def _emit(self, data: bytes) -> None:
-        self._out.write(data)
-        self._sha.update(data)
-
-    def _drain(self) -> None:
-        deflate = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
-        crc = size = 0
-        try:
-            while (chunk := self._queue.get()) is not None:
-                crc = zlib.crc32(chunk, crc)
-                size += len(chunk)
-                self._emit(deflate.compress(chunk))
-            self._emit(deflate.flush() + struct.pack("<II", crc, size & 0xFFFFFFFF))
-        except BaseException as exc:  # surfaced on the writer's thread by close()
-            self._error = exc
-            while self._queue.get() is not None:
-                pass
-
-    def tell(self) -> int:
-        return self._written
-
-    def write(self, data: bytes) -> int:
-        self._written += len(data)
-        self._buffer += data
-        if len(self._buffer) >= self._CHUNK:
-            self._queue.put(bytes(self._buffer))
-            self._buffer.clear()
-        return len(data)
-
-    def close(self) -> str:
-        """Flush everything; return the sha256 hex digest of the gzip bytes."""
-        if self._buffer:
-            self._queue.put(bytes(self._buffer))
-            self._buffer.clear()
-        self._queue.put(None)
-        self._thread.join()
-        if self._error:
-            raise self._error
-        return self._sha.hexdigest()
+        reader = ScanningReader(scan_as, data, path) if scan_as is not None else None
+        add_file(out, arcname, st.st_size, mode, reader or data)
+    return reader.findings() if reader else []
 
 
 def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), progress: bool = False) -> Package:
@@ -320,25 +328,38 @@ def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), pro
     lines) on stderr while a large tree is bundled."""
     from cloudtrain.progress import Progress
 
-    user_files = collect_files(source_dir, limits=limits)
+    left_out: list[str] = []
+    user_files = collect_files(source_dir, limits=limits, left_out=left_out)
     bootstrap = resource_dir("entrypoints") / BOOTSTRAP_NAME
-    members = [(BOOTSTRAP_NAME, bootstrap), *_runtime_files(), *((f"src/{rel}", p) for rel, p, _ in user_files)]
+    members: list[tuple[str, Path, str | None]] = [
+        (BOOTSTRAP_NAME, bootstrap, None), *((arcname, p, None) for arcname, p in _runtime_files()),
+        *((f"src/{rel}", p, None if _matches(rel.rsplit("/", 1)[-1], rel, limits.allow_secrets) else rel)
+          for rel, p, _ in user_files)]
+    findings: list[Finding] = []
     fd, tmp = tempfile.mkstemp(prefix="cloudtrain-bundle-", suffix=".tar.gz")
     path = Path(tmp)
     try:
         with os.fdopen(fd, "wb") as raw:
-            pipe = _GzipPipe(raw)
+            pipe = GzipPipe(raw)
             try:
-                bar = Progress(f"bundling {source_dir}", total=len(members), unit="files", enabled=progress)
-                with tarfile.open(fileobj=pipe, mode="w", format=tarfile.PAX_FORMAT) as tar, bar:  # type: ignore[call-overload]
-                    for arcname, file in members:
-                        _add(tar, arcname, file)
+                with Progress(f"bundling {source_dir}", total=len(members), unit="files", enabled=progress) as bar:
+                    for arcname, file, scan_as in members:
+                        findings += _add(pipe, arcname, file, scan_as)
                         bar.advance()
+                finish(pipe)
             finally:
                 digest = pipe.close()
+        if findings:
+            raise PackagingError(
+                f"refusing to package credentials found in {describe(findings)}",
+                field="source_dir",
+                remedy="pass secrets to the job with --env / env: (masked in plans and logs) instead of keeping "
+                       "them in files; if one is not a real credential, end its line with the comment "
+                       "`cloudtrain: allow-secret`, or allow the whole file (package.allow_secrets in the spec, "
+                       "or --allow-secret PATTERN)")
     except BaseException:
         path.unlink(missing_ok=True)
         raise
     files = [{"path": rel, "size": size} for rel, _, size in user_files]
     return Package(path=path, bootstrap=bootstrap, digest=f"sha256:{digest}", bundle_bytes=path.stat().st_size,
-                   files=files)
+                   files=files, left_out=left_out)

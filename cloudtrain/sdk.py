@@ -30,12 +30,16 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
     Provider settings the spec leaves unset come from the environment or the active profile (cloudtrain.config).
     ``spec_file``: the file the spec came from, shown in the plan."""
     from cloudtrain.config import with_defaults
+    from cloudtrain.secrets import split_args_note
 
     impl = get_provider(provider) if isinstance(provider, str) else provider
     spec = with_defaults(spec, impl.name)
     package = _package(spec, check_local_paths(spec), progress)
     try:
         plan = impl.plan(spec, package)
+        plan.notes += package.notes()
+        if note := split_args_note(spec.args, spec.env):
+            plan.notes.append(note)
     except BaseException:
         package.close()
         raise

@@ -341,6 +341,8 @@ def _friendly(err: Any) -> str:
 
 def spec_error_from(exc: ValidationError, source: str | None = None) -> SpecError:
     """Turn pydantic's errors into one message that names each field and its fix."""
+    from cloudtrain.secrets import looks_secret
+
     lines: list[str] = []
     remedies: list[str] = []
     for err in exc.errors():
@@ -355,7 +357,8 @@ def spec_error_from(exc: ValidationError, source: str | None = None) -> SpecErro
         else:
             msg = _friendly(err)
             got = err.get("input")
-            shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+            shown = "" if isinstance(got, dict | list) or got is None or looks_secret(where, str(got)) \
+                else f" (got {got!r})"  # a password given as a number is not echoed
             lines.append(f"{where}: {msg}{shown}" if where != "spec" else f"{msg}")
             if where != "spec":
                 remedies.append(f"set {where} to a valid value")

@@ -3,14 +3,16 @@
 
 It must run on any image cloudtrain can choose (Python 3.8 and newer, with torch), so it uses the standard
 library only, and nothing newer than Python 3.8 has (tests/test_bootstrap.py runs under 3.8 in CI). Steps:
-derive this node's place in the cluster from the environment, unpack the source bundle safely, install the job's
-requirements, run ``torchrun`` with the derived arguments, forward signals to it, and report the outcome
-(succeeded, failed or preempted) as an exit code, a last log line and, when asked, a JSON status file.
+derive this node's place in the cluster from the environment, unpack the source bundle safely, mask secrets in all
+output from then on (its own and its children's), install the job's requirements, run ``torchrun`` with the derived
+arguments, forward signals to it, and report the outcome (succeeded, failed or preempted) as an exit code, a last
+log line and, when asked, a JSON status file.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -424,11 +426,22 @@ def finish_checkpoint_sync(syncer: subprocess.Popen[bytes] | None, env: dict[str
                                      f"files are still in {env['CLOUDTRAIN_CHECKPOINT_DIR']}")
 
 
-def upload_logs(env: dict[str, str], cwd: Path, workdir: Path, cluster: ClusterInfo) -> str | None:
+def mask_output(lib: Path, env: dict[str, str]) -> Any:
+    """From here on, everything this node prints, and everything the processes it starts print, reaches the node's
+    log with secrets masked (cloudtrain/log_masking.py, stdlib only, loaded from the bundle just unpacked)."""
+    sys.path.insert(0, str(lib))
+    from cloudtrain.log_masking import MaskedOutput, Masker
+
+    return MaskedOutput(Masker.from_env(env))
+
+
+def upload_logs(env: dict[str, str], cwd: Path, workdir: Path, cluster: ClusterInfo, masker: Any = None) -> str | None:
     """Each node's worker logs go to the job's outputs (``<output>/logs/node-<rank>``), where `cloudtrain outputs`
     finds them on every platform. Best effort: a node's result never depends on it; a failure is returned as a
     warning for the status file."""
     output, logs = env.get("CLOUDTRAIN_OUTPUT_URI"), workdir / "worker-logs"
+    if logs.is_dir() and masker is not None:  # torchrun wrote the workers' output there, unmasked
+        masker.mask_tree(logs)
     if not output or not logs.is_dir():
         return None
     target = f"{output.rstrip('/')}/logs/node-{cluster.node_rank}"
@@ -533,6 +546,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with contextlib.ExitStack() as output:  # the masked output, entered once the bundle is unpacked, ends last
+        return run_node(argv, output)
+
+
+def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
     args, user_args = parse_args(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ)
     for item in args.env:
@@ -563,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         if unpacked.exists():
             shutil.rmtree(unpacked)
         safe_extract(bundle, unpacked)
+        masking = output.enter_context(mask_output(unpacked / "lib", env))
         src, site = unpacked / "src", workdir / "site-packages"
         install_requirements(src, site, args.requirements_file, args.requirement)
         python_path = [str(unpacked / "lib"), str(src), str(site)]
@@ -595,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
             sync_error = finish_checkpoint_sync(syncer, env, src)
             if sync_error:
                 status["error"] = sync_error
-            log_warning = upload_logs(env, src, workdir, cluster)
+            log_warning = upload_logs(env, src, workdir, cluster, masking.masker)
             if log_warning:
                 status["warnings"] = [log_warning]
             upload_outputs(env, src, cluster)

@@ -57,7 +57,7 @@ def test_bad_spec_files(cli, ct_home: Path, project: Path, spec_text: str, needl
          ["providers.aws.role: is not set", "CLOUDTRAIN_AWS_ROLE"]),
         (["submit", "train.py", "--set", "nodes"], ["--set: 'nodes' is not FIELD=VALUE"]),
         (["submit", "train.py", "--set", "nodez=2"], ["nodez: unknown key; did you mean 'nodes'"]),
-        (["submit", "train.py", "--env", "NOEQUALS"], ["--env: 'NOEQUALS' is not KEY=VALUE"]),
+        (["submit", "train.py", "--env", "NOEQUALS"], ["--env: a value without NAME= is not KEY=VALUE"]),
         (["submit", "train.py", "--max-runtime", "soon"], ["max_runtime: 'soon' is not a duration"]),
         (["submit"], ["SCRIPT: no training script given", "cloudtrain init"]),
         (["submit", "-f", "nope.yaml"], ["-f/--file: spec file 'nope.yaml' does not exist"]),

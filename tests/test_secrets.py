@@ -1,23 +1,30 @@
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from cloudtrain.secrets import MASK, looks_secret, redact
+from cloudtrain.secrets import MASK, looks_secret, redact, restore_args, split_args
 from tests.conftest import SCRIPTS
 
 SECRET = "supersecret-123456"
 
 
 @pytest.mark.parametrize("name", ["WANDB_API_KEY", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD",
-                                  "AZURE_STORAGE_CONNECTION_STRING", "github_token", "MY_PRIVATE_KEY"])
+                                  "AZURE_STORAGE_CONNECTION_STRING", "github_token", "MY_PRIVATE_KEY", "SECRETKEY",
+                                  "MYPASSWORD", "GITHUB_PAT", "MYSQL_PWD", "SENTRY_DSN", "OPENAI_APIKEY"])
 def test_secret_names(name: str) -> None:
     assert looks_secret(name, "x")
 
 
-@pytest.mark.parametrize("name", ["NCCL_DEBUG", "OMP_NUM_THREADS", "KEYBOARD_LAYOUT", "CLOUDTRAIN_STRATEGY"])
+@pytest.mark.parametrize("name", ["NCCL_DEBUG", "OMP_NUM_THREADS", "KEYBOARD_LAYOUT", "CLOUDTRAIN_STRATEGY", "PWD",
+                                  "OLDPWD", "PATH", "PYTHONPATH", "TOKENIZERS_PARALLELISM", "MAX_NEW_TOKENS",
+                                  "HF_HUB_ENABLE_HF_TRANSFER", "AUTHOR"])
 def test_ordinary_names(name: str) -> None:
     assert not looks_secret(name, "1")
 
@@ -55,3 +62,89 @@ def test_secrets_reach_the_job_but_no_output_record_or_log(cli, ct_home: Path, t
     for path in ct_home.rglob("*"):  # job database, logs, status files, staged bundle
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path
+
+
+HF = "h" + "f_" + "Q7" * 17  # assembled: this file holds no token
+
+
+def test_arguments_and_urls_are_masked_by_shape() -> None:
+    """Issue 15.9: secret flags (--hf-token X, --password=X, --token X), known formats anywhere, and the password of
+    a URL; a placeholder standing for a secret is shown as is; registered values are masked inside longer text."""
+    data = {"env": {"DATABASE_URL": "postgres://u:pw-1234@host/db", "SECRETKEY": "k-123456"},
+            "args": ["--hf-token", HF, "--password=pw-secret", "--token", "X", "--epochs", "3", "--lr=0.1",
+                     "--db", "mysql://a:b-pass@h", "--key", "@@CLOUDTRAIN_SECRET_ARG_0@@"],
+            "command": "python bootstrap.py -- --x k-123456 pw-secret"}
+    assert redact(data) == {
+        "env": {"DATABASE_URL": f"postgres://u:{MASK}@host/db", "SECRETKEY": MASK},
+        "args": ["--hf-token", MASK, f"--password={MASK}", "--token", MASK, "--epochs", "3", "--lr=0.1",
+                 "--db", f"mysql://a:{MASK}@h", "--key", "@@CLOUDTRAIN_SECRET_ARG_0@@"],
+        "command": f"python bootstrap.py -- --x {MASK} {MASK}"}
+
+
+def test_secret_arguments_travel_in_the_environment_and_come_back() -> None:
+    args = ["--hf-token", HF, "--password=pw-secret", "--epochs", "3", "--db", "hunter2-x", "data/"]
+    shown, moved = split_args(args, {"DB_PASSWORD": "hunter2-x"})
+    assert shown == ["--hf-token", "@@CLOUDTRAIN_SECRET_ARG_0@@", "--password=@@CLOUDTRAIN_SECRET_ARG_1@@",
+                     "--epochs", "3", "--db", "@@CLOUDTRAIN_SECRET_ARG_2@@", "data/"]
+    assert moved == {"CLOUDTRAIN_SECRET_ARG_0": HF, "CLOUDTRAIN_SECRET_ARG_1": "pw-secret",
+                     "CLOUDTRAIN_SECRET_ARG_2": "hunter2-x"}
+    assert restore_args(shown, moved) == args
+    assert split_args(["--epochs", "3"]) == (["--epochs", "3"], {})
+
+
+def test_placeholders_are_restored_in_torchrun_workers_only(tmp_path: Path) -> None:
+    """The bundle's lib/sitecustomize.py puts the values back into a worker's sys.argv (torchrun sets
+    TORCHELASTIC_RUN_ID for its workers); torchrun itself keeps the placeholders, so its workers' command lines (ps)
+    hold none of the values."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    shutil.copy(Path(__file__).resolve().parents[1] / "cloudtrain" / "data" / "sitecustomize.py", lib)
+    script = tmp_path / "show.py"
+    script.write_text("import sys; print(sys.argv[1:])\n")
+    base = {"PATH": os.environ["PATH"], "CLOUDTRAIN_SECRET_ARG_0": HF,
+            "PYTHONPATH": os.pathsep.join([str(lib), str(Path(__file__).resolve().parents[1])])}
+    for env, expected in ((base, "@@CLOUDTRAIN_SECRET_ARG_0@@"), ({**base, "TORCHELASTIC_RUN_ID": "r"}, HF)):
+        out = subprocess.run([sys.executable, str(script), "--hf-token", "@@CLOUDTRAIN_SECRET_ARG_0@@"], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == str(["--hf-token", expected])
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
+def test_cloud_requests_carry_secret_arguments_in_the_environment_only(
+        provider: str, project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What is sent holds each secret argument as an environment value only (which the plan masks), never in a
+    command or argument list (the platforms show those in their consoles, and nodes in ps)."""
+    from cloudtrain.cli.render import plan_text
+    from cloudtrain.sdk import Job
+    from tests.test_aws import OFFLINE as AWS
+    from tests.test_gcp import OFFLINE as GCP
+
+    for key, value in {**AWS, **GCP}.items():
+        monkeypatch.setenv(key, value)
+    options = {"azure": {"subscription_id": "s", "resource_group": "rg", "workspace": "ws"}}
+    job = Job(script="train_ddp.py", source_dir=str(project), nodes=2, args=["--hf-token", HF, "--password=pw-99x"],
+              env={"DATABASE_URL": "postgres://u:db-pass-1@h/x"}, providers=options if provider == "azure" else {})
+    with job.plan(provider) as plan:
+        sent = json.dumps(plan.request)
+        for n, secret in enumerate((HF, "pw-99x")):  # each occurrence is the value of its variable, once per pool
+            assert sent.count(secret) == sent.count(f'"CLOUDTRAIN_SECRET_ARG_{n}"') >= 1, sent
+            assert f"@@CLOUDTRAIN_SECRET_ARG_{n}@@" in sent
+        shown = plan_text(plan) + json.dumps(plan.to_dict())
+        assert not any(secret in shown for secret in (HF, "pw-99x", "db-pass-1"))
+
+
+def test_spec_errors_do_not_echo_secret_values(cli, tmp_path: Path) -> None:
+    """An unquoted numeric password is not a string: the error names the field, not the value."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "cloudtrain.yaml").write_text("script: train.py\nenv:\n  DB_PASSWORD: 982734987\n  EPOCHS: 3\n")
+    out = cli("plan", "-f", "cloudtrain.yaml", cwd=tmp_path)
+    assert out.returncode == 2 and "env.DB_PASSWORD" in out.stderr and "982734987" not in out.stderr
+    assert "(got 3)" in out.stderr  # an ordinary value is still shown
+
+
+def test_an_env_flag_without_a_name_is_not_echoed(cli, tmp_path: Path) -> None:
+    """`--env $HF_TOKEN` (the name forgotten) must not print the token in the error."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    out = cli("plan", "train.py", "--env", HF, cwd=tmp_path)
+    assert out.returncode == 2 and "--env" in out.stderr and HF not in out.stderr

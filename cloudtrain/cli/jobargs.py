@@ -26,7 +26,9 @@ def env_pairs(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SpecError(f"{item!r} is not KEY=VALUE", field="--env", remedy="write --env NAME=value")
+            # not echoed: a value without its name is often the secret itself (--env $HF_TOKEN)
+            raise SpecError("a value without NAME= is not KEY=VALUE (not shown: it may be a secret)", field="--env",
+                            remedy="write --env NAME=value")
         env[key] = value
     return env
 

@@ -1,6 +1,8 @@
 """Shipped as the bundle's ``lib/sitecustomize.py`` (lib/ leads PYTHONPATH on a node), so Python loads it in every
-process torchrun starts: it installs cloudtrain's exit guard (``cloudtrain/exit_guard.py`` says why), then runs
-the sitecustomize that this one shadows (the image's), if there is one."""
+process torchrun starts: in a torchrun worker it puts the script's secret arguments back into ``sys.argv`` (they
+reach the node as variables, so no command line shows them: ``cloudtrain/secrets.py`` split_args), it installs
+cloudtrain's exit guard (``cloudtrain/exit_guard.py`` says why), then runs the sitecustomize that this one shadows
+(the image's), if there is one."""
 
 import importlib.machinery
 import importlib.util
@@ -21,6 +23,20 @@ def _run_shadowed() -> None:
         print(f"Error in sitecustomize ({spec.origin}): {exc!r}", file=sys.stderr)
 
 
+def _restore_secret_args() -> None:
+    # Only in a worker (torchrun sets TORCHELASTIC_RUN_ID for its workers, not for itself): torchrun must pass the
+    # placeholders on, or the values would appear on every worker's command line.
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not any("@@CLOUDTRAIN_SECRET_ARG_" in a for a in sys.argv):
+        return
+    from cloudtrain.secrets import restore_args
+
+    sys.argv[:] = restore_args(sys.argv, os.environ)
+
+
+try:
+    _restore_secret_args()
+except Exception as exc:  # the script then sees the placeholders, and says so in its own error
+    print(f"[cloudtrain] secret arguments not restored: {exc!r}", file=sys.stderr)
 try:
     from cloudtrain.exit_guard import install
 

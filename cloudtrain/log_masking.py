@@ -1,0 +1,171 @@
+"""Mask secrets in everything a node prints, at the source, so no log anywhere holds them: the node log here
+(``node-N.log``), CloudWatch / Azure ML / Cloud Logging on clouds (they capture the node's stdout and stderr), and the
+per-worker logs torchrun writes, which go to the job's outputs.
+
+The bootstrap loads this module from the unpacked bundle (``lib/cloudtrain``) right after unpacking and routes its own
+stdout and stderr through :class:`MaskedOutput`; every process it starts (pip, torchrun and the workers' output that
+torchrun echoes, the checkpoint and log uploaders) inherits the masked descriptors. Standard library only, like the
+bootstrap itself: nothing is installed on a node at that point.
+
+What is masked: every value the node's environment marks as secret (by the variable's name or a well-known format,
+``cloudtrain.secrets.env_secrets``; the script's secret arguments arrive as such variables too) and every well-known
+credential format (``cloudtrain.secrets.VALUE_RULES``), line by line, as ``****``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+
+from cloudtrain.secrets import MASK, VALUE_RULES, env_secrets
+
+_BLOCK = 1 << 16
+_SHORT = 4096
+# A read per line would cost more than the line (a chatty worker flushes every line): after a small read, wait this
+# long so that the next read takes what came meanwhile. Each line is still passed on as soon as it is read.
+_GATHER_SECONDS = 0.002
+_PARTIAL_LINE_WAIT = 0.2  # a prompt or a progress bar without a newline is let through after this many seconds
+_DRAIN_SECONDS = 5.0  # after the node's work ended, how long output still held open (by an orphan) is read
+
+
+class Masker:
+    """Masks byte blocks that end at a line boundary (so a value is never split between two blocks)."""
+
+    def __init__(self, values: Iterable[str]) -> None:
+        self._values = [v.encode() for v in values]  # longest first (env_secrets' order): a value inside another
+        self._rules = [(re.compile(rule.probe.encode()), re.compile(rule.pattern.encode())) for rule in VALUE_RULES]
+        # A short block (a chatty worker's lines often come one per read) is first searched once for anything to
+        # mask: a search per value and per rule would cost more than the line. Long blocks go straight to those
+        # searches, each of which runs far faster per byte than one search for all.
+        probes = [*map(re.escape, self._values), *(rule.probe.encode() for rule in VALUE_RULES)]
+        self._anything = re.compile(b"|".join(probes))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Masker:
+        return cls(env_secrets(env))
+
+    def __call__(self, data: bytes) -> bytes:
+        if len(data) <= _SHORT and not self._anything.search(data):
+            return data
+        for value in self._values:
+            if value in data:
+                data = data.replace(value, MASK.encode())
+        for probe, regex in self._rules:  # the probe first: ~100x cheaper than the rule on clean text
+            if probe.search(data):
+                data = regex.sub(_masked_group, data)
+        return data
+
+    def blocks(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        """Masked output for a stream of raw chunks, cut at line ends ('\\n' or a progress bar's '\\r')."""
+        pending = b""
+        for chunk in chunks:
+            if not chunk:  # the writer went quiet mid-line (a prompt, a progress bar): let the line through
+                if pending:
+                    yield self(pending)
+                pending = b""
+                continue
+            data = pending + chunk
+            cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+            if cut == 0 and len(data) < _BLOCK:  # no line end yet: wait for it (a secret may be half written)
+                pending = data
+                continue
+            cut = cut or len(data)
+            pending = data[cut:]
+            yield self(data[:cut])
+        if pending:
+            yield self(pending)
+
+    def mask_file(self, path: Path) -> None:
+        """Rewrite a log file masked (replaced atomically: a reader sees the old file or the masked one)."""
+        tmp = path.with_name(path.name + ".masking")
+        with open(path, "rb") as src, open(tmp, "wb") as out:
+            for block in self.blocks(iter(lambda: src.read(1 << 20), b"")):
+                out.write(block)
+        os.replace(tmp, path)
+
+    def mask_tree(self, folder: Path) -> int:
+        """Mask every file under ``folder`` (torchrun's per-worker logs); returns how many there were."""
+        count = 0
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
+            self.mask_file(path)
+            count += 1
+        return count
+
+
+def _masked_group(match: re.Match[bytes]) -> bytes:
+    """The match with its secret group (the first that matched) replaced, the rest kept (``AccountKey=****``)."""
+    group = next(i for i in range(1, (match.re.groups or 0) + 1) if match.group(i) is not None)
+    start = match.start()
+    return match.group(0)[:match.start(group) - start] + MASK.encode() + match.group(0)[match.end(group) - start:]
+
+
+class MaskedOutput:
+    """While active, file descriptors 1 and 2 of this process are pipes read by two threads that write masked
+    lines to the original stdout and stderr; every child started meanwhile inherits the pipes.
+
+    A partial line (a prompt, a progress bar) waits at most 0.2 s for its end; leaving waits up to 5 s for children
+    that still hold the pipes (an orphaned worker), then lets the process go."""
+
+    def __init__(self, masker: Masker) -> None:
+        self.masker = masker
+        self._pumps: list[tuple[int, int, threading.Thread]] = []
+
+    def __enter__(self) -> MaskedOutput:
+        for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
+            stream.flush()
+            original = os.dup(fd)
+            read_end, write_end = os.pipe()
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            thread = threading.Thread(target=self._pump, args=(read_end, original), daemon=True,
+                                      name=f"cloudtrain-mask-{fd}")
+            thread.start()
+            self._pumps.append((fd, original, thread))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        for fd, original, thread in self._pumps:
+            os.dup2(original, fd)  # our write end closes here: the pump sees EOF once no child holds the pipe
+            thread.join(_DRAIN_SECONDS)
+            if not thread.is_alive():  # else an orphan still writes: the pump keeps its descriptor until exit
+                os.close(original)
+        self._pumps.clear()
+
+    def _pump(self, read_end: int, out: int) -> None:
+        with contextlib.suppress(OSError):
+            for block in self.masker.blocks(_chunks(read_end)):
+                _write_all(out, block)
+        os.close(read_end)
+
+
+def _chunks(fd: int) -> Iterator[bytes]:
+    """Raw chunks from a pipe; an empty chunk after a quiet spell lets a partial line through."""
+    waiting = False
+    while True:
+        if waiting and not select.select([fd], [], [], _PARTIAL_LINE_WAIT)[0]:
+            yield b""  # nothing came for a while: Masker.blocks releases the partial line
+            waiting = False
+            continue
+        data = os.read(fd, _BLOCK)
+        if not data:
+            return
+        waiting = not data.endswith((b"\n", b"\r"))
+        yield data
+        if len(data) < _BLOCK // 4:  # a worker writing line by line: let a few lines gather before the next read
+            time.sleep(_GATHER_SECONDS)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
