@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.errors import PackagingError
-from cloudtrain.home import resource_dir
+from cloudtrain.home import resource_dir, temp_dir
 
 BUNDLE_NAME = "bundle.tar.gz"
 BOOTSTRAP_NAME = "bootstrap.py"
@@ -103,7 +103,7 @@ class Package:
     def staging_folder(self) -> Path:
         """A temp folder holding exactly what a node needs (bootstrap.py, bundle.tar.gz, manifest.json), for
         platforms that upload a folder as the job's code; deleted with the package."""
-        folder = Path(tempfile.mkdtemp(prefix="cloudtrain-code-"))
+        folder = Path(tempfile.mkdtemp(prefix="cloudtrain-code-", dir=temp_dir()))
         weakref.finalize(self, shutil.rmtree, folder, True)
         shutil.copyfile(self.bootstrap, folder / BOOTSTRAP_NAME)
         try:
@@ -323,7 +323,7 @@ def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), pro
     user_files = collect_files(source_dir, limits=limits)
     bootstrap = resource_dir("entrypoints") / BOOTSTRAP_NAME
     members = [(BOOTSTRAP_NAME, bootstrap), *_runtime_files(), *((f"src/{rel}", p) for rel, p, _ in user_files)]
-    fd, tmp = tempfile.mkstemp(prefix="cloudtrain-bundle-", suffix=".tar.gz")
+    fd, tmp = tempfile.mkstemp(prefix="cloudtrain-bundle-", suffix=".tar.gz", dir=temp_dir())
     path = Path(tmp)
     try:
         with os.fdopen(fd, "wb") as raw:

@@ -21,6 +21,7 @@ import tarfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -363,6 +364,17 @@ def run_torchrun(argv: list[str], cwd: Path, env: dict[str, str], early: list[in
     return code, stopping["signal"] is not None
 
 
+def node_watch(lib: Path, env: dict[str, str], workdir: Path, on_force: Any) -> Any:
+    """cloudtrain's node watch from the bundle's lib/ (cloudtrain/node_watch.py: the supervisor, the max_idle
+    watchdog, rank reports, why workers failed). None for a hand-made bundle without it: the node runs unwatched."""
+    sys.path.insert(0, str(lib))
+    try:
+        from cloudtrain.node_watch import NodeWatch
+    except ImportError:
+        return None
+    return NodeWatch(env, workdir, on_force)
+
+
 def write_status(path: str | None, status: dict[str, object]) -> None:
     if not path:
         return
@@ -428,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         if unpacked.exists():
             shutil.rmtree(unpacked)
         safe_extract(bundle, unpacked)
+        watch = node_watch(unpacked / "lib", env, workdir, lambda reason: write_status(
+            args.status_file, {**status, "outcome": "failed", "reason": reason, "ended": time.time()}))
         src, site = unpacked / "src", workdir / "site-packages"
         install_requirements(src, site, args.requirements_file, args.requirement)
         python_path = [str(unpacked / "lib"), str(src), str(site)]
@@ -448,7 +462,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             log("torchrun: " + " ".join(argv_[1:]))
             syncer = start_checkpoint_sync(env, src, cluster)
-            code, stopped = run_torchrun(argv_, src, env, early_stop)
+            extra = watch.torchrun_started() if watch else {}
+            code, stopped = run_torchrun(argv_, src, {**env, **extra}, early_stop)
+            if watch:
+                watch.torchrun_ended()
             finish_checkpoint_sync(syncer, env, src)
             upload_logs(env, src, workdir, cluster)
     except BootstrapError as exc:
@@ -456,12 +473,17 @@ def main(argv: list[str] | None = None) -> int:
         status.update(outcome="failed", error=str(exc), returncode=EXIT_USAGE, ended=time.time())
         write_status(args.status_file, status)
         return EXIT_USAGE
-    # torchrun exits 1 after forwarding SIGTERM even when every worker saved and exited cleanly:
-    # a stop we were asked for is "preempted", whatever its exit code.
-    outcome = "preempted" if stopped else ("succeeded" if code == 0 else "failed")
-    status.update(outcome=outcome, returncode=code, ended=time.time())
+    # torchrun exits 1 after forwarding SIGTERM even when every worker saved and exited cleanly: a stop we were
+    # asked for is "preempted", whatever its exit code; one the node decided on (supervisor gone, idle) failed it.
+    outcome = "failed" if watch and watch.reason else "preempted" if stopped else "succeeded" if code == 0 else "failed"
+    status.update(outcome=outcome, returncode=code, ended=time.time(), **(watch.findings(
+        outcome, visible_gpus(env)) if watch else {}))
     write_status(args.status_file, status)
-    log(f"node {cluster.node_rank} {outcome} (torchrun exit {code}) after {time.time() - started:.1f}s")
+    for key in ("reason", "note", "hint"):  # why it failed, or why its success is hollow: the last lines users read
+        if status.get(key):
+            log(f"node {cluster.node_rank}: {status[key]}")
+    took = watch.took(time.time() - started) if watch else f"{time.time() - started:.1f}s"
+    log(f"node {cluster.node_rank} {outcome} (torchrun exit {code}) after {took}")
     return {"succeeded": 0, "preempted": EXIT_PREEMPTED}.get(outcome, EXIT_FAILED)
 
 

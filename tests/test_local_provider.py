@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import Job, Run, list_runs
-from cloudtrain.providers.local.procs import group_alive, tag_alive
+from cloudtrain.providers.local.procs import group_alive, kill_tagged, tag_alive
 from cloudtrain.providers.local.provider import LocalProvider
 from cloudtrain.staging import stage_bundle
 from tests.conftest import REPO, SCRIPTS, cli_env, status_json, wait_for
@@ -173,6 +173,7 @@ def test_cancel_from_another_process_stops_every_process(cli, tmp_path: Path) ->
 
 
 def test_a_job_whose_processes_vanished_shows_failed(cli, ct_home: Path, tmp_path: Path) -> None:
+    """Supervisor and nodes killed at once (what a reboot looks like): no node could say how it ended."""
     script = copy_script(SCRIPTS / "sleeper.py", tmp_path / "proj")
     handle = cli("submit", str(script), "--procs-per-node", "2", "--detach").stdout.strip()
     wait_for(lambda: cli("logs", handle).stdout.count("ready rank=") == 2, timeout=120, interval=1)
@@ -180,7 +181,9 @@ def test_a_job_whose_processes_vanished_shows_failed(cli, ct_home: Path, tmp_pat
     assert record and record.supervisor_pid
     pgids, tags = [n["pgid"] for n in record.nodes], [n["tag"] for n in record.nodes]
     assert all(tag_alive(t) for t in tags)
-    os.kill(record.supervisor_pid, signal.SIGKILL)  # what a reboot or an OOM kill looks like
+    os.kill(record.supervisor_pid, signal.SIGKILL)
+    for tag in tags:
+        kill_tagged(tag)
     wait_for(lambda: status_json(cli, handle)["state"] == "failed", timeout=30)
     assert "vanished" in status_json(cli, handle)["message"]
     wait_for(lambda: not any(group_alive(p) for p in pgids), timeout=10)

@@ -44,6 +44,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spot", action="store_true", default=None, help="use spot/preemptible capacity")
     p.add_argument("--max-restarts", type=int, help="resubmissions after preemption")
     p.add_argument("--max-runtime", help="e.g. 3600, 90m, 2h")
+    p.add_argument("--max-idle", help="watchdog: stop the job when it prints nothing and writes no checkpoint for "
+                                      "this long, e.g. 10m (default: off)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
                    help="any spec field by its dotted name, e.g. --set providers.aws.role=arn:... (repeatable)")
@@ -193,7 +195,7 @@ def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> Any:
         "name": args.name, "nodes": args.nodes, "procs_per_node": args.procs_per_node,
         "strategy": args.strategy, "accelerator": args.gpus, "checkpoint.uri": args.checkpoint_uri,
         "output_uri": args.output_uri, "image.uri": args.image, "spot": args.spot,
-        "max_restarts": args.max_restarts, "max_runtime": args.max_runtime,
+        "max_restarts": args.max_restarts, "max_runtime": args.max_runtime, "max_idle": args.max_idle,
         "providers.local.emulate": "azureml" if args.emulate == "azure" else args.emulate,
     }
     if args.source_dir:
@@ -271,6 +273,7 @@ def _follow(provider: Any, handle: Any, max_restarts: int = 0) -> int:
 
     recovering = max_restarts > 0 and "resubmit" in provider.capabilities
     state = begin(provider, handle, max_restarts=max_restarts) if recovering else None
+    previous = _on_sigterm(_raise_terminated)  # SIGTERM (a CI runner, `timeout`, systemd) cancels, as Ctrl-C does
     try:
         while True:
             for line in provider.logs(handle, follow=True):
@@ -280,14 +283,41 @@ def _follow(provider: Any, handle: Any, max_restarts: int = 0) -> int:
             if following is None:
                 break
             handle = following
-    except KeyboardInterrupt:
-        print(f"\ncancelling {handle} ...", file=sys.stderr)
+    except (KeyboardInterrupt, _Terminated) as stop:
+        _on_sigterm(previous)  # a second SIGTERM ends this process; the cancel below was asked for already
+        print(f"\n{'SIGTERM' if isinstance(stop, _Terminated) else 'interrupted'}: cancelling {handle} ...",
+              file=sys.stderr)
         provider.cancel(handle)
         status = provider.wait(handle, poll=0.2)
         print(status_text(status), file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return EXIT_TERMINATED if isinstance(stop, _Terminated) else EXIT_INTERRUPTED
+    finally:
+        _on_sigterm(previous)
     print(status_text(status), file=sys.stderr)
     return 0 if status.state.value == "succeeded" else 1
+
+
+EXIT_TERMINATED = 128 + 15  # what a shell reports for a process ended by SIGTERM
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived while a foreground submit followed its job."""
+
+
+def _raise_terminated(_signum: int, _frame: Any) -> None:
+    raise _Terminated
+
+
+def _on_sigterm(handler: Any) -> Any:
+    """Install a SIGTERM handler; returns the previous one (None where signals cannot be set: not the main thread)."""
+    import signal
+
+    if handler is None:
+        return None
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        return None
 
 
 def _provider_for(handle_text: str) -> tuple[Any, Any]:
@@ -324,7 +354,14 @@ def cmd_preempt(args: argparse.Namespace) -> int:
         raise UserError(f"provider {handle.provider!r} cannot be preempted on request",
                         remedy="`cloudtrain preempt` rehearses spot interruptions on local jobs")
     status = provider.preempt(handle)
-    print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
+    if args.output != "text":
+        sent = sum(1 for n in status.details.get("nodes", []) if n.get("exit_code") is None)
+        emit({**status.to_dict(), "sent": {"signal": "SIGTERM", "nodes": sent}}, args.output)
+        return 0
+    from cloudtrain.cli.render import preempt_text
+
+    print(preempt_text(status))
+    print(status_text(status, colour()))
     return 0
 
 
