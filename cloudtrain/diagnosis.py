@@ -95,7 +95,7 @@ def findings(workdir: Path, outcome: str, gpus: int) -> dict[str, Any]:
         if reason:
             found["reason"] = reason
     elif outcome == "succeeded" and ranks:
-        alone = rank_report.alone_text(ranks["ran"], ranks["no_group"], ranks["group_of_one"], ranks["world_size"])
+        alone = rank_report.alone_text(ranks)
         hint = explain_idle_gpu_script(run, gpus) if alone else None
         found.update({"note": alone} if alone else {}, **({"hint": hint} if hint else {}))
     return found

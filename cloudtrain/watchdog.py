@@ -2,8 +2,9 @@
 stopped, and says so. It runs in the bootstrap, so it works on every provider where cloudtrain's bootstrap runs.
 
 Activity is read from files, never from the workers themselves: the worker logs torchrun writes (every line a
-worker prints) and the local checkpoint folder (a plain script's or the Checkpointer's saves). Standard library
-only.
+worker prints) and the local checkpoint folder (a plain script's or the Checkpointer's saves). Only the node of
+global rank 0 watches (``NodeWatch.torchrun_started``): many scripts print from rank 0 alone, so the other nodes'
+silence means nothing. Standard library only.
 """
 
 from __future__ import annotations

@@ -138,6 +138,7 @@ def test_fsdp_reference_trainer_through_the_sdk(ct_home: Path) -> None:
     status = run.wait(timeout=240, poll=0.5)
     logs = "\n".join(run.logs())
     assert status.state.value == "succeeded", logs[-3000:]
+    assert status.message == "", "a device mesh's process group counts: not a hollow run"
     assert "training: fsdp world_size=2 backend=gloo bf16=True start_step=0" in logs
     assert str(run.handle) in [str(s.handle) for s in list_runs("local")]
     assert Run.attach(str(run.handle)).status().state.value == "succeeded"

@@ -50,13 +50,14 @@ def test_rank_reports_from_real_processes(tmp_path: Path) -> None:
     assert alone and alone["joined"] == 0 and alone["world_size"] == 4
     # a group created through a name imported before the hook could see it, then destroyed before exit
     joined = _worker(tmp_path / "b", "from torch.distributed.distributed_c10d import init_process_group, "
-                                     "destroy_process_group\nimport torch.distributed as dist\n"
+                                     "destroy_process_group\nimport torch, torch.distributed as dist\n"
                                      "init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+                                     "dist.all_reduce(torch.ones(1))\ndist.barrier()\n"
                                      "destroy_process_group()\n", world_size="1")
-    assert joined and (joined["joined"], joined["backend"]) == (1, "gloo")
+    assert joined and (joined["joined"], joined["backend"], joined["collectives"]) == (1, "gloo", 2)
     one = _worker(tmp_path / "c", "import torch.distributed as dist\n"
                                   "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n")
-    assert one and one["joined"] == 1
+    assert one and (one["joined"], one["collectives"]) == (1, 0)  # counted at exit, the group still up
     summary = rank_report.summarize(tmp_path / "c" / "ranks")
     assert summary and summary["group_of_one"] == 1  # a group of 1 in a world of 4: trained alone
     # the worker's own child processes inherit its environment, but never report as the rank
@@ -67,13 +68,17 @@ def test_rank_reports_from_real_processes(tmp_path: Path) -> None:
 
 
 def test_sentences_for_processes_that_trained_alone() -> None:
-    assert rank_report.alone_text(4, 4, 0, 4) == "4 processes ran, none joined a process group: each trained alone"
-    assert rank_report.alone_text(2, 0, 2, 4) == ("2 processes ran, none joined the job's process group (world "
-                                                  "size 4): each trained alone")
-    assert rank_report.alone_text(4, 1, 0, 4) == "4 processes ran, 1 of them outside the job's process group " \
-                                                 "(world size 4)"
-    assert rank_report.alone_text(1, 1, 0, 1) is None  # a world of one is alone by design
-    assert rank_report.alone_text(4, 0, 0, 4) is None
+    def text(**counts: int) -> str | None:
+        return rank_report.alone_text({"world_size": 4, **counts})
+
+    assert text(ran=4, no_group=4) == "4 processes ran, none joined a process group: each trained alone"
+    assert text(ran=2, group_of_one=2) == ("2 processes ran, none took part in the job's process group (world size "
+                                           "4): each trained alone")
+    assert text(ran=2, silent=2).startswith("2 processes ran and joined a process group of 4, but none "
+                                            "communicated over it")
+    assert text(ran=4, no_group=1) == "4 processes ran, 1 of them outside the job's process group (world size 4)"
+    assert rank_report.alone_text({"ran": 1, "no_group": 1, "world_size": 1}) is None  # a world of one: by design
+    assert text(ran=4) is None
 
 
 def _logs(run: Path, rank: int, stdout: str = "", stderr: str = "") -> None:

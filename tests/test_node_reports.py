@@ -52,6 +52,24 @@ def test_a_real_ddp_run_is_not_called_hollow(cli, tmp_path: Path) -> None:
     assert all("note" not in n for n in status["nodes"])
 
 
+@pytest.mark.parametrize("use_cpu", [False, True])
+def test_accelerate_falling_back_to_one_process_is_reported(cli, tmp_path: Path, use_cpu: bool) -> None:
+    """17.9: Accelerate without ACCELERATE_USE_CPU printed `DistributedType.NO / Num processes: 1` on every rank and
+    the job read `succeeded`; with it, the same script joins one group of 2 and nothing is said."""
+    env = {**NO_GPU, **({"ACCELERATE_USE_CPU": "1"} if use_cpu else {})}
+    flags = ["--env", "ACCELERATE_USE_CPU=1"] if use_cpu else []
+    code, status = submit(cli, script(tmp_path, "accelerate_state.py"), "--procs-per-node", "2", *flags, env=env)
+    assert code == 0 and status["state"] == "succeeded"
+    log = Path(status["nodes"][0]["log"]).read_text()
+    if use_cpu:
+        assert "distributed_type=MULTI_CPU num_processes=2" in log and status["message"] == ""
+    else:  # Accelerate creates the group, then runs each process alone and never uses it
+        assert log.count("distributed_type=NO num_processes=1") == 2
+        assert status["message"] == ("2 processes ran and joined a process group of 2, but none communicated over "
+                                     "it (no collective ran; a framework that fell back to one process?): each "
+                                     "trained alone")
+
+
 def test_a_gpu_script_that_dies_on_cuda_says_why_and_the_fix(cli, tmp_path: Path) -> None:
     """17.10: ddp-tutorial-series/multinode.py's pattern failed with only 'node 0 failed with exit code 1'."""
     code, status = submit(cli, script(tmp_path, "gpu_setdevice.py"), "--procs-per-node", "2", env=NO_GPU)
@@ -97,8 +115,9 @@ def test_the_watchdog_stops_a_hung_job(cli, tmp_path: Path, emulate: str) -> Non
 
 
 def test_the_watchdog_leaves_a_busy_job_alone(cli, tmp_path: Path) -> None:
-    code, status = submit(cli, script(tmp_path, "chatty.py"), "--procs-per-node", "2", "--max-idle", "10s", "--",
-                          "14")
+    """Only rank 0 prints: node 1's silence is not a hang (the node of rank 0 is the one that watches)."""
+    code, status = submit(cli, script(tmp_path, "chatty.py"), "--nodes", "2", "--procs-per-node", "1",
+                          "--max-idle", "10s", "--", "14")
     assert code == 0 and status["state"] == "succeeded", status
 
 
@@ -107,3 +126,8 @@ def test_max_idle_reaches_the_node_environment(cli, tmp_path: Path) -> None:
     assert planned.returncode == 0, planned.stderr
     plan = json.loads(planned.stdout)
     assert plan["spec"]["max_idle"] == 600 and plan["nodes"][0]["env"]["CLOUDTRAIN_MAX_IDLE"] == "600"
+    aws = cli("plan", script(tmp_path, "hangs.py"), "-p", "aws", "--gpus", "A10G:1", "--max-idle", "10m", "--set",
+              "providers.aws.region=us-east-1", "--set", "providers.aws.role=arn:aws:iam::123456789012:role/x",
+              "-o", "json")
+    assert aws.returncode == 0, aws.stderr
+    assert json.loads(aws.stdout)["request"]["Environment"]["CLOUDTRAIN_MAX_IDLE"] == "600"  # a cloud node too

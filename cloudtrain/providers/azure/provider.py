@@ -41,7 +41,9 @@ def load_validated(job: dict[str, Any]) -> Any:
     """azure-ai-ml's own ``load_job`` on the YAML text, exactly as ``az ml job create -f`` reads it."""
     from azure.ai.ml import load_job
 
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+    from cloudtrain.home import temp_dir
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=temp_dir()) as f:  # swept if we are killed
         yaml.safe_dump(job, f, sort_keys=False)
     try:
         return load_job(f.name)

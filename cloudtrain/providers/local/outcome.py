@@ -65,7 +65,7 @@ def hollow_message(nodes: list[dict[str, Any]]) -> str:
     reports = [n["ranks"] for n in nodes if isinstance(n.get("ranks"), dict)]
     if not reports:
         return ""
-    text = alone_text(sum(r.get("ran", 0) for r in reports), sum(r.get("no_group", 0) for r in reports),
-                      sum(r.get("group_of_one", 0) for r in reports), max(r.get("world_size", 0) for r in reports))
+    total = {k: sum(r.get(k, 0) for r in reports) for k in ("ran", "no_group", "group_of_one", "silent")}
+    text = alone_text({**total, "world_size": max(r.get("world_size", 0) for r in reports)})
     hint = next((f"node {n['rank']}: {n['hint']}" for n in nodes if n.get("hint")), None)
     return f"{text}; {hint}" if text and hint else text or ""
