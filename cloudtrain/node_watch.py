@@ -99,15 +99,13 @@ class NodeWatch:
         reports = self.workdir / "ranks"
         shutil.rmtree(reports, ignore_errors=True)  # a restarted node reports afresh
         limit = watchdog.idle_limit(self.env)
-        if limit is not None and self.env.get("CLOUDTRAIN_NODE_RANK", "0") != "0":
-            # Only the node of global rank 0 watches: it is where a job prints (most scripts print from rank 0
-            # alone) and where plain checkpoints are written. If it stops, the platform (or the local supervisor)
-            # ends the other nodes.
-            return {rank_report.ENV: str(reports)}
-        if limit is not None:
+        # Only the node of global rank 0 watches: it is where a job prints (most scripts print from rank 0 alone)
+        # and where plain checkpoints are written. When it stops, the platform (or the local supervisor) ends the
+        # other nodes.
+        if limit is not None and self.env.get("CLOUDTRAIN_NODE_RANK", "0") == "0":
             folders = [self.workdir / "worker-logs", Path(self.env.get("CLOUDTRAIN_CHECKPOINT_DIR") or self.workdir)]
             self._idle = watchdog.start(folders, limit, self.stop)
-        elif self.env.get(watchdog.ENV):
+        elif limit is None and self.env.get(watchdog.ENV):
             log(f"warning: {watchdog.ENV}={self.env[watchdog.ENV]!r} is not a number of seconds: no watchdog")
         return {rank_report.ENV: str(reports)}
 

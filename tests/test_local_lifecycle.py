@@ -54,6 +54,23 @@ def test_nodes_stop_on_their_own_when_the_supervisor_is_killed(cli, ct_home: Pat
     assert cli("wait", handle, timeout=60).returncode == 1  # no timeout needed: it has ended
 
 
+def test_a_node_that_ignores_sigterm_is_killed_after_its_grace_period(cli, ct_home: Path, tmp_path: Path) -> None:
+    """Without its supervisor, the node enforces the grace period itself: everything below its bootstrap (torchrun
+    and the workers in their own sessions) is killed, before torchrun's own 30 s shutdown timeout would."""
+    proj = project(tmp_path, "ignores_sigterm.py")
+    handle = cli("submit", str(proj / "ignores_sigterm.py"), "--procs-per-node", "2", "--set",
+                 "providers.local.grace_period=3s", "--detach").stdout.strip()
+    wait_for(lambda: cli("logs", handle).stdout.count("ready rank=") == 2, timeout=120, interval=1)
+    record = record_of(ct_home, handle)
+    assert record.supervisor_pid
+    os.kill(record.supervisor_pid, signal.SIGKILL)
+    wait_for(lambda: not tag_alive(record.nodes[0]["tag"]), timeout=20)
+    log = (ct_home / "jobs" / record.id / "node-0.log").read_text()
+    assert "still running 3s after stopping: killed" in log
+    status = status_json(cli, handle)
+    assert status["state"] == "failed" and "supervisor is gone" in status["message"]
+
+
 def test_a_job_that_finished_while_its_supervisor_was_down_reads_succeeded(cli, ct_home: Path,
                                                                            tmp_path: Path) -> None:
     """15.11: the nodes wrote `succeeded`; the supervisor died before recording it. Status reads the nodes."""
