@@ -1,5 +1,6 @@
 """Local jobs end, and say how, whatever happens to the processes around them: a killed supervisor, a CLI killed
-while submitting, a job that runs too long, a cancel, a rehearsed preemption, a SIGTERM to a foreground submit."""
+while submitting, a job that runs too long, a cancel, a rehearsed preemption. (SIGTERM to a foreground submit:
+tests/test_local_provider.py, beside Ctrl-C.)"""
 
 from __future__ import annotations
 
@@ -198,24 +199,3 @@ def test_cancelled_nodes_read_cancelled_not_preempted(cli, tmp_path: Path) -> No
     assert status["state"] == "cancelled"
     assert [n["outcome"] for n in status["nodes"]] == ["cancelled", "cancelled"]
     assert "(preempted)" not in cli("status", handle).stdout
-
-
-def test_sigterm_to_a_foreground_submit_cancels_the_job(ct_home: Path, tmp_path: Path) -> None:
-    """17.7: a foreground submit that receives SIGTERM (a CI runner stopping, `timeout`) behaves like Ctrl-C."""
-    proj = project(tmp_path, "sleeper.py")
-    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "submit", str(proj / "sleeper.py"),
-                             "--procs-per-node", "2"], cwd=tmp_path, env=cli_env(ct_home), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    seen = 0
-    for line in proc.stdout:
-        seen += "ready rank=" in line
-        if seen == 2:
-            break
-    proc.send_signal(signal.SIGTERM)
-    _out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
-    assert "SIGTERM: cancelling local://sleeper-" in err
-    job = LocalProvider(ct_home).list()[0]
-    assert job.state.value == "cancelled"
-    wait_for(lambda: not any(tag_alive(n["tag"]) for n in job.details["nodes"]), timeout=30)

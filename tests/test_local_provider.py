@@ -219,7 +219,11 @@ def test_dry_run_json_has_provider_request_package_nodes(cli, ct_home: Path, tmp
     assert not (ct_home / "store").exists() and not (ct_home / "jobs.db").exists(), "a dry run stages nothing"
 
 
-def test_ctrl_c_in_the_foreground_cancels_cleanly(ct_home: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "code", "said"), [(signal.SIGINT, 130, "interrupted"),
+                                                   (signal.SIGTERM, 143, "SIGTERM")])
+def test_ctrl_c_or_sigterm_in_the_foreground_cancels_cleanly(ct_home: Path, tmp_path: Path, sig: int, code: int,
+                                                             said: str) -> None:
+    """Ctrl-C, and SIGTERM (a CI runner stopping, `timeout`; issue 17.7: it left the job running unseen), cancel."""
     script = copy_script(SCRIPTS / "sleeper.py", tmp_path / "proj")
     proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "submit", str(script), "--procs-per-node", "2"],
                             cwd=tmp_path, env=cli_env(ct_home), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -230,10 +234,10 @@ def test_ctrl_c_in_the_foreground_cancels_cleanly(ct_home: Path, tmp_path: Path)
         seen += "ready rank=" in line
         if seen == 2:
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "cancelling local://sleeper-" in err and "cancelled" in err
+    assert proc.returncode == code, err
+    assert f"{said}: cancelling local://sleeper-" in err and "cancelled" in err
     job = LocalProvider(ct_home).list()[0]
     assert job.state.value == "cancelled"
     wait_for(lambda: not any(group_alive(n["pid"]) or tag_alive(n["tag"]) for n in job.details["nodes"]), timeout=10)
