@@ -266,58 +266,9 @@ def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
 
 
 def _follow(provider: Any, handle: Any, max_restarts: int = 0) -> int:
-    """Stream logs until the job ends; where the platform does not restart preempted jobs itself, resubmit them
-    (cloudtrain's recovery) and follow the new one."""
-    from cloudtrain.cli.render import status_text
-    from cloudtrain.recovery import advance, begin
+    from cloudtrain.cli.follow import follow
 
-    recovering = max_restarts > 0 and "resubmit" in provider.capabilities
-    state = begin(provider, handle, max_restarts=max_restarts) if recovering else None
-    previous = _on_sigterm(_raise_terminated)  # SIGTERM (a CI runner, `timeout`, systemd) cancels, as Ctrl-C does
-    try:
-        while True:
-            for line in provider.logs(handle, follow=True):
-                print(line, flush=True)
-            status = provider.wait(handle, poll=0.2 if provider.name == "local" else _poll(provider))
-            following = advance(provider, state, status, lambda m: print(m, file=sys.stderr)) if state else None
-            if following is None:
-                break
-            handle = following
-    except (KeyboardInterrupt, _Terminated) as stop:
-        _on_sigterm(previous)  # a second SIGTERM ends this process; the cancel below was asked for already
-        print(f"\n{'SIGTERM' if isinstance(stop, _Terminated) else 'interrupted'}: cancelling {handle} ...",
-              file=sys.stderr)
-        provider.cancel(handle)
-        status = provider.wait(handle, poll=0.2)
-        print(status_text(status), file=sys.stderr)
-        return EXIT_TERMINATED if isinstance(stop, _Terminated) else EXIT_INTERRUPTED
-    finally:
-        _on_sigterm(previous)
-    print(status_text(status), file=sys.stderr)
-    return 0 if status.state.value == "succeeded" else 1
-
-
-EXIT_TERMINATED = 128 + 15  # what a shell reports for a process ended by SIGTERM
-
-
-class _Terminated(Exception):
-    """SIGTERM arrived while a foreground submit followed its job."""
-
-
-def _raise_terminated(_signum: int, _frame: Any) -> None:
-    raise _Terminated
-
-
-def _on_sigterm(handler: Any) -> Any:
-    """Install a SIGTERM handler; returns the previous one (None where signals cannot be set: not the main thread)."""
-    import signal
-
-    if handler is None:
-        return None
-    try:
-        return signal.signal(signal.SIGTERM, handler)
-    except ValueError:
-        return None
+    return follow(provider, handle, max_restarts, poll=_poll(provider))
 
 
 def _provider_for(handle_text: str) -> tuple[Any, Any]:
