@@ -1,15 +1,43 @@
-"""Where cloudtrain keeps its own state on the user's machine (job database, local object store, logs)."""
+"""Where cloudtrain keeps its own state on the user's machine (job database, local object store, logs, temp
+files)."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 from pathlib import Path
+
+_temp_dirs: dict[Path, Path] = {}  # home -> this process's temp folder in it
 
 
 def cloudtrain_home() -> Path:
     """``$CLOUDTRAIN_HOME`` or ``~/.cloudtrain``; created on first use by whoever writes into it."""
     env = os.environ.get("CLOUDTRAIN_HOME")
     return Path(env).expanduser().resolve() if env else Path.home() / ".cloudtrain"
+
+
+def temp_dir() -> Path:
+    """This process's folder for cloudtrain's temp files (a bundle being built, a code folder to upload):
+    ``<home>/tmp/<pid>-<start time>``, removed at exit. A process killed meanwhile (a CLI SIGKILLed while bundling)
+    leaves its folder behind: the first call in any later process removes every folder whose process is gone."""
+    from cloudtrain.providers.local.procs import is_alive, start_ticks
+
+    root = cloudtrain_home() / "tmp"
+    if root in _temp_dirs and _temp_dirs[root].is_dir():
+        return _temp_dirs[root]
+    root.mkdir(parents=True, exist_ok=True)
+    for folder in root.iterdir():
+        pid, _, ticks = folder.name.partition("-")
+        if pid.isdigit() and not is_alive(int(pid), int(ticks) if ticks.isdigit() and ticks != "0" else None):
+            shutil.rmtree(folder, ignore_errors=True)
+    me = os.getpid()
+    folder = root / f"{me}-{start_ticks(me) or 0}"
+    folder.mkdir(exist_ok=True)
+    if root not in _temp_dirs:
+        atexit.register(shutil.rmtree, folder, True)
+    _temp_dirs[root] = folder
+    return folder
 
 
 def default_store_uri() -> str:

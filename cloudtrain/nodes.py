@@ -63,6 +63,8 @@ def job_env(spec: JobSpec) -> dict[str, str]:
             env["CLOUDTRAIN_CHECKPOINT_INTERVAL"] = str(spec.checkpoint.interval)
     if spec.output_uri:
         env["CLOUDTRAIN_OUTPUT_URI"] = spec.output_uri
+    if spec.max_idle:  # the bootstrap's watchdog (cloudtrain/watchdog.py)
+        env["CLOUDTRAIN_MAX_IDLE"] = str(spec.max_idle)
     for name, uri in spec.inputs.items():  # a provider that mounts or downloads inputs replaces the URI with a path
         env[input_env(name)] = uri
     return env

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.errors import PackagingError
-from cloudtrain.home import resource_dir
+from cloudtrain.home import resource_dir, temp_dir
 from cloudtrain.secret_scan import Finding, ScanningReader, describe
 from cloudtrain.tarstream import GzipPipe, add_file, finish
 
@@ -121,7 +121,7 @@ class Package:
     def staging_folder(self) -> Path:
         """A temp folder holding exactly what a node needs (bootstrap.py, bundle.tar.gz, manifest.json), for
         platforms that upload a folder as the job's code; deleted with the package."""
-        folder = Path(tempfile.mkdtemp(prefix="cloudtrain-code-"))
+        folder = Path(tempfile.mkdtemp(prefix="cloudtrain-code-", dir=temp_dir()))
         weakref.finalize(self, shutil.rmtree, folder, True)
         shutil.copyfile(self.bootstrap, folder / BOOTSTRAP_NAME)
         try:
@@ -336,7 +336,7 @@ def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), pro
         *((f"src/{rel}", p, None if _matches(rel.rsplit("/", 1)[-1], rel, limits.allow_secrets) else rel)
           for rel, p, _ in user_files)]
     findings: list[Finding] = []
-    fd, tmp = tempfile.mkstemp(prefix="cloudtrain-bundle-", suffix=".tar.gz")
+    fd, tmp = tempfile.mkstemp(prefix="cloudtrain-bundle-", suffix=".tar.gz", dir=temp_dir())
     path = Path(tmp)
     try:
         with os.fdopen(fd, "wb") as raw:

@@ -34,13 +34,14 @@ def badge(state: str) -> Markup:
 
 
 def spec_rows(spec: JobSpec) -> list[tuple[str, Any]]:
+    from cloudtrain.durations import format_duration
     from cloudtrain.secrets import redact
 
     rows: list[tuple[str, Any]] = [
         ("entry", spec.script or f"-m {spec.module}"), ("source", spec.source_dir),
         ("layout", f"{spec.nodes} node(s) x {spec.procs_per_node} process(es), {spec.strategy}"),
         ("accelerator", spec.accelerator or "none (CPU)"), ("spot", spec.spot),
-        ("max runtime", f"{spec.max_runtime / 3600:g}h"), ("checkpoint", spec.checkpoint.uri or "-")]
+        ("max runtime", format_duration(spec.max_runtime)), ("checkpoint", spec.checkpoint.uri or "-")]
     if spec.env:
         rows.append(("env", " ".join(f"{k}={v}" for k, v in redact(dict(spec.env)).items())))
     return rows

@@ -209,6 +209,9 @@ class JobSpec(_Model):
     spot: bool = Field(False, description="Use spot/preemptible capacity")
     max_wait: Duration | None = Field(None, description="Spot only: total time to wait for capacity plus run")
     max_runtime: Duration = Field(24 * 3600, description="Stop the job after this long")
+    max_idle: Duration | None = Field(
+        None, description="Watchdog: stop the job when its workers print nothing and write no checkpoint for this "
+                          "long (a hang); off unless set")
     max_restarts: int = Field(0, ge=0, le=100, description="Resubmissions after preemption")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     inputs: dict[str, Uri] = Field(default_factory=dict, description="Named input data URIs")

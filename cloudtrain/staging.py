@@ -46,6 +46,10 @@ def stage_bundle(package: Package, prefix: str, progress: bool = True) -> bool:
     from cloudtrain.progress import Progress
 
     manifest_uri = storage.join(prefix, "manifest.json")
+    if prefix.startswith("file://"):  # what a staging killed midway left in the store (its .part files)
+        from cloudtrain.storage.local import sweep_abandoned_parts
+
+        sweep_abandoned_parts(storage.local_path(prefix).parent)
     if storage.exists(manifest_uri):
         return False
     total = package.bootstrap.stat().st_size + package.bundle_bytes

@@ -511,6 +511,17 @@ def run_torchrun(argv: list[str], cwd: Path, env: dict[str, str], early: list[in
     return code, stopping["signal"] is not None
 
 
+def node_watch(lib: Path, env: dict[str, str], workdir: Path, on_force: Any) -> Any:
+    """cloudtrain's node watch from the bundle's lib/ (cloudtrain/node_watch.py: the supervisor, the max_idle
+    watchdog, rank reports, why workers failed). None for a hand-made bundle without it: the node runs unwatched."""
+    sys.path.insert(0, str(lib))
+    try:
+        from cloudtrain.node_watch import NodeWatch
+    except ImportError:
+        return None
+    return NodeWatch(env, workdir, on_force)
+
+
 def write_status(path: str | None, status: dict[str, object]) -> None:
     if not path:
         return
@@ -582,6 +593,8 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
             shutil.rmtree(unpacked)
         safe_extract(bundle, unpacked)
         masking = output.enter_context(mask_output(unpacked / "lib", env))
+        watch = node_watch(unpacked / "lib", env, workdir, lambda reason: write_status(
+            args.status_file, {**status, "outcome": "failed", "reason": reason, "ended": time.time()}))
         src, site = unpacked / "src", workdir / "site-packages"
         install_requirements(src, site, args.requirements_file, args.requirement)
         python_path = [str(unpacked / "lib"), str(src), str(site)]
@@ -610,7 +623,10 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
         else:
             log("torchrun: " + " ".join(argv_[1:]))
             syncer = start_checkpoint_sync(env, src, cluster)
-            code, stopped = run_torchrun(argv_, src, env, early_stop)
+            extra = watch.torchrun_started() if watch else {}
+            code, stopped = run_torchrun(argv_, src, {**env, **extra}, early_stop)
+            if watch:
+                watch.torchrun_ended()
             sync_error = finish_checkpoint_sync(syncer, env, src)
             if sync_error:
                 status["error"] = sync_error
@@ -624,19 +640,28 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
         status.update(outcome="failed", error=str(exc), returncode=EXIT_USAGE, ended=time.time())
         write_status(args.status_file, status)
         return EXIT_USAGE
-    # torchrun exits 1 after forwarding SIGTERM even when every worker saved and exited cleanly:
-    # a stop we were asked for is "preempted", whatever its exit code. A job whose checkpoints did not reach the
-    # store has not succeeded (status["error"] says where they are); a preempted one restarts from the last published.
-    outcome = "preempted" if stopped else ("succeeded" if code == 0 and "error" not in status else "failed")
+    # torchrun exits 1 after forwarding SIGTERM even when every worker saved and exited cleanly: a stop we were
+    # asked for is "preempted", whatever its exit code; one the node decided on (supervisor gone, idle) failed it.
+    # A job whose checkpoints did not reach the store has not succeeded (status["error"] says where they are); a
+    # preempted one restarts from the last published.
+    if watch and watch.reason:
+        outcome = "failed"
+    elif stopped:
+        outcome = "preempted"
+    else:
+        outcome = "succeeded" if code == 0 and "error" not in status else "failed"
+    status.update(outcome=outcome, returncode=code, ended=time.time(), **(watch.findings(
+        outcome, visible_gpus(env)) if watch else {}))
     if outcome == "failed":
-        report_failure(env, f"cloudtrain: node {cluster.node_rank} of {cluster.nnodes} failed: "
-                            + (str(status["error"]) if "error" in status else
-                               f"torchrun exited {code}; the node's log (and its workers' logs in the job's outputs) "
-                               "says why"))
-    status.update(outcome=outcome, returncode=code, ended=time.time())
+        why = status.get("reason") or status.get("error") or (
+            f"torchrun exited {code}; the node's log (and its workers' logs in the job's outputs) says why")
+        report_failure(env, f"cloudtrain: node {cluster.node_rank} of {cluster.nnodes} failed: {why}")
     write_status(args.status_file, status)
-    why = f": {status['error']}" if "error" in status else ""
-    log(f"node {cluster.node_rank} {outcome} (torchrun exit {code}) after {time.time() - started:.1f}s{why}")
+    for key in ("error", "reason", "note", "hint"):  # why it failed, or why its success is hollow: the last lines read
+        if status.get(key):
+            log(f"node {cluster.node_rank}: {status[key]}")
+    took = watch.took(time.time() - started) if watch else f"{time.time() - started:.1f}s"
+    log(f"node {cluster.node_rank} {outcome} (torchrun exit {code}) after {took}")
     return {"succeeded": 0, "preempted": EXIT_PREEMPTED}.get(outcome, EXIT_FAILED)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import Job, Run, list_runs
-from cloudtrain.providers.local.procs import group_alive, tag_alive
+from cloudtrain.providers.local.procs import group_alive, kill_tagged, tag_alive
 from cloudtrain.providers.local.provider import LocalProvider
 from cloudtrain.staging import stage_bundle
 from tests.conftest import REPO, SCRIPTS, cli_env, status_json, wait_for
@@ -138,6 +138,7 @@ def test_fsdp_reference_trainer_through_the_sdk(ct_home: Path) -> None:
     status = run.wait(timeout=240, poll=0.5)
     logs = "\n".join(run.logs())
     assert status.state.value == "succeeded", logs[-3000:]
+    assert status.message == "", "a device mesh's process group counts: not a hollow run"
     assert "training: fsdp world_size=2 backend=gloo bf16=True start_step=0" in logs
     assert str(run.handle) in [str(s.handle) for s in list_runs("local")]
     assert Run.attach(str(run.handle)).status().state.value == "succeeded"
@@ -173,6 +174,7 @@ def test_cancel_from_another_process_stops_every_process(cli, tmp_path: Path) ->
 
 
 def test_a_job_whose_processes_vanished_shows_failed(cli, ct_home: Path, tmp_path: Path) -> None:
+    """Supervisor and nodes killed at once (what a reboot looks like): no node could say how it ended."""
     script = copy_script(SCRIPTS / "sleeper.py", tmp_path / "proj")
     handle = cli("submit", str(script), "--procs-per-node", "2", "--detach").stdout.strip()
     wait_for(lambda: cli("logs", handle).stdout.count("ready rank=") == 2, timeout=120, interval=1)
@@ -180,7 +182,9 @@ def test_a_job_whose_processes_vanished_shows_failed(cli, ct_home: Path, tmp_pat
     assert record and record.supervisor_pid
     pgids, tags = [n["pgid"] for n in record.nodes], [n["tag"] for n in record.nodes]
     assert all(tag_alive(t) for t in tags)
-    os.kill(record.supervisor_pid, signal.SIGKILL)  # what a reboot or an OOM kill looks like
+    os.kill(record.supervisor_pid, signal.SIGKILL)
+    for tag in tags:
+        kill_tagged(tag)
     wait_for(lambda: status_json(cli, handle)["state"] == "failed", timeout=30)
     assert "vanished" in status_json(cli, handle)["message"]
     wait_for(lambda: not any(group_alive(p) for p in pgids), timeout=10)
@@ -215,7 +219,11 @@ def test_dry_run_json_has_provider_request_package_nodes(cli, ct_home: Path, tmp
     assert not (ct_home / "store").exists() and not (ct_home / "jobs.db").exists(), "a dry run stages nothing"
 
 
-def test_ctrl_c_in_the_foreground_cancels_cleanly(ct_home: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "code", "said"), [(signal.SIGINT, 130, "interrupted"),
+                                                   (signal.SIGTERM, 143, "SIGTERM")])
+def test_ctrl_c_or_sigterm_in_the_foreground_cancels_cleanly(ct_home: Path, tmp_path: Path, sig: int, code: int,
+                                                             said: str) -> None:
+    """Ctrl-C, and SIGTERM (a CI runner stopping, `timeout`; issue 17.7: it left the job running unseen), cancel."""
     script = copy_script(SCRIPTS / "sleeper.py", tmp_path / "proj")
     proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "submit", str(script), "--procs-per-node", "2"],
                             cwd=tmp_path, env=cli_env(ct_home), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -226,10 +234,10 @@ def test_ctrl_c_in_the_foreground_cancels_cleanly(ct_home: Path, tmp_path: Path)
         seen += "ready rank=" in line
         if seen == 2:
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "cancelling local://sleeper-" in err and "cancelled" in err
+    assert proc.returncode == code, err
+    assert f"{said}: cancelling local://sleeper-" in err and "cancelled" in err
     job = LocalProvider(ct_home).list()[0]
     assert job.state.value == "cancelled"
     wait_for(lambda: not any(group_alive(n["pid"]) or tag_alive(n["tag"]) for n in job.details["nodes"]), timeout=10)

@@ -36,7 +36,7 @@ AWS = {"providers": {"aws": {"region": "us-east-1"}}}
 
 def test_spot_shows_max_wait_where_the_platform_uses_it(src: Path) -> None:
     text = _summary(src, "aws", spot=True, accelerator="A100:8", **AWS)
-    assert "spot         yes, no restarts (max_restarts 0), max_wait 48h (capacity wait plus run time)" in text
+    assert "spot         yes, no restarts (max_restarts 0), max_wait 2d (capacity wait plus run time)" in text
     text = _summary(src, "gcp", spot=True, max_wait="36h", accelerator="A100:8")
     assert "max_wait 36h (not used by gcp)" in text
     assert "spot         no" in _summary(src, "aws", **AWS)

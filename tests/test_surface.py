@@ -18,7 +18,7 @@ from cloudtrain.cli.reference import markdown
 REPO = Path(__file__).resolve().parents[1]
 
 JOB_FLAGS = ["--allow-secret", "--checkpoint-uri", "--emulate", "--env", "--file", "--gpus", "--image",
-             "--max-restarts", "--max-runtime", "--module", "--name", "--no-spec", "--nodes", "--output",
+             "--max-idle", "--max-restarts", "--max-runtime", "--module", "--name", "--no-spec", "--nodes", "--output",
              "--output-uri", "--procs-per-node", "--profile", "--provider", "--set", "--source-dir", "--spot",
              "--strategy"]
 CLI = {

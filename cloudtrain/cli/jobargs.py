@@ -18,7 +18,8 @@ from cloudtrain.errors import SpecError, UserError
 _JOB_FLAGS: dict[str, Any] = {
     "script": None, "file": None, "no_spec": False, "module": None, "name": None, "source_dir": None, "nodes": None,
     "procs_per_node": None, "strategy": None, "gpus": None, "checkpoint_uri": None, "output_uri": None, "image": None,
-    "spot": None, "max_restarts": None, "max_runtime": None, "set_fields": [], "allow_secret": [], "emulate": None}
+    "spot": None, "max_restarts": None, "max_runtime": None, "max_idle": None, "set_fields": [], "allow_secret": [],
+    "emulate": None}
 
 
 def env_pairs(items: list[str]) -> dict[str, str]:
@@ -77,7 +78,7 @@ def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> tuple[An
         "name": args.name, "nodes": args.nodes, "procs_per_node": args.procs_per_node,
         "strategy": args.strategy, "accelerator": args.gpus, "checkpoint.uri": args.checkpoint_uri,
         "output_uri": args.output_uri, "image.uri": args.image, "spot": args.spot,
-        "max_restarts": args.max_restarts, "max_runtime": args.max_runtime,
+        "max_restarts": args.max_restarts, "max_runtime": args.max_runtime, "max_idle": args.max_idle,
         "providers.local.emulate": "azureml" if args.emulate == "azure" else args.emulate,
     }
     if args.source_dir is not None:

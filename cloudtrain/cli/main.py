@@ -71,6 +71,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spot", action="store_true", default=None, help="use spot/preemptible capacity")
     p.add_argument("--max-restarts", type=int, help="resubmissions after preemption")
     p.add_argument("--max-runtime", help="e.g. 3600, 90m, 2h (each platform's own limit is checked by plan)")
+    p.add_argument("--max-idle", help="watchdog: stop the job when it prints nothing and writes no checkpoint for "
+                                      "this long, e.g. 10m (default: off)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
                    help="any spec field by its dotted name, e.g. --set providers.aws.role=arn:... (repeatable)")
@@ -253,30 +255,9 @@ def _provider_name(args: argparse.Namespace) -> str:
 
 
 def _follow(provider: Any, handle: Any, max_restarts: int = 0) -> int:
-    """Stream logs until the job ends; where the platform does not restart preempted jobs itself, resubmit them
-    (cloudtrain's recovery) and follow the new one."""
-    from cloudtrain.cli.render import status_text
-    from cloudtrain.recovery import advance, begin
+    from cloudtrain.cli.follow import follow
 
-    recovering = max_restarts > 0 and "resubmit" in provider.capabilities
-    state = begin(provider, handle, max_restarts=max_restarts) if recovering else None
-    try:
-        while True:
-            for line in provider.logs(handle, follow=True):
-                print(line, flush=True)
-            status = provider.wait(handle, poll=0.2 if provider.name == "local" else _poll(provider))
-            following = advance(provider, state, status, lambda m: print(m, file=sys.stderr)) if state else None
-            if following is None:
-                break
-            handle = following
-    except KeyboardInterrupt:
-        print(f"\ncancelling {handle} ...", file=sys.stderr)
-        provider.cancel(handle)
-        status = provider.wait(handle, poll=0.2)
-        print(status_text(status), file=sys.stderr)
-        return EXIT_INTERRUPTED
-    print(status_text(status), file=sys.stderr)
-    return 0 if status.state.value == "succeeded" else 1
+    return follow(provider, handle, max_restarts, poll=_poll(provider))
 
 
 def _provider_for(handle_text: str) -> tuple[Any, Any]:
@@ -313,7 +294,14 @@ def cmd_preempt(args: argparse.Namespace) -> int:
         raise UserError(f"provider {handle.provider!r} cannot be preempted on request",
                         remedy="`cloudtrain preempt` rehearses spot interruptions on local jobs")
     status = provider.preempt(handle)
-    print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
+    if args.output != "text":
+        sent = sum(1 for n in status.details.get("nodes", []) if n.get("exit_code") is None)
+        emit({**status.to_dict(), "sent": {"signal": "SIGTERM", "nodes": sent}}, args.output)
+        return 0
+    from cloudtrain.cli.render import preempt_text
+
+    print(preempt_text(status))
+    print(status_text(status, colour()))
     return 0
 
 

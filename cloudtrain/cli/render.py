@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.cli.style import paint, state
+from cloudtrain.durations import format_duration
 
 if TYPE_CHECKING:
     from cloudtrain.catalog import Machine
@@ -64,7 +65,8 @@ def estimate_text(estimate: dict[str, Any] | None) -> list[str]:
         rate = estimate.get(kind)
         label = kind.replace("_", "-")
         if rate:
-            parts.append(f"{label} {money(rate['hourly'])}/h, up to {money(rate['max_runtime'])} in {hours:g}h"
+            parts.append(f"{label} {money(rate['hourly'])}/h, up to {money(rate['max_runtime'])} in "
+                         f"{format_duration(hours * 3600)}"
                          + (" (billed)" if kind == billed else ""))
         elif kind == "spot":
             parts.append("spot: no list price" + (" (billed)" if billed == "spot" else ""))
@@ -113,7 +115,8 @@ def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
         row("image", plan.image or "this machine's Python and torch"),
         row("each node", plan.runtime.summary() if plan.runtime else _local_runtime()),
         row("spot", _spot(plan)),
-        row("max runtime", f"{spec.max_runtime / 3600:g}h"),
+        row("max runtime", format_duration(spec.max_runtime)
+            + (f", stopped if idle for {format_duration(spec.max_idle)}" if spec.max_idle else "")),
         row("checkpoint", spec.checkpoint.uri or "none"),
         row("package", f"{len(pkg.files)} files, {size(pkg.source_bytes)} source, {size(pkg.bundle_bytes)} bundle, "
                        f"{pkg.digest[:19]}"),
@@ -155,9 +158,9 @@ def _spot(plan: Plan) -> str:
     condition = plan.request.get("StoppingCondition")  # SageMaker: the wait it will use, default included
     wait = condition.get("MaxWaitTimeInSeconds") if isinstance(condition, dict) else None
     if wait:
-        parts.append(f"max_wait {wait / 3600:g}h (capacity wait plus run time)")
+        parts.append(f"max_wait {format_duration(wait)} (capacity wait plus run time)")
     elif spec.max_wait:
-        parts.append(f"max_wait {spec.max_wait / 3600:g}h (not used by {plan.provider})")
+        parts.append(f"max_wait {format_duration(spec.max_wait)} (not used by {plan.provider})")
     return ", ".join(parts)
 
 
@@ -196,6 +199,24 @@ def status_text(status: JobStatus, colour: bool = False) -> str:
         lines.append(f"  node {node['rank']}: pid {node.get('pid')}  "
                      + (f"exit {code} ({node.get('outcome')})" if code is not None else "running")
                      + f"  log {node.get('log')}")
+        for key in ("reason", "note", "hint"):  # what the node said about itself, unless the message says it
+            if node.get(key) and node[key] not in status.message:
+                lines.append(f"    {node[key]}")
+    return "\n".join(lines)
+
+
+def preempt_text(status: JobStatus) -> str:
+    """What `cloudtrain preempt` did, and what will follow: a restart that resumes, or the end of the job."""
+    nodes = [n for n in status.details.get("nodes", []) if n.get("exit_code") is None]
+    restarts, most = int(status.details.get("restarts") or 0), int(status.details.get("max_restarts") or 0)
+    lines = [f"sent SIGTERM to {len(nodes)} node(s) of {status.handle}, as a spot interruption would"]
+    if restarts < most:
+        lines.append(f"it restarts (restart {restarts + 1} of {most}) and resumes from its newest checkpoint")
+    elif most:
+        lines.append(f"no restarts left ({restarts} of {most} used): the job will end 'preempted'")
+    else:
+        lines.append("max_restarts is 0: the job will end 'preempted'. To rehearse a restart that resumes, submit "
+                     "with --max-restarts 1 (and a --checkpoint-uri to resume from)")
     return "\n".join(lines)
 
 

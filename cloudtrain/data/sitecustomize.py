@@ -1,8 +1,9 @@
 """Shipped as the bundle's ``lib/sitecustomize.py`` (lib/ leads PYTHONPATH on a node), so Python loads it in every
 process torchrun starts: in a torchrun worker it puts the script's secret arguments back into ``sys.argv`` (they
 reach the node as variables, so no command line shows them: ``cloudtrain/secrets.py`` split_args), it installs
-cloudtrain's exit guard (``cloudtrain/exit_guard.py`` says why), then runs the sitecustomize that this one shadows
-(the image's), if there is one."""
+cloudtrain's exit guard (``cloudtrain/exit_guard.py`` says why) and the rank report (whether the worker joins a
+process group: ``cloudtrain/rank_report.py``), then runs the sitecustomize that this one shadows (the image's), if
+there is one."""
 
 import importlib.machinery
 import importlib.util
@@ -43,4 +44,14 @@ try:
     install()
 except Exception as exc:  # never stop a worker from starting
     print(f"[cloudtrain] exit guard not installed: {exc!r}", file=sys.stderr)
+
+# --- rank reports: does this worker join a process group? (cloudtrain/rank_report.py) ---------------------
+try:
+    from cloudtrain.rank_report import install as _report_rank
+
+    _report_rank()
+except Exception as exc:  # never stop a worker from starting
+    print(f"[cloudtrain] rank report not installed: {exc!r}", file=sys.stderr)
+# --- end of rank reports ---------------------------------------------------------------------------------
+
 _run_shadowed()

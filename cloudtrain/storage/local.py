@@ -6,12 +6,18 @@ import builtins
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlparse
 
 from cloudtrain.errors import UserError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 
 def local_path(uri: str) -> Path:
@@ -30,6 +36,8 @@ def local_path(uri: str) -> Path:
 def _atomic_write(target: Path, writer: Callable[[BinaryIO], object]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    if fcntl is not None:  # held while we write: a .part nobody holds was left by a writer that died
+        fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         with os.fdopen(fd, "wb") as out:
             writer(out)
@@ -39,6 +47,24 @@ def _atomic_write(target: Path, writer: Callable[[BinaryIO], object]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def sweep_abandoned_parts(root: Path, min_age: float = 2.0) -> int:
+    """Remove the ``.part`` files under ``root`` that no writer holds (their writer was killed: a CLI SIGKILLed while
+    staging). ``min_age`` seconds spare one that was created a moment ago and is about to be locked. Returns how
+    many were removed; without ``fcntl`` (Windows) none is."""
+    removed = 0
+    for part in root.rglob(".*.part") if fcntl is not None and root.is_dir() else []:
+        try:
+            if time.time() - part.stat().st_mtime < min_age:
+                continue
+            with open(part, "rb") as f:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while its writer lives
+                part.unlink()
+                removed += 1
+        except OSError:  # held (BlockingIOError), or gone meanwhile
+            continue
+    return removed
 
 
 class LocalStore:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -27,11 +28,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     supervisor_pid INTEGER,
     supervisor_start INTEGER,
     nodes TEXT NOT NULL DEFAULT '[]',
-    plan TEXT NOT NULL DEFAULT '{}'
+    plan TEXT NOT NULL DEFAULT '{}',
+    lost_at REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at);
 """
 _JSON_COLUMNS = {"nodes", "plan"}
+_ADDED_COLUMNS = {"lost_at": "REAL"}  # columns newer than the first schema: added to an older database on open
 
 
 @dataclass
@@ -51,6 +54,7 @@ class JobRecord:
     supervisor_start: int | None = None
     nodes: list[dict[str, Any]] = field(default_factory=list)  # per node: rank, pid, pgid, start, log, exit_code ...
     plan: dict[str, Any] = field(default_factory=dict)  # the plan as submitted (node commands included)
+    lost_at: float | None = None  # when status first found the supervisor gone while nodes still ran
 
 
 _COLUMNS = [f.name for f in fields(JobRecord)]
@@ -61,6 +65,7 @@ class JobDB:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._migrated = False
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -70,6 +75,13 @@ class JobDB:
             conn.execute("PRAGMA busy_timeout = 30000")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.executescript(_SCHEMA)
+            if not self._migrated:
+                have = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+                for name, kind in _ADDED_COLUMNS.items():
+                    if name not in have:
+                        with contextlib.suppress(sqlite3.OperationalError):  # another process added it just now
+                            conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+                self._migrated = True
             yield conn
         finally:
             conn.close()

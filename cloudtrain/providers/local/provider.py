@@ -25,12 +25,15 @@ from cloudtrain.nodes import bootstrap_args, job_env, node_command
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
 from cloudtrain.providers.base import JobState, JobStatus, Provider
+from cloudtrain.providers.local import outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
-from cloudtrain.providers.local.procs import is_alive, kill_tagged, signal_group, start_ticks
+from cloudtrain.providers.local.procs import is_alive, kill_tagged, signal_group, start_ticks, tag_alive
 from cloudtrain.spec import JobSpec
 from cloudtrain.staging import bundle_prefix, default_output_uri, new_job_id, stage_bundle
 
 _ACTIVE = ("pending", "running", "stopping")
+START_TIMEOUT = 120.0  # seconds a submitted job may wait for a supervisor before it is declared never started
+LOST_MARGIN = 30.0  # beyond the grace period: how long nodes may take to stop after their supervisor is gone
 
 
 def free_port() -> int:
@@ -148,16 +151,24 @@ class LocalProvider(Provider):
         # The supervisor imports this very cloudtrain, installed or not.
         package_parent = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
-        with open(job_dir / "supervisor.log", "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "cloudtrain.providers.local.supervisor", job_id],
-                env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True,
-            )
+        try:
+            with open(job_dir / "supervisor.log", "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "cloudtrain.providers.local.supervisor", job_id],
+                    env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True, close_fds=True,
+                )
+        except OSError as exc:  # nothing runs: say so now rather than leave the job pending
+            self.db.update(job_id, state="failed", message=f"its supervisor could not start: {exc}",
+                           ended_at=time.time(), only_if_state=_ACTIVE)
+            raise UserError(f"the local supervisor for {job_id} could not start: {exc}") from exc
         self.db.update(job_id, supervisor_pid=proc.pid, supervisor_start=start_ticks(proc.pid))
         assert proc.stdin is not None
-        with proc.stdin:
-            proc.stdin.write(json.dumps(node_env).encode())
+        try:
+            with proc.stdin:
+                proc.stdin.write(json.dumps(node_env).encode())
+        except BrokenPipeError:  # it died at once; status reads its log and ends the job
+            pass
 
     # -- describe / list -------------------------------------------------------------------------------
     def _record(self, handle: JobHandle) -> JobRecord:
@@ -168,25 +179,58 @@ class LocalProvider(Provider):
         return self._reconcile(record)
 
     def _reconcile(self, record: JobRecord) -> JobRecord:
-        """A job whose supervisor vanished (killed, or the machine rebooted) is failed, not running forever."""
-        if record.state not in _ACTIVE or record.supervisor_pid is None:
+        """Every job reaches an end, even when its supervisor does not record it: a supervisor that never started,
+        or was killed (its nodes then stop on their own; their status files say how they ended)."""
+        if record.state not in _ACTIVE:
             return record
-        if is_alive(record.supervisor_pid, record.supervisor_start):
+        if record.supervisor_pid is None:
+            if time.time() - record.created_at < START_TIMEOUT:
+                return record  # the submitter is starting it
+        elif is_alive(record.supervisor_pid, record.supervisor_start):
             return record
-        fresh = self.db.get(record.id)  # it may have finished between our two reads
-        if fresh is None or fresh.state not in _ACTIVE:
+        fresh = self.db.get(record.id)  # it may have finished, or recorded its pid, between our two reads
+        if fresh is None or fresh.state not in _ACTIVE or (fresh.supervisor_pid != record.supervisor_pid
+                                                           and is_alive(fresh.supervisor_pid, fresh.supervisor_start)):
             return fresh or record
-        for node in fresh.nodes:  # do not leave orphaned nodes (or their re-parented workers) behind
-            signal_group(node.get("pgid"), signal.SIGKILL)
-            kill_tagged(node.get("tag"))
-        state = "cancelled" if fresh.cancel_requested else "failed"
-        message = "cancelled by user" if fresh.cancel_requested else \
-            "the job's processes vanished (supervisor killed or machine restarted)"
-        self.db.update(fresh.id, state=state, message=message, ended_at=time.time(), only_if_state=_ACTIVE)
+        ranks = [int(n["rank"]) for n in fresh.plan.get("nodes", [])]
+        running = [r for r in ranks if tag_alive(f"{fresh.id}/node-{r}")]
+        lost_for = time.time() - (fresh.lost_at or time.time())
+        if running and lost_for <= fresh.grace_period + LOST_MARGIN:
+            # they saw the supervisor go and stop within a grace period; then their status files say how they ended
+            self.db.update(fresh.id, state="stopping", lost_at=fresh.lost_at or time.time(), only_if_state=_ACTIVE,
+                           message=f"its supervisor is gone: {len(running)} node(s) stopping on their own")
+            return self.db.get(fresh.id) or fresh
+        for rank in running:  # a node that does not watch its supervisor (a bundle without cloudtrain's lib/)
+            signal_group(next((n.get("pgid") for n in fresh.nodes if n["rank"] == rank), None), signal.SIGKILL)
+            kill_tagged(f"{fresh.id}/node-{rank}")
+        state, message = self._ended_without_supervisor(fresh, ranks)
+        self.db.update(fresh.id, state=state, message=message, ended_at=time.time(), nodes=fresh.nodes,
+                       only_if_state=_ACTIVE)
         return self.db.get(fresh.id) or fresh
 
+    def _ended_without_supervisor(self, record: JobRecord, ranks: list[int]) -> tuple[str, str]:
+        """How a job ended whose supervisor is gone and whose nodes all exited: from the nodes' status files."""
+        if record.supervisor_pid is None:
+            return ("cancelled", "cancelled before start") if record.cancel_requested else (
+                "failed", "its supervisor never started (the submitting command was interrupted?): submit again")
+        job_dir = Path(record.job_dir)
+        known = {int(n["rank"]): n for n in record.nodes}
+        record.nodes = [known.get(r) or {"rank": r, "exit_code": None, "status_file": str(
+            job_dir / f"node-{r}.status.json")} for r in ranks]
+        for node in record.nodes:
+            if node.get("outcome") is None:
+                outcome.settle_node(node, outcome.CANCEL if record.cancel_requested else None)
+        reported = [n for n in record.nodes if outcome.read_status(n.get("status_file"))]
+        if not known and not reported:
+            return "failed", "its supervisor exited before starting the nodes" + _last_line(job_dir / "supervisor.log")
+        if not reported and not record.cancel_requested:
+            return "failed", "the job's processes vanished (supervisor and nodes killed, or machine restarted)"
+        return outcome.final_state(record.nodes, cancelled=bool(record.cancel_requested), stop=None,
+                                   attempt=record.attempt)
+
     def _status(self, record: JobRecord) -> JobStatus:
-        nodes = [{k: n.get(k) for k in ("rank", "pid", "exit_code", "outcome", "log", "tag")} for n in record.nodes]
+        nodes = [{**{k: n.get(k) for k in ("rank", "pid", "exit_code", "outcome", "log", "tag")},
+                  **{k: n[k] for k in outcome.NODE_FIELDS if k in n}} for n in record.nodes]
         plan = record.plan.get("request", {})
         restarts = {"restarts": record.attempt, "max_restarts": plan.get("max_restarts", 0)}
         return JobStatus(
@@ -207,9 +251,12 @@ class LocalProvider(Provider):
     def _cancel(self, handle: JobHandle) -> None:
         record = self._record(handle)
         self.db.update(record.id, cancel_requested=1)
+        if record.supervisor_pid is None:  # not started (yet): a supervisor that starts later sees the cancel
+            self.db.update(record.id, state="cancelled", message="cancelled before start", ended_at=time.time(),
+                           only_if_state=("pending",))
+            return
         self.db.update(record.id, state="stopping", message="cancel requested", only_if_state=("pending", "running"))
         if record.state in _ACTIVE and is_alive(record.supervisor_pid, record.supervisor_start):
-            assert record.supervisor_pid
             os.kill(record.supervisor_pid, signal.SIGTERM)
         else:
             self._reconcile(self.db.get(record.id) or record)
@@ -222,6 +269,10 @@ class LocalProvider(Provider):
             raise UserError(f"{handle} is {record.state}; only a running job can be preempted")
         assert record.supervisor_pid
         os.kill(record.supervisor_pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 5  # until the supervisor has signalled the nodes (it polls every 0.2 s)
+        while record.state == "running" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            record = self.db.get(record.id) or record
         return self._status(record)
 
     # -- logs ------------------------------------------------------------------------------------------
@@ -272,3 +323,12 @@ class LocalProvider(Provider):
                 f.seek(pos)
                 return True
         return False
+
+
+def _last_line(log: Path) -> str:
+    """': <the last line of a log>' (what a crashed process said last), or '' when there is none."""
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return f": {lines[-1].strip()[:300]} (see {log})" if lines else ""

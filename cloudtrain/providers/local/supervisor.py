@@ -2,7 +2,9 @@
 every change in the job database. Started detached by ``LocalProvider.submit``; survives the CLI that started it.
 
 Stopping follows the cloud's contract: SIGTERM to each node's bootstrap (a container's PID 1), then SIGKILL to
-the whole node after the grace period.
+the whole node after the grace period. ``max_runtime`` is enforced as the clouds do (stopped, failed, says why).
+Nodes never outlive the supervisor: each holds the read end of a pipe whose write end only this process has, and
+its bootstrap stops the node when the pipe reports end-of-file (``cloudtrain/node_watch.py``).
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cloudtrain.durations import format_duration
 from cloudtrain.home import cloudtrain_home
+from cloudtrain.node_watch import GRACE_ENV, SUPERVISOR_FD
+from cloudtrain.providers.local import outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.providers.local.procs import TAG_VAR, kill_tagged, signal_group, start_ticks
 
 POLL_SECONDS = 0.2
+_ACTIVE = ("pending", "running", "stopping")
 
 
 class Supervisor:
@@ -30,13 +36,16 @@ class Supervisor:
         self.job_id = job_id
         self.node_env = node_env or {}  # unredacted, from the submitter's pipe; never written to disk
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.stop_reason: str | None = None
+        self.stop: str | None = None  # one of outcome.PREEMPT, CANCEL, MAX_RUNTIME, PEER_FAILED
         self.stop_sent_at: float | None = None
+        self.deadline: float | None = None  # max_runtime, over all restarts
+        # Held open for our whole life and inherited by no one but the nodes (as a read end): when we die, however,
+        # every node's read returns end-of-file.
+        self.lifeline, self._lifeline_w = os.pipe()
 
     def request_stop(self, signum: int, _frame: Any) -> None:
         # SIGUSR1 is `cloudtrain preempt` (a rehearsed spot interruption); SIGTERM/SIGINT is a cancel.
-        reason = "preempted" if signum == signal.SIGUSR1 else "cancelled"
-        self.stop_reason = self.stop_reason or reason
+        self.stop = self.stop or (outcome.PREEMPT if signum == signal.SIGUSR1 else outcome.CANCEL)
 
     def start_nodes(self, record: JobRecord, attempt: int) -> list[dict[str, Any]]:
         nodes = []
@@ -46,12 +55,14 @@ class Supervisor:
             status_file = Path(record.job_dir) / f"node-{rank}.status.json"
             status_file.unlink(missing_ok=True)
             tag = f"{self.job_id}/node-{rank}"
-            env = {**os.environ, **self.node_env.get(str(rank), node["env"]), TAG_VAR: tag}
+            env = {**os.environ, **self.node_env[str(rank)], TAG_VAR: tag, SUPERVISOR_FD: str(self.lifeline),
+                   GRACE_ENV: f"{record.grace_period:g}"}
             with open(log_path, "ab") as log:
                 if attempt:
                     log.write(f"[cloudtrain] restart {attempt} after preemption\n".encode())
                 proc = subprocess.Popen(node["argv"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, cwd=record.job_dir, start_new_session=True)
+                                        stdin=subprocess.DEVNULL, cwd=record.job_dir, start_new_session=True,
+                                        pass_fds=(self.lifeline,))
             self.procs[rank] = proc
             nodes.append({"rank": rank, "pid": proc.pid, "pgid": proc.pid, "start": start_ticks(proc.pid),
                           "log": str(log_path), "status_file": str(status_file), "exit_code": None, "outcome": None,
@@ -65,44 +76,63 @@ class Supervisor:
             return 2
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, self.request_stop)
-        if record.cancel_requested:
-            self.db.update(self.job_id, state="cancelled", ended_at=time.time(), message="cancelled before start")
+        # Claim the job (the submitter may have died before recording our pid); a job cancelled or ended before we
+        # got here stays as it is.
+        me = os.getpid()
+        if record.cancel_requested or not self.db.update(self.job_id, supervisor_pid=me, supervisor_start=start_ticks(
+                me), only_if_state=("pending",)):
+            self.db.update(self.job_id, state="cancelled", ended_at=time.time(), message="cancelled before start",
+                           only_if_state=_ACTIVE)
             return 0
+        if any(str(n["rank"]) not in self.node_env for n in record.plan["nodes"]):
+            self.db.update(self.job_id, state="failed", ended_at=time.time(), only_if_state=_ACTIVE,
+                           message="the submitting process ended before handing over the nodes' environment; "
+                                   "submit again")
+            return 1
         max_restarts = int(record.plan.get("request", {}).get("max_restarts", 0))
+        max_runtime = record.plan.get("spec", {}).get("max_runtime")
+        started = time.monotonic()
+        self.deadline = started + float(max_runtime) if max_runtime else None
         attempt = 0
         while True:
             nodes = self.start_nodes(record, attempt)
             self.db.update(self.job_id, state="running", nodes=nodes, attempt=attempt,
                            message=f"restart {attempt} of {max_restarts}" if attempt else "",
-                           only_if_state=("pending", "running", "stopping"))
+                           only_if_state=_ACTIVE)
             if attempt == 0:
                 self.db.update(self.job_id, started_at=time.time())
             self.watch(nodes, record.grace_period)
-            state, message = self._final_state(nodes)
+            fresh = self.db.get(self.job_id)
+            state, message = outcome.final_state(
+                nodes, cancelled=bool(fresh and fresh.cancel_requested), stop=self.stop, attempt=attempt,
+                max_runtime=max_runtime, ran_for=time.monotonic() - started)
             if state == "preempted" and attempt < max_restarts:
                 attempt += 1
-                self.stop_reason, self.stop_sent_at, self.procs = None, None, {}
+                self.stop, self.stop_sent_at, self.procs = None, None, {}
                 continue  # managed-spot emulation: the same job again, resuming from its checkpoints
             break
         self.db.update(self.job_id, state=state, message=message, ended_at=time.time(), nodes=nodes)
         return 0
 
     def watch(self, nodes: list[dict[str, Any]], grace: float) -> None:
-        """Until every node exited: record exits, stop the rest when one fails or a stop was asked for."""
+        """Until every node exited: record exits, stop the rest when one fails, max_runtime passes or a stop was
+        asked for."""
         while True:
             for node in nodes:
                 proc = self.procs[node["rank"]]
                 if node["exit_code"] is None and proc.poll() is not None:
                     node["exit_code"] = proc.returncode
-                    node["outcome"] = self._outcome(node)
+                    outcome.settle_node(node, self.stop)
                     self.db.update(self.job_id, nodes=nodes)
-                    if node["outcome"] == "failed" and not self.stop_reason:
-                        self.stop_reason = f"node {node['rank']} failed"
+                    if node["outcome"] == "failed" and not self.stop:
+                        self.stop = outcome.PEER_FAILED
             if all(n["exit_code"] is not None for n in nodes):
                 break
-            if self.stop_reason and self.stop_sent_at is None:
+            if not self.stop and self.deadline is not None and time.monotonic() > self.deadline:
+                self.stop = outcome.MAX_RUNTIME
+            if self.stop and self.stop_sent_at is None:
                 self._signal_nodes(nodes)
-                self.db.update(self.job_id, state="stopping", message=self.stop_reason,
+                self.db.update(self.job_id, state="stopping", message=self._stopping_message(nodes),
                                only_if_state=("running", "pending"))
             elif self.stop_sent_at is not None and time.monotonic() - self.stop_sent_at > grace:
                 for node in nodes:
@@ -114,35 +144,22 @@ class Supervisor:
             signal_group(node["pgid"], signal.SIGKILL)
             kill_tagged(node["tag"])
 
+    def _stopping_message(self, nodes: list[dict[str, Any]]) -> str:
+        if self.stop == outcome.PEER_FAILED:
+            failed = next((n for n in nodes if n["outcome"] == "failed"), None)
+            return f"node {failed['rank'] if failed else '?'} failed: stopping the others"
+        if self.stop == outcome.MAX_RUNTIME:
+            record = self.db.get(self.job_id)
+            limit = record.plan.get("spec", {}).get("max_runtime", 0) if record else 0
+            return f"max_runtime {format_duration(limit)} exceeded: stopping"
+        return "cancel requested" if self.stop == outcome.CANCEL else "preempted: SIGTERM sent to every node"
+
     def _signal_nodes(self, nodes: list[dict[str, Any]]) -> None:
         self.stop_sent_at = time.monotonic()
         for node in nodes:
             if node["exit_code"] is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(node["pid"], signal.SIGTERM)  # the bootstrap forwards it to torchrun
-
-    def _outcome(self, node: dict[str, Any]) -> str:
-        try:
-            return str(json.loads(Path(node["status_file"]).read_text())["outcome"])
-        except (OSError, ValueError, KeyError):  # the node died before it could say: judge by what we did to it
-            if node["exit_code"] == 0:
-                return "succeeded"
-            return "preempted" if self.stop_sent_at is not None and self.stop_reason == "preempted" else "failed"
-
-    def _final_state(self, nodes: list[dict[str, Any]]) -> tuple[str, str]:
-        record = self.db.get(self.job_id)
-        if record is not None and record.cancel_requested:
-            return "cancelled", "cancelled by user"
-        failed = [n for n in nodes if n["outcome"] == "failed"]
-        if failed:
-            first = failed[0]
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # the reason the bootstrap gave
-                error = json.loads(Path(first["status_file"]).read_text())["error"]
-                return "failed", f"node {first['rank']} failed: {error}"
-            return "failed", f"node {first['rank']} failed with exit code {first['exit_code']} (see its log)"
-        if any(n["outcome"] == "preempted" for n in nodes):
-            return "preempted", f"preempted (SIGTERM) after {record.attempt if record else 0} restart(s)"
-        return "succeeded", ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m cloudtrain.providers.local.supervisor JOB_ID", file=sys.stderr)
         return 2
     db = JobDB(cloudtrain_home() / "jobs.db")
-    node_env = json.loads(sys.stdin.read() or "{}")
+    try:
+        node_env = json.loads(sys.stdin.read() or "{}")
+    except ValueError:  # cut short: the submitter died while writing it
+        node_env = {}
     return Supervisor(db, args[0], node_env).run()
 
 

@@ -1,0 +1,63 @@
+"""A foreground ``submit``: stream the job's logs until it ends, resubmitting it where the platform does not restart
+preempted jobs itself. Ctrl-C and SIGTERM (a CI runner stopping, ``timeout``, systemd) both cancel the job: a job
+that outlives the command that owned it would run on unseen."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+from cloudtrain.errors import EXIT_INTERRUPTED
+
+EXIT_TERMINATED = 128 + 15  # what a shell reports for a process ended by SIGTERM
+
+
+class Terminated(Exception):
+    """SIGTERM arrived while a foreground submit followed its job."""
+
+
+def _raise_terminated(_signum: int, _frame: Any) -> None:
+    raise Terminated
+
+
+def _on_sigterm(handler: Any) -> Any:
+    """Install a SIGTERM handler; returns the previous one (None where signals cannot be set: not the main thread)."""
+    if handler is None:
+        return None
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        return None
+
+
+def follow(provider: Any, handle: Any, max_restarts: int = 0, poll: float = 1.0) -> int:
+    """Stream logs until the job ends; where the platform does not restart preempted jobs itself, resubmit them
+    (cloudtrain's recovery) and follow the new one. Returns the command's exit code."""
+    from cloudtrain.cli.render import status_text
+    from cloudtrain.recovery import advance, begin
+
+    recovering = max_restarts > 0 and "resubmit" in provider.capabilities
+    state = begin(provider, handle, max_restarts=max_restarts) if recovering else None
+    previous = _on_sigterm(_raise_terminated)
+    try:
+        while True:
+            for line in provider.logs(handle, follow=True):
+                print(line, flush=True)
+            status = provider.wait(handle, poll=0.2 if provider.name == "local" else poll)
+            following = advance(provider, state, status, lambda m: print(m, file=sys.stderr)) if state else None
+            if following is None:
+                break
+            handle = following
+    except (KeyboardInterrupt, Terminated) as stop:
+        _on_sigterm(previous)  # a second SIGTERM ends this process; the cancel below was asked for already
+        print(f"\n{'SIGTERM' if isinstance(stop, Terminated) else 'interrupted'}: cancelling {handle} ...",
+              file=sys.stderr)
+        provider.cancel(handle)
+        status = provider.wait(handle, poll=0.2)
+        print(status_text(status), file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
+    finally:
+        _on_sigterm(previous)
+    print(status_text(status), file=sys.stderr)
+    return 0 if status.state.value == "succeeded" else 1
