@@ -131,6 +131,10 @@ class MaskedOutput:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Give fds 1 and 2 back and let the pumps write out what is left (also before an ``os._exit``)."""
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()

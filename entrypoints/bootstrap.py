@@ -593,8 +593,12 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
             shutil.rmtree(unpacked)
         safe_extract(bundle, unpacked)
         masking = output.enter_context(mask_output(unpacked / "lib", env))
-        watch = node_watch(unpacked / "lib", env, workdir, lambda reason: write_status(
-            args.status_file, {**status, "outcome": "failed", "reason": reason, "ended": time.time()}))
+
+        def forced(reason: str) -> None:  # the node ends now (os._exit): say why, and let the last lines out
+            write_status(args.status_file, {**status, "outcome": "failed", "reason": reason, "ended": time.time()})
+            masking.close()
+
+        watch = node_watch(unpacked / "lib", env, workdir, forced)
         src, site = unpacked / "src", workdir / "site-packages"
         install_requirements(src, site, args.requirements_file, args.requirement)
         python_path = [str(unpacked / "lib"), str(src), str(site)]

@@ -112,12 +112,16 @@ def test_plan_writes_nothing_and_shows_no_local_temp_path(project: Path, tmp_pat
     """Issue 17: an Azure plan said "staged at /tmp/cloudtrain-code-..." and wrote that folder and a YAML."""
     import tempfile
 
+    from cloudtrain.home import temp_dir
+
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path / "home"))
     with Job(script="train_ddp.py", source_dir=str(project), spot=True).plan("azure") as plan:
-        made = sorted(p.name for p in scratch.iterdir())
+        made = sorted(p.name for p in temp_dir().iterdir())
         text = plan_text(plan)
+    assert not list(scratch.iterdir())  # nothing in the system's temp folder
     assert len(made) == 1 and made[0].startswith("cloudtrain-bundle-")  # the package itself, as on every provider
     assert str(scratch) not in text and "cloudtrain-code-" not in text and "/tmp/cloudtrain-" not in text
     assert "staged at    the workspace's default datastore" in text

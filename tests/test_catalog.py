@@ -283,7 +283,7 @@ def test_on_demand_plan_is_billed_on_demand(offline: dict[str, str], project: Pa
         assert est["on_demand"]["hourly"] == round(plan.machine.on_demand, 2)  # type: ignore[union-attr,arg-type]
         assert plan.machine.gpu == "H100"  # type: ignore[union-attr]
         first = estimate_text(est)[0]
-        assert re.search(r"on-demand \$[0-9,.]+/h, up to \$[0-9,.]+ in 1.5h \(billed\)", first), first
+        assert re.search(r"on-demand \$[0-9,.]+/h, up to \$[0-9,.]+ in 1h30m \(billed\)", first), first
 
 
 @pytest.mark.parametrize("provider", CLOUDS)

