@@ -1,6 +1,6 @@
-"""The Azure ML provider: plans validated by azure-ai-ml's own load_job, and submit -> status -> logs -> cancel ->
-list -> recovery through the real MLClient against a local fake of the workspace APIs (tests/azureml_fake.py), with
-code uploads as real blob traffic to Azurite."""
+"""The Azure ML provider: plans checked offline against azure-ai-ml's schema and loaded by its own load_job, and
+submit -> status -> logs -> cancel -> list -> recovery through the real MLClient against a local fake of the
+workspace APIs (tests/azureml_fake.py), with code uploads as real blob traffic to Azurite."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import pytest
 from cloudtrain.cli.render import plan_text
 from cloudtrain.errors import SpecError
 from cloudtrain.handles import JobHandle
+from cloudtrain.providers.azure.schema import job_errors
 from cloudtrain.providers.azure.status import job_state
 from cloudtrain.providers.base import JobState, JobStatus
 from cloudtrain.recovery import load as load_recovery
@@ -27,6 +28,7 @@ from cloudtrain.sdk import Job, Run
 from tests.azureml_fake import PREEMPTED, AzureMLFake
 from tests.conftest import cli_env, ddp_project, wait_for
 from tests.emulators import BUCKET, ensure, free_port
+from tests.test_azure_schema import assert_rest_body_is_the_sdks, sdk_rejects
 
 WORKSPACE = {"subscription_id": "sub-1", "resource_group": "rg-1", "workspace": "ws-1"}
 
@@ -64,6 +66,9 @@ def test_plan_matrix_loads_with_azure_ml_schema(project: Path, nodes: int, accel
              spot=spot, max_restarts=3, env={"HF_TOKEN": "hf_secretsecretsecret123"},
              providers={"azure": options}, **extra).plan("azure") as plan:
         job, rest = plan.request["job"], plan.request["rest"]["properties"]
+        assert job_errors(job) == []  # the offline check, from the schema snapshot
+        assert sdk_rejects(job, plan.package.path) is None  # azure-ai-ml's own load_job agrees
+        assert_rest_body_is_the_sdks(job, plan.package.path)  # and builds the request the plan shows
         assert job["distribution"] == {"type": "pytorch", "process_count_per_instance": 1}
         assert rest["distribution"] == {"processCountPerInstance": 1, "distributionType": "PyTorch"}
         assert job["resources"]["instance_count"] == rest["resources"]["instanceCount"] == nodes

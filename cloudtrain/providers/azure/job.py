@@ -30,6 +30,14 @@ MANAGED_TAG = "cloudtrain.managed"
 DIGEST_TAG = "cloudtrain.bundle"
 RESTARTS_TAG = "cloudtrain.max_restarts"
 RESTART_OF_TAG = "cloudtrain.restart_of"
+# the spec field behind each field of the job (the longest matching path wins), for messages about a job Azure ML
+# would reject
+SPEC_FIELDS = {
+    "name": "name", "display_name": "name", "description": "name", "experiment_name": "providers.azure.experiment",
+    "command": "args", "environment": "providers.azure.environment", "environment_variables": "env",
+    "resources": "accelerator", "resources.instance_count": "nodes", "resources.instance_type":
+    "providers.azure.instance_type", "limits": "max_runtime", "tags": "tags", "inputs": "inputs",
+    "compute": "providers.azure.compute", "queue_settings": "spot"}
 
 
 def environment(spec: JobSpec) -> tuple[Runtime, list[str]]:

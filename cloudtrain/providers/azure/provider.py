@@ -1,12 +1,12 @@
-"""Azure Machine Learning command jobs: plan offline (validated by azure-ai-ml's own ``load_job``), submit through
-MLClient (code uploaded to the workspace's datastore, skipped when the same content is there), follow the run's
-user logs, cancel, list, and resubmit preempted jobs (Azure ML never restarts them)."""
+"""Azure Machine Learning command jobs: plan offline (checked against a snapshot of azure-ai-ml's job schema, without
+importing the SDK), submit through MLClient (the job loaded by the SDK's own ``load_job`` first; code uploaded to the
+workspace's datastore, skipped when the same content is there), follow the run's user logs, cancel, list, and
+resubmit preempted jobs (Azure ML never restarts them)."""
 
 from __future__ import annotations
 
 import builtins
 import io
-import json
 import logging
 import os
 import time
@@ -23,6 +23,7 @@ from cloudtrain.nodes import bootstrap_args, node_command
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
 from cloudtrain.providers.azure import job as aj
+from cloudtrain.providers.azure import rest, schema
 from cloudtrain.providers.azure.status import job_state
 from cloudtrain.providers.azure.workspace import azure_errors, ml_client, workspace_of
 from cloudtrain.providers.base import JobStatus, Provider
@@ -48,14 +49,6 @@ def load_validated(job: dict[str, Any], code: str) -> Any:
     except Exception as exc:  # marshmallow's ValidationError: the schema's own words
         raise SpecError(f"Azure ML rejects the job: {str(exc).strip()[:1500]}", field="providers.azure",
                         remedy="fix the spec fields behind the job fields named above") from None
-
-
-def rest_body(entity: Any) -> dict[str, Any]:
-    """The body of PUT .../jobs/<name> as the SDK sends it (before the code folder is replaced by its asset id)."""
-    job = entity._to_job() if hasattr(entity, "_to_job") else entity  # the command builder -> the job
-    model = job._to_rest_object()
-    data = model.as_dict() if hasattr(model, "as_dict") else model.serialize()
-    return dict(json.loads(json.dumps(data, default=str)))
 
 
 class AzureMLProvider(Provider):
@@ -91,8 +84,8 @@ class AzureMLProvider(Provider):
         args = bootstrap_args(spec, bundle=BUNDLE_NAME, digest=package.digest, workdir=aj.WORKDIR, job_id=job_name,
                               nproc=nproc)
         job, runtime, notes = aj.command_job(spec, job_name=job_name, digest=package.digest, bootstrap=args)
-        rest = rest_body(load_validated(job, str(package.path)))  # the bundle stands in for the code folder
-        rest["properties"]["codeId"] = job["code"]  # as sent: submit replaces it with the uploaded code's id
+        schema.check_job(job, aj.SPEC_FIELDS)  # what load_job would reject, from the snapshot: no SDK import
+        body = rest.body(job)  # codeId: the code folder, which submit uploads and replaces with its asset id
         nodes = []
         for rank in range(spec.nodes):  # what each node's bootstrap derives from the variables Azure ML sets
             seen = {**job["environment_variables"], "AZUREML_RUN_ID": job_name, "MASTER_ADDR": "<node 0>",
@@ -113,7 +106,7 @@ class AzureMLProvider(Provider):
         if options.compute:
             staging["compute"] = options.compute
         return Plan(provider=self.name, job_id=job_name, spec=spec, package=package,
-                    request={"job": job, "rest": rest}, nodes=nodes, staging=staging, notes=notes,
+                    request={"job": job, "rest": body}, nodes=nodes, staging=staging, notes=notes,
                     machine=machine, image=_image_of(job["environment"]), runtime=runtime)
 
     # -- submit ----------------------------------------------------------------------------------------
