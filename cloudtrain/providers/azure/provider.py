@@ -74,6 +74,7 @@ class AzureMLProvider(Provider):
     # -- plan (offline) --------------------------------------------------------------------------------
     def _plan(self, spec: JobSpec, package: Package) -> Plan:
         job_name = new_job_id(str(spec.name))
+        spec, checkpoint_notes = aj.without_local_checkpoints(spec)
         options = spec.providers.azure
         instance = None if options.compute else catalog.instance_for(
             "azure", spec.accelerator_model, spec.gpus_per_node, options.instance_type)
@@ -84,6 +85,7 @@ class AzureMLProvider(Provider):
         args = bootstrap_args(spec, bundle=BUNDLE_NAME, digest=package.digest, workdir=aj.WORKDIR, job_id=job_name,
                               nproc=nproc)
         job, runtime, notes = aj.command_job(spec, job_name=job_name, digest=package.digest, bootstrap=args)
+        notes[:0] = checkpoint_notes
         schema.check_job(job, aj.SPEC_FIELDS)  # what load_job would reject, from the snapshot: no SDK import
         body = rest.body(job)  # codeId: the code folder, which submit uploads and replaces with its asset id
         nodes = []
