@@ -21,7 +21,7 @@ def temp_dir() -> Path:
     """This process's folder for cloudtrain's temp files (a bundle being built, a code folder to upload):
     ``<home>/tmp/<pid>-<start time>``, removed at exit. A process killed meanwhile (a CLI SIGKILLed while bundling)
     leaves its folder behind: the first call in any later process removes every folder whose process is gone."""
-    from cloudtrain.providers.local.procs import is_alive, start_ticks
+    from cloudtrain.procs import is_alive, start_ticks
 
     root = cloudtrain_home() / "tmp"
     if root in _temp_dirs and _temp_dirs[root].is_dir():

@@ -65,7 +65,7 @@ class AzureMLProvider(Provider):
     def _client(self, scope: tuple[str, ...], options: Any = None) -> Any:
         if scope not in self._clients:
             if options is None:
-                from cloudtrain.spec import AzureOptions
+                from cloudtrain.providers.azure.options import AzureOptions
 
                 options = AzureOptions(subscription_id=scope[0], resource_group=scope[1], workspace=scope[2])
             self._clients[scope] = ml_client(options, self.credential, self.transport)
@@ -199,7 +199,8 @@ class AzureMLProvider(Provider):
             ml.jobs.begin_cancel(handle.job_id)  # the service stops it; describe shows the progress
 
     def _list(self, limit: int) -> builtins.list[JobStatus]:
-        from cloudtrain.spec import AzureOptions, project_options
+        from cloudtrain.providers.azure.options import AzureOptions
+        from cloudtrain.spec import project_options
 
         # the workspace of the project here (cloudtrain.yaml), else the profile's, else the standard config.json
         known = project_options("azure")

@@ -10,6 +10,7 @@ Worker pool 0 is the primary (one replica), pool 1 the other N-1 nodes: the boot
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,8 +66,24 @@ def node_environment(spec: JobSpec) -> dict[str, str]:
     return env
 
 
+# Vertex labels: lowercase letters, digits, '_' and '-'; keys start with a letter; both at most 63 characters.
+_BAD = re.compile(r"[^a-z0-9_-]")
+
+
+def label_rule(key: str, value: str) -> tuple[str, str]:
+    key = _BAD.sub("_", key.lower())
+    if not key[:1].isalpha():
+        key = "t" + key
+    return key[:63], _BAD.sub("_", value.lower())[:63]
+
+
+def user_labels(tags: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The spec's tags as Vertex labels, and a note for each that changed."""
+    return platform_tags("gcp", tags, label_rule)
+
+
 def labels(spec: JobSpec, job_id: str, digest: str) -> tuple[dict[str, str], list[str]]:
-    user, notes = platform_tags("gcp", spec.tags)
+    user, notes = user_labels(spec.tags)
     ours = {MANAGED_LABEL: "true", "cloudtrain-job": str(spec.name), PLAN_LABEL: job_id,
             DIGEST_LABEL: digest.split(":", 1)[-1][:63], "cloudtrain-version": __version__.replace(".", "-"),
             MAX_RESTARTS_LABEL: str(spec.max_restarts)}

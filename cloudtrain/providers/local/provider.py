@@ -24,10 +24,10 @@ from cloudtrain.home import cloudtrain_home, default_store_uri
 from cloudtrain.nodes import bootstrap_args, job_env, node_command
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
+from cloudtrain.procs import is_alive, kill_tagged, signal_group, start_ticks, tag_alive
 from cloudtrain.providers.base import JobState, JobStatus, Provider
 from cloudtrain.providers.local import outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
-from cloudtrain.providers.local.procs import is_alive, kill_tagged, signal_group, start_ticks, tag_alive
 from cloudtrain.spec import JobSpec
 from cloudtrain.staging import bundle_prefix, default_output_uri, new_job_id, stage_bundle
 
