@@ -84,6 +84,17 @@ class Declaration:
         """The dotted name of the node contract module (what the bootstrap loads from the bundle's lib/)."""
         return self._module(self.node) if self.node else PLAIN_NODE
 
+    def node_path(self) -> str:
+        """The node contract's file under the bundle's lib/ (the bootstrap's ``--node-contract``)."""
+        return self.node_module().replace(".", "/") + ".py"
+
+    def node_file(self) -> Path:
+        """The node contract's source file here (packaging ships a plugin's into the bundle's lib/)."""
+        spec = importlib.util.find_spec(self.node_module())
+        if spec is None or not spec.origin:
+            raise ProviderNotFound(f"provider {self.name!r}: node contract {self.node_module()!r} is not importable")
+        return Path(spec.origin)
+
     def data(self, role: str) -> Any:
         """A JSON file the provider ships in its folder (``catalog``, ``images``)."""
         name = getattr(self, role)

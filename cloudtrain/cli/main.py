@@ -291,7 +291,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def colour(stream: Any = None) -> bool:
-    from cloudtrain.cli.style import colour_enabled
+    from cloudtrain.formatting import colour_enabled
 
     return colour_enabled(stream or sys.stdout)
 
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = globals()[f"cmd_{args.command}"]
         return int(handler(args))
     except CloudtrainError as exc:
-        from cloudtrain.cli.style import paint
+        from cloudtrain.formatting import paint
 
         print(f"{paint('error:', 'red', colour(sys.stderr))} {exc.render()}", file=sys.stderr)
         return exc.exit_code
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # a folder or file given on the command line that cannot be read or written (init --dir, outputs
         # --download ...): the user's to fix, like any bad input
-        from cloudtrain.cli.style import paint
+        from cloudtrain.formatting import paint
 
         print(f"{paint('error:', 'red', colour(sys.stderr))} {exc.filename}: {exc.strerror or exc}\n"
               "  fix: check the path and its permissions", file=sys.stderr)

@@ -7,19 +7,17 @@ PyTorch image; the bootstrap reads SageMaker's resourceconfig.json and starts to
 from __future__ import annotations
 
 import builtins
-import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
-from cloudtrain import catalog
+from cloudtrain import catalog, registry
 from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
-from cloudtrain.nodes import bootstrap_args, launcher_note, node_command
+from cloudtrain.nodes import bootstrap_args, launcher_note
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
 from cloudtrain.providers.aws import request as rq
@@ -73,23 +71,19 @@ class SageMakerProvider(Provider):
         notes += located
         prefix = bundle_prefix(home, package)
         machine = catalog.machine_of("aws", target.instance_type, spec.accelerator_model, spec.gpus_per_node)
-        gpus = machine.gpus
-        nproc = str(spec.procs_per_node) if isinstance(spec.procs_per_node, int) else str(gpus) if gpus else "auto"
+        known = machine.vcpus is not None or machine.gpus  # an explicit type cloudtrain has no data for: unknown
+        nproc = self.processes(spec, machine.gpus if known else None)
         args = bootstrap_args(spec, bundle=f"{rq.CHANNEL_DIR}/{BUNDLE_NAME}", digest=package.digest,
-                              workdir=rq.WORKDIR, job_id=job_name, nproc=nproc)
+                              workdir=rq.WORKDIR, job_id=job_name, contract=self.declaration.node_path(), nproc=nproc)
         request, more_notes = rq.create_training_job(spec, job_name=job_name, target=target, bundle_prefix=prefix,
                                                      digest=package.digest, container_args=args, output_path=output)
         check_request("sagemaker", "CreateTrainingJob", request)
-        hosts = [f"algo-{i + 1}" for i in range(spec.nodes)]
-        nodes = []
-        for rank, host in enumerate(hosts):
-            # derive each node's torchrun line under the variables SageMaker's hosts see (GPUs included)
-            seen = {**request["Environment"], "SM_HOSTS": json.dumps(hosts), "SM_CURRENT_HOST": host,
-                    "SM_CURRENT_INSTANCE_TYPE": target.instance_type, "SM_NETWORK_INTERFACE_NAME": "<the host's>",
-                    "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
-            command = node_command(rank, rq.PYTHON, f"{rq.CHANNEL_DIR}/{BOOTSTRAP_NAME}", args, seen, job_name)
-            nodes.append(replace(command, env=request["Environment"]))
-        if note := launcher_note("aws", seen):
+        env = request["Environment"]
+        nodes = self.node_commands(spec, job_id=job_name, python=rq.PYTHON, args=args, env=env,
+                                   bootstrap=f"{rq.CHANNEL_DIR}/{BOOTSTRAP_NAME}", machine_type=target.instance_type)
+        contract = registry.node_contract(self.name)
+        if note := launcher_note("aws", contract, {**env, **contract.planned(spec.nodes, 0, job_name,
+                                                                             target.instance_type)}, machine.gpus):
             notes.append(note)
         return Plan(provider=self.name, job_id=job_name, spec=spec, package=package, request=request, nodes=nodes,
                     staging={"prefix": prefix, "bundle": f"{prefix}/{BUNDLE_NAME}", "region": target.region},
@@ -97,14 +91,7 @@ class SageMakerProvider(Provider):
 
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:
-        request = plan.request
-        for value, field in ((request["RoleArn"], "providers.aws.role"),
-                             (request["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"],
-                              "providers.aws.bucket")):
-            if rq.PLACEHOLDER_ROLE in value or rq.PLACEHOLDER_BUCKET in value:
-                raise UserError("is not set: the plan holds a placeholder", field=field,
-                                remedy=f"set {field} in the spec (or --set {field}=...), or "
-                                       f"CLOUDTRAIN_AWS_{field.rsplit('.', 1)[1].upper()}")
+        request = plan.request  # a placeholder left in it was refused by Provider.submit
         region = plan.staging["region"]
         handle = JobHandle(self.name, plan.job_id, (region,))
         with aws_errors(f"staging the bundle under {plan.staging['prefix']}"):

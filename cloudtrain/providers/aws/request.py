@@ -19,6 +19,7 @@ from cloudtrain import __version__
 from cloudtrain.errors import SpecError
 from cloudtrain.naming import platform_tags
 from cloudtrain.nodes import input_env, job_env
+from cloudtrain.providers.aws import PROVIDER
 from cloudtrain.spec import JobSpec
 
 CHANNEL = "cloudtrain"
@@ -26,8 +27,8 @@ CHANNEL_DIR = f"/opt/ml/input/data/{CHANNEL}"
 WORKDIR = "/opt/ml/cloudtrain"
 PYTHON = "python3"
 MAX_SECONDS = 28 * 24 * 3600  # SageMaker's ceiling for MaxRuntimeInSeconds and MaxWaitTimeInSeconds
-PLACEHOLDER_ROLE = "arn:aws:iam::000000000000:role/SET-providers.aws.role"
-PLACEHOLDER_BUCKET = "set-providers-aws-bucket"
+PLACEHOLDER_ROLE = PROVIDER.placeholders["role"]  # what a plan shows while unset
+PLACEHOLDER_BUCKET = PROVIDER.placeholders["bucket"]  # what a plan shows while unset
 MANAGED_TAG = "cloudtrain:managed"  # how `list` finds cloudtrain's jobs among all of an account's
 DIGEST_TAG = "cloudtrain:bundle"  # how a retried submit recognises the job it already created
 

@@ -18,15 +18,15 @@ from cloudtrain import __version__
 from cloudtrain.errors import SpecError
 from cloudtrain.naming import platform_tags
 from cloudtrain.nodes import input_env, job_env
+from cloudtrain.providers.gcp import PROVIDER
 from cloudtrain.providers.gcp.machines import Machine
 from cloudtrain.spec import JobSpec
 
 PYTHON = "python"
 WORKDIR = "/tmp/cloudtrain"
 GCS_MOUNT = "/gcs"
-CLUSTER_PORT = 2222  # the port Vertex writes into CLUSTER_SPEC
-PLACEHOLDER_PROJECT = "set-providers-gcp-project"
-PLACEHOLDER_BUCKET = "set-providers-gcp-bucket"
+PLACEHOLDER_PROJECT = PROVIDER.placeholders["project"]  # what a plan shows while unset
+PLACEHOLDER_BUCKET = PROVIDER.placeholders["bucket"]  # what a plan shows while unset
 # Labels: how `list` finds cloudtrain's jobs, how a retried submit or resubmission finds the job it already made,
 # and what the recovery loop reads back (max_restarts) on a machine that never saw the spec.
 MANAGED_LABEL = "cloudtrain-managed"
