@@ -27,14 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain import registry
+from cloudtrain import contract, registry
 from cloudtrain.errors import UserError
 
 if TYPE_CHECKING:
     from cloudtrain.spec import JobSpec
 
-CONFIG_ENV = "CLOUDTRAIN_CONFIG"
-PROFILE_ENV = "CLOUDTRAIN_PROFILE"
+CONFIG_ENV = contract.CONFIG
+PROFILE_ENV = contract.PROFILE
 DEFAULT_PROFILE = "default"
 
 

@@ -8,12 +8,14 @@ import os
 import shutil
 from pathlib import Path
 
+from cloudtrain import contract
+
 _temp_dirs: dict[Path, Path] = {}  # home -> this process's temp folder in it
 
 
 def cloudtrain_home() -> Path:
     """``$CLOUDTRAIN_HOME`` or ``~/.cloudtrain``; created on first use by whoever writes into it."""
-    env = os.environ.get("CLOUDTRAIN_HOME")
+    env = os.environ.get(contract.HOME)
     return Path(env).expanduser().resolve() if env else Path.home() / ".cloudtrain"
 
 

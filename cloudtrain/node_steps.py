@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cloudtrain import contract
+
 
 def log(message: str) -> None:
     print(f"[cloudtrain] {message}", flush=True)
@@ -29,10 +31,10 @@ def _reported(result: subprocess.CompletedProcess[str]) -> dict[str, object]:
 def restore_checkpoint(env: dict[str, str], cwd: Path) -> str | None:
     """Bring the newest complete checkpoint into CLOUDTRAIN_CHECKPOINT_DIR before any worker starts (in a process of
     its own: it may need a storage client). Returns why it could not (which stops the node), or None."""
-    uri = env.get("CLOUDTRAIN_CHECKPOINT_URI")
+    uri = env.get(contract.CHECKPOINT_URI)
     if not uri:
         return None
-    cmd = [sys.executable, "-m", "cloudtrain.checkpoints", "restore", uri, env["CLOUDTRAIN_CHECKPOINT_DIR"]]
+    cmd = [sys.executable, "-m", "cloudtrain.checkpoints", "restore", uri, env[contract.CHECKPOINT_DIR]]
     result = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
     report = _reported(result)
     if result.returncode != 0:
@@ -44,15 +46,15 @@ def restore_checkpoint(env: dict[str, str], cwd: Path) -> str | None:
 
 
 def _sync_cmd(env: dict[str, str], *extra: str) -> list[str]:
-    return [sys.executable, "-m", "cloudtrain.checkpoints", "sync", env["CLOUDTRAIN_CHECKPOINT_DIR"],
-            env["CLOUDTRAIN_CHECKPOINT_URI"], *extra]
+    return [sys.executable, "-m", "cloudtrain.checkpoints", "sync", env[contract.CHECKPOINT_DIR],
+            env[contract.CHECKPOINT_URI], *extra]
 
 
 def start_checkpoint_sync(env: dict[str, str], cwd: Path, node_rank: int) -> subprocess.Popen[bytes] | None:
     """Node 0 publishes the complete step-<N> folders a plain script writes, while it runs."""
-    if not env.get("CLOUDTRAIN_CHECKPOINT_URI") or node_rank != 0:
+    if not env.get(contract.CHECKPOINT_URI) or node_rank != 0:
         return None
-    every = env.get("CLOUDTRAIN_CHECKPOINT_INTERVAL") or "60"
+    every = env.get(contract.CHECKPOINT_INTERVAL) or f"{contract.SYNC_EVERY:g}"
     return subprocess.Popen(_sync_cmd(env, "--every", every), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL)
 
@@ -70,14 +72,14 @@ def finish_checkpoint_sync(syncer: subprocess.Popen[bytes] | None, env: dict[str
         return None
     error = _reported(result).get("error")
     return str(error) if error else (f"the final checkpoint sync failed (exit {result.returncode}); the checkpoint "
-                                     f"files are still in {env['CLOUDTRAIN_CHECKPOINT_DIR']}")
+                                     f"files are still in {env[contract.CHECKPOINT_DIR]}")
 
 
 def upload_logs(env: dict[str, str], cwd: Path, workdir: Path, node_rank: int, masker: Any = None) -> str | None:
     """Each node's worker logs go to the job's outputs (``<output>/logs/node-<rank>``), where `cloudtrain outputs`
     finds them on every platform. Best effort: a node's result never depends on it; a failure is returned as a
     warning for the status file."""
-    output, logs = env.get("CLOUDTRAIN_OUTPUT_URI"), workdir / "worker-logs"
+    output, logs = env.get(contract.OUTPUT_URI), workdir / "worker-logs"
     if logs.is_dir() and masker is not None:  # torchrun wrote the workers' output there, unmasked
         masker.mask_tree(logs)
     if not output or not logs.is_dir():
@@ -95,7 +97,7 @@ def upload_logs(env: dict[str, str], cwd: Path, workdir: Path, node_rank: int, m
 def upload_outputs(env: dict[str, str], cwd: Path, node_rank: int) -> None:
     """Copy CLOUDTRAIN_OUTPUT_DIR to the output location (node 0 at its root, node N under node-N/), after the
     workers ended: at exit and after a preemption. Best effort, like the logs."""
-    output, folder = env.get("CLOUDTRAIN_OUTPUT_URI"), Path(env["CLOUDTRAIN_OUTPUT_DIR"])
+    output, folder = env.get(contract.OUTPUT_URI), Path(env[contract.OUTPUT_DIR])
     if not output or not folder.is_dir() or not any(folder.iterdir()):
         return
     target = output.rstrip("/") + ("" if node_rank == 0 else f"/node-{node_rank}")

@@ -13,6 +13,7 @@ from functools import cache
 from types import ModuleType
 from typing import Any
 
+from cloudtrain import contract
 from cloudtrain.home import resource_dir
 from cloudtrain.plan import NodeCommand
 from cloudtrain.secrets import split_args
@@ -53,27 +54,26 @@ def job_env(spec: JobSpec) -> dict[str, str]:
     """Variables every node of every provider sees (the user's env plus cloudtrain's own)."""
     env = dict(spec.env)
     env.update(split_args(spec.args, spec.env)[1])  # the script's secret arguments (see bootstrap_args)
-    env["CLOUDTRAIN_STRATEGY"] = spec.strategy
+    env[contract.STRATEGY] = spec.strategy
     if spec.checkpoint.uri:
-        from cloudtrain.checkpoints import LINEAGE_ENV
         from cloudtrain.staging import lineage_id
 
-        env["CLOUDTRAIN_CHECKPOINT_URI"] = spec.checkpoint.uri
-        env.setdefault(LINEAGE_ENV, lineage_id(spec))  # the spec's own env wins: continuing another job on purpose
-        env["CLOUDTRAIN_CHECKPOINT_KEEP"] = str(spec.checkpoint.keep)
+        env[contract.CHECKPOINT_URI] = spec.checkpoint.uri
+        env.setdefault(contract.LINEAGE, lineage_id(spec))  # the spec's own env wins: continuing another job on purpose
+        env[contract.CHECKPOINT_KEEP] = str(spec.checkpoint.keep)
         if spec.checkpoint.interval:
-            env["CLOUDTRAIN_CHECKPOINT_INTERVAL"] = str(spec.checkpoint.interval)
+            env[contract.CHECKPOINT_INTERVAL] = str(spec.checkpoint.interval)
     if spec.output_uri:
-        env["CLOUDTRAIN_OUTPUT_URI"] = spec.output_uri
+        env[contract.OUTPUT_URI] = spec.output_uri
     if spec.max_idle:  # the bootstrap's watchdog (cloudtrain/watchdog.py)
-        env["CLOUDTRAIN_MAX_IDLE"] = str(spec.max_idle)
+        env[contract.MAX_IDLE] = str(spec.max_idle)
     for name, uri in spec.inputs.items():  # a provider that mounts or downloads inputs replaces the URI with a path
         env[input_env(name)] = uri
     return env
 
 
 def input_env(name: str) -> str:
-    return f"CLOUDTRAIN_INPUT_{name.upper()}"
+    return f"{contract.INPUT_PREFIX}{name.upper()}"
 
 
 NPROC_ON_NODE = "<one per GPU>"  # in a node line whose process count only the node can know

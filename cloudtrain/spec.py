@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
 
-from cloudtrain import registry
+from cloudtrain import contract, registry
 from cloudtrain.errors import SpecError
 from cloudtrain.spec_fields import Duration, Model, Uri, one_token, parse_duration
 from cloudtrain.specfile import SPEC_FILENAME, project_options, read_spec_file
@@ -80,7 +80,8 @@ class ImageSpec(_Model):
 class CheckpointSpec(_Model):
     uri: Uri | None = Field(None, description="Where checkpoints are kept; restored from on (re)start")
     interval: Duration | None = Field(None, description="Save at least this often (seconds or '10m')")
-    keep: int = Field(2, ge=2, le=1000, description="How many complete checkpoints to retain (>= 2)")
+    keep: int = Field(contract.MIN_KEEP, ge=contract.MIN_KEEP, le=1000,
+                      description=f"How many complete checkpoints to retain (>= {contract.MIN_KEEP})")
 
 
 class PackageSpec(_Model):

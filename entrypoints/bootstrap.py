@@ -33,9 +33,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+# The node contract's codes and names this file uses: its own copy of cloudtrain/contract.py (it runs before the
+# bundle that carries that module is unpacked); tests/test_contract.py keeps the two equal.
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: what a container stopped by SIGTERM reports
+NNODES, NODE_RANK, PLATFORM, JOB_ID = "CLOUDTRAIN_NNODES", "CLOUDTRAIN_NODE_RANK", "CLOUDTRAIN_PLATFORM", \
+    "CLOUDTRAIN_JOB_ID"
+CHECKPOINT_DIR, OUTPUT_DIR, OUTPUT_URI = "CLOUDTRAIN_CHECKPOINT_DIR", "CLOUDTRAIN_OUTPUT_DIR", "CLOUDTRAIN_OUTPUT_URI"
+MASTER_OVERRIDE = "CLOUDTRAIN_MASTER_OVERRIDE"
 MAX_MEMBER_BYTES = 8 * 1024**3
 MAX_TOTAL_BYTES = 32 * 1024**3
 PLAIN_CONTRACT = "cloudtrain/providers/local/node.py"  # cloudtrain's own node contract, under the bundle's lib/
@@ -133,7 +139,7 @@ def report_failure(contract: Any, env: dict[str, str], message: str) -> None:
 def reachable(cluster: ClusterInfo, env: dict[str, str]) -> ClusterInfo:
     """Where torchrun really connects. Only local emulation sets CLOUDTRAIN_MASTER_OVERRIDE (algo-1:7777 does not
     resolve on a laptop, and fixed ports collide between jobs); on a cloud node it is the derived address."""
-    override = env.get("CLOUDTRAIN_MASTER_OVERRIDE")
+    override = env.get(MASTER_OVERRIDE)
     if not override:
         return cluster
     host, _, port = override.rpartition(":")
@@ -415,20 +421,20 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
         if env.get("PYTHONPATH"):
             python_path.append(env["PYTHONPATH"])
         uploaded = platform_outputs(contract, env, Path.cwd())  # a folder the platform uploads itself
-        env.update(
-            PYTHONPATH=os.pathsep.join(python_path),
-            PYTHONUNBUFFERED="1",
-            CLOUDTRAIN_NNODES=str(cluster.nnodes),
-            CLOUDTRAIN_NODE_RANK=str(cluster.node_rank),
-            CLOUDTRAIN_PLATFORM=cluster.platform,
-            CLOUDTRAIN_JOB_ID=args.job_id,
-            CLOUDTRAIN_CHECKPOINT_DIR=env.get("CLOUDTRAIN_CHECKPOINT_DIR") or str(workdir / "checkpoints"),
-            CLOUDTRAIN_OUTPUT_DIR=env.get("CLOUDTRAIN_OUTPUT_DIR") or str(uploaded or workdir / "outputs"),
-        )
-        outputs = Path(env["CLOUDTRAIN_OUTPUT_DIR"])
+        env.update({
+            "PYTHONPATH": os.pathsep.join(python_path),
+            "PYTHONUNBUFFERED": "1",
+            NNODES: str(cluster.nnodes),
+            NODE_RANK: str(cluster.node_rank),
+            PLATFORM: cluster.platform,
+            JOB_ID: args.job_id,
+            CHECKPOINT_DIR: env.get(CHECKPOINT_DIR) or str(workdir / "checkpoints"),
+            OUTPUT_DIR: env.get(OUTPUT_DIR) or str(uploaded or workdir / "outputs"),
+        })
+        outputs = Path(env[OUTPUT_DIR])
         outputs.mkdir(parents=True, exist_ok=True)
         if uploaded is not None:  # the platform uploads that folder (Azure ML: to the workspace's datastore)
-            env.setdefault("CLOUDTRAIN_OUTPUT_URI", outputs.resolve().as_uri())  # so node logs go there too
+            env.setdefault(OUTPUT_URI, outputs.resolve().as_uri())  # so node logs go there too
             if not (src / "outputs").exists():
                 (src / "outputs").symlink_to(outputs.resolve())  # a script's own ./outputs is that folder
         env.update(launcher_env(contract, cluster, env))

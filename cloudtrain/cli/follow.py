@@ -8,9 +8,8 @@ import signal
 import sys
 from typing import Any
 
-from cloudtrain.errors import EXIT_INTERRUPTED
-
-EXIT_TERMINATED = 128 + 15  # what a shell reports for a process ended by SIGTERM
+from cloudtrain.contract import EXIT_INTERRUPTED
+from cloudtrain.contract import EXIT_PREEMPTED as EXIT_TERMINATED  # 128 + SIGTERM, as a shell reports it
 
 
 class Terminated(Exception):

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from cloudtrain import catalog
+from cloudtrain import catalog, contract
 from cloudtrain.errors import HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.nodes import bootstrap_args
@@ -179,7 +179,7 @@ class AzureMLProvider(Provider):
         details = {"azure_status": status, "max_restarts": int(tags.get(aj.RESTARTS_TAG, "0") or 0),
                    "restart_of": tags.get(aj.RESTART_OF_TAG), "compute": job.compute,
                    "experiment": job.experiment_name, "studio_url": getattr(job, "studio_url", None),
-                   "output_uri": (getattr(job, "environment_variables", None) or {}).get("CLOUDTRAIN_OUTPUT_URI")}
+                   "output_uri": (getattr(job, "environment_variables", None) or {}).get(contract.OUTPUT_URI)}
         return JobStatus(handle=handle, name=job.display_name or job.name, state=state, message=message,
                          created_at=float(created.timestamp()) if hasattr(created, "timestamp") else None,
                          details={k: v for k, v in details.items() if v is not None})

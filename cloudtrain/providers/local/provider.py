@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
-from cloudtrain import registry, storage
+from cloudtrain import contract, registry, storage
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.home import cloudtrain_home, default_store_uri
@@ -139,7 +139,7 @@ class LocalProvider(Provider):
 
     def _start_supervisor(self, job_id: str, job_dir: Path, node_env: dict[str, dict[str, str]]) -> None:
         env = dict(os.environ)
-        env["CLOUDTRAIN_HOME"] = str(self.home)
+        env[contract.HOME] = str(self.home)
         # The supervisor imports this very cloudtrain, installed or not.
         package_parent = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
