@@ -10,7 +10,7 @@ import builtins
 import enum
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -171,6 +171,25 @@ class Provider(ABC):
             view = seen(rank) if seen else module.planned(spec.nodes, rank, job_id, machine_type)
             nodes.append(node_command(rank, python, bootstrap, args, env, view, module, job_id))
         return nodes
+
+    def follow_logs(self, handle: JobHandle, follow: bool, read: Callable[[], Iterable[str]], poll: float,
+                    rest: Callable[[], Iterable[str]] | None = None) -> Iterator[str]:
+        """The log loop every provider shares: ``read()`` yields the lines written since its last call. Without
+        ``follow``, one read. With it, read until the job has ended and a read after that found nothing more (a job
+        that ends while its last lines are being written loses none), waiting ``poll`` seconds between reads that
+        found nothing. ``rest()``: what is left at the end (an unfinished last line)."""
+        while True:
+            ended = follow and self.describe(handle).state.terminal  # checked before the read that may be the last
+            printed = False
+            for line in read():
+                printed = True
+                yield line
+            if not follow or (ended and not printed):
+                if rest is not None:
+                    yield from rest()
+                return
+            if not printed:
+                time.sleep(poll)
 
     @staticmethod
     def created_once(find: Callable[[], JobHandle | None], create: Callable[[], JobHandle],

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import builtins
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +29,10 @@ from cloudtrain.spec import JobSpec, project_options
 from cloudtrain.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+
+
+class _Exists(Exception):
+    """CreateTrainingJob said the name is taken: the retry of a create whose answer was lost, if the job is ours."""
 
 
 class SageMakerProvider(Provider):
@@ -98,25 +101,29 @@ class SageMakerProvider(Provider):
             stage_bundle(plan.package, plan.staging["prefix"])
         sm = self._client("sagemaker", region)
         digest = plan.package.digest
-        if self._created_by(sm, plan.job_id, digest):  # this plan was submitted already (a retried submit)
-            return handle
         from botocore.exceptions import ClientError
 
-        try:
+        def create() -> JobHandle:
             with aws_errors(f"creating training job {plan.job_id}"):
                 try:
                     sm.create_training_job(**request)
-                except ClientError as exc:
-                    # botocore retried a create whose first answer was lost: the job exists, and it is ours
-                    if "already exists" in str(exc) and self._created_by(sm, plan.job_id, digest):
-                        return handle
+                except ClientError as exc:  # botocore retried a create whose first answer was lost
+                    if "already exists" in str(exc):
+                        raise _Exists from None
                     raise
+            return handle
+
+        try:
+            return self.created_once(lambda: handle if self._created_by(sm, plan.job_id, digest) else None, create,
+                                     lost=(_Exists,))
+        except _Exists:
+            raise UserError(f"a training job named {plan.job_id} already exists and is not this plan's",
+                            remedy="plan the job again (it gets a new name)") from None
         except UserError as exc:
             if exc.remedy:
                 raise
             raise UserError(exc.message, remedy="check the plan (`cloudtrain plan --provider aws -o json`) "
                                                 "against the message") from None
-        return handle
 
     def _created_by(self, sm: Any, job_name: str, digest: str) -> bool:
         from botocore.exceptions import ClientError
@@ -208,9 +215,8 @@ class SageMakerProvider(Provider):
         """Every node's CloudWatch stream (``<job>/algo-<n>-<epoch>``), each line prefixed with its host."""
         logs = self._client("logs", self._region(handle))
         tokens: dict[str, str] = {}
-        while True:
-            ended = follow and self._describe(handle).state.terminal  # read once more after the end, then stop
-            printed = False
+
+        def read() -> Iterator[str]:
             for stream in self._streams(logs, handle.job_id):
                 host = stream.split("/", 1)[1].rsplit("-", 1)[0]
                 while True:
@@ -219,16 +225,12 @@ class SageMakerProvider(Provider):
                         kwargs["nextToken"] = tokens[stream]
                     with aws_errors(f"reading logs of {handle}"):
                         page = logs.get_log_events(**kwargs)
-                    for event in page.get("events", []):
-                        printed = True
-                        yield f"[{host}] {event['message']}"
+                    yield from (f"[{host}] {event['message']}" for event in page.get("events", []))
                     previous, tokens[stream] = tokens.get(stream), page.get("nextForwardToken", "")
                     if not page.get("events") or previous == tokens[stream]:
                         break
-            if not follow or (ended and not printed):
-                return
-            if not printed:
-                time.sleep(self.log_poll)
+
+        return self.follow_logs(handle, follow, read, self.log_poll)
 
     @staticmethod
     def _streams(logs: Any, job_name: str) -> builtins.list[str]:

@@ -9,7 +9,6 @@ import builtins
 import io
 import logging
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -221,25 +220,20 @@ class AzureMLProvider(Provider):
         ml = self._client(self._scope(handle))
         offsets: dict[str, int] = {}
         partial: dict[str, str] = {}
-        while True:
-            ended = follow and self._describe(handle).state.terminal
-            printed = False
+
+        def node(name: str) -> str:
+            return name.rsplit("_", 1)[-1].removesuffix(".txt")
+
+        def read() -> Iterator[str]:
             files = getattr(self._run_details(ml, handle.job_id), "log_files", None) or {}
             for name in sorted(n for n in files if n.startswith("user_logs/std_log")):
-                node = name.rsplit("_", 1)[-1].removesuffix(".txt")
-                text = partial.pop(name, "") + self._read_from(files[name], offsets, name)
-                lines = text.split("\n")
+                lines = (partial.pop(name, "") + self._read_from(files[name], offsets, name)).split("\n")
                 if lines[-1]:
                     partial[name] = lines[-1]  # an unfinished line waits for the rest
-                for line in lines[:-1]:
-                    printed = True
-                    yield f"[node {node}] {line}"
-            if not follow or (ended and not printed):
-                for name, rest in partial.items():
-                    yield f"[node {name.rsplit('_', 1)[-1].removesuffix('.txt')}] {rest}"
-                return
-            if not printed:
-                time.sleep(self.log_poll)
+                yield from (f"[node {node(name)}] {line}" for line in lines[:-1])
+
+        return self.follow_logs(handle, follow, read, self.log_poll,
+                                rest=lambda: (f"[node {node(name)}] {text}" for name, text in partial.items()))
 
     @staticmethod
     def _read_from(url: str, offsets: dict[str, int], name: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import builtins
 import json
 import os
-import time
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -139,21 +138,21 @@ class VertexProvider(Provider):
             stage_bundle(plan.package, plan.staging["prefix"])
         client = self._client(region)
         digest = plan.package.digest.split(":", 1)[-1][:63]
-        found = self._find(client, parent, plan.job_id, digest)
-        if found:  # this plan was submitted already (a retried submit)
-            return JobHandle(self.name, found, (project, region))
         from google.api_core import exceptions as api
 
+        def find() -> JobHandle | None:  # the job this plan created (it carries the plan's label), if any
+            found = self._find(client, parent, plan.job_id, digest)
+            return JobHandle(self.name, found, (project, region)) if found else None
+
+        lost = (api.DeadlineExceeded, api.ServiceUnavailable, api.InternalServerError, OSError)
+
+        def create() -> JobHandle:
+            created = client.create_custom_job(parent=parent, custom_job=job, timeout=self.create_timeout)
+            return JobHandle(self.name, created.name.rsplit("/", 1)[1], (project, region))
+
+        # a lost answer (timeout, 5xx): the job may exist, and it is ours if it carries this plan's label
         with gcp_errors(f"creating custom job {plan.job_id}"):
-            try:
-                created = client.create_custom_job(parent=parent, custom_job=job, timeout=self.create_timeout)
-            except (api.DeadlineExceeded, api.ServiceUnavailable, api.InternalServerError, OSError):
-                # the answer was lost: the job may exist, and it is ours if it carries this plan's label
-                found = self._find(client, parent, plan.job_id, digest)
-                if found:
-                    return JobHandle(self.name, found, (project, region))
-                raise
-        return JobHandle(self.name, created.name.rsplit("/", 1)[1], (project, region))
+            return self.created_once(find, create, lost=lost)
 
     @staticmethod
     def _proto(body: dict[str, Any]) -> Any:
@@ -270,9 +269,9 @@ class VertexProvider(Provider):
         session = http_session(credentials_for(endpoint, self.credentials))
         base = f'resource.type="ml_job" AND resource.labels.job_id="{handle.job_id}"'
         since, seen = "", set[str]()  # entries at the newest timestamp read, so a re-read prints nothing twice
-        while True:
-            ended = follow and self._describe(handle).state.terminal  # read once more after the end, then stop
-            printed = False
+
+        def read() -> Iterator[str]:
+            nonlocal since, seen
             query = f'{base} AND timestamp>="{since}"' if since else base
             for entry in self._entries(session, endpoint, project, query, handle):
                 key = entry.get("insertId") or json.dumps(entry, sort_keys=True)
@@ -281,18 +280,14 @@ class VertexProvider(Provider):
                 if entry.get("timestamp", "") > since:
                     since, seen = entry["timestamp"], set()
                 seen.add(key)
-                printed = True
                 task = (entry.get("resource", {}).get("labels", {}).get("task_name") or
                         entry.get("labels", {}).get("ml.googleapis.com/task_name") or "job")
                 text = entry.get("textPayload")
                 if text is None:
                     text = (entry.get("jsonPayload") or {}).get("message", "")
-                for line in str(text).rstrip("\n").split("\n"):
-                    yield f"[{task}] {line}"
-            if not follow or (ended and not printed):
-                return
-            if not printed:
-                time.sleep(self.log_poll)
+                yield from (f"[{task}] {line}" for line in str(text).rstrip("\n").split("\n"))
+
+        return self.follow_logs(handle, follow, read, self.log_poll)
 
     @staticmethod
     def _entries(session: Any, endpoint: str, project: str, query: str, handle: JobHandle) -> Iterator[dict[str, Any]]:

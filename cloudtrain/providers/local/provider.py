@@ -276,47 +276,26 @@ class LocalProvider(Provider):
         ranks = [n["rank"] for n in record.plan.get("nodes", [])]
         files: dict[int, IO[str]] = {}
         pending: dict[int, str] = {r: "" for r in ranks}
-        try:
-            while True:
-                got = False
-                for rank in ranks:
-                    if rank not in files:
-                        path = job_dir / f"node-{rank}.log"
-                        if not path.exists():
-                            continue
-                        files[rank] = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
-                    chunk = files[rank].read()
-                    if not chunk:
+
+        def read() -> Iterator[str]:
+            for rank in ranks:
+                if rank not in files:
+                    path = job_dir / f"node-{rank}.log"
+                    if not path.exists():
                         continue
-                    got = True
+                    files[rank] = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
+                chunk = files[rank].read()
+                if chunk:
                     lines = (pending[rank] + chunk).split("\n")
                     pending[rank] = lines.pop()
-                    for line in lines:
-                        yield f"[node{rank}] {line}"
-                if got:
-                    continue
-                if not follow or self._record(handle).state not in _ACTIVE:
-                    # one last read after the job ended, then whatever partial lines remain
-                    if follow and self._drain_pending(files):
-                        continue
-                    for rank in ranks:
-                        if pending[rank]:
-                            yield f"[node{rank}] {pending[rank]}"
-                    return
-                time.sleep(0.2)
+                    yield from (f"[node{rank}] {line}" for line in lines)
+
+        try:
+            yield from self.follow_logs(handle, follow, read, 0.2,
+                                        rest=lambda: (f"[node{r}] {pending[r]}" for r in ranks if pending[r]))
         finally:
             for f in files.values():
                 f.close()
-
-    @staticmethod
-    def _drain_pending(files: dict[int, IO[str]]) -> bool:
-        """True if any log grew since the last read (so the loop reads once more before stopping)."""
-        for f in files.values():
-            pos = f.tell()
-            if f.read(1):
-                f.seek(pos)
-                return True
-        return False
 
 
 def visible_gpus() -> int:

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -126,23 +125,18 @@ class ToyProvider(Provider):
     def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]:
         folder = self._folder(handle)
         offsets: dict[int, int] = {}
-        while True:
-            ended = self._describe(handle).state.terminal
-            printed = False
+
+        def read() -> Iterator[str]:  # whole lines written since the last read
             for log in sorted(folder.glob("node-*.log")):
                 rank = int(log.stem.split("-")[1])
                 with open(log, "rb") as f:
                     f.seek(offsets.get(rank, 0))
                     data = f.read()
-                cut = data.rfind(b"\n") + 1 if not ended else len(data)
+                cut = data.rfind(b"\n") + 1
                 offsets[rank] = offsets.get(rank, 0) + cut
-                for line in data[:cut].decode(errors="replace").splitlines():
-                    printed = True
-                    yield f"[toy-node-{rank}] {line}"
-            if not follow or (ended and not printed):
-                return
-            if not printed:
-                time.sleep(self.log_poll)
+                yield from (f"[toy-node-{rank}] {line}" for line in data[:cut].decode(errors="replace").splitlines())
+
+        return self.follow_logs(handle, follow, read, self.log_poll)
 
     def _cancel(self, handle: JobHandle) -> None:
         folder = self._folder(handle)
