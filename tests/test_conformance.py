@@ -266,6 +266,14 @@ def test_the_plugin_shows_up_in_help_schema_config_doctor_and_emulate(toy_plugin
     assert bad.returncode == 2 and "providers.toy.priority" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_the_registry_reads_entry_points_as_importlib_metadata_does(toy_plugin: Path) -> None:
+    from importlib.metadata import entry_points
+
+    expected = {ep.name: ep.value for ep in entry_points(group=registry.GROUP)}
+    assert registry._entry_points() == expected and expected["toy"] == "toyprov:PROVIDER"
+    assert registry.names()[-1] == "toy" and registry.declaration("toy").summary.startswith("a toy batch")
+
+
 def test_a_plugin_plan_without_its_queue_is_refused_at_submit(toy_plugin: Path, ct_home: Path,
                                                               tmp_path: Path) -> None:
     from cloudtrain.errors import UserError
