@@ -11,6 +11,7 @@ and its node contract, emulated on this machine by the local provider, runs the 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -57,12 +58,27 @@ class Harness(ABC):
         raise NotImplementedError
 
 
+def _written(home: Path) -> set[str]:
+    """What is under the cloudtrain home, less its temp folder."""
+    return {str(p.relative_to(home)) for p in home.rglob("*") if p.relative_to(home).parts[0] != "tmp"} \
+        if home.exists() else set()
+
+
 class ProviderConformance:
     """Inherit it with a ``harness`` fixture (returning a Harness) to run the suite for a provider."""
 
-    def test_plan_shape_and_offline_validation(self, harness: Harness) -> None:
+    def test_plan_shape_and_offline_validation(self, harness: Harness, ct_home: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
         provider = harness.provider
+
+        def refused(*_args: Any) -> None:
+            raise AssertionError("a plan must not open, bind or connect a socket (plans are pure)")
+
+        monkeypatch.setattr(socket.socket, "bind", refused)
+        monkeypatch.setattr(socket.socket, "connect", refused)
+        before = _written(ct_home)
         with plan_job(harness.spec(nodes=2), provider, progress=False) as plan:
+            assert _written(ct_home) == before  # nothing staged, recorded or prepared (the bundle is a temp file)
             assert plan.provider == provider.name == registry.declaration(provider.name).name
             assert [n.rank for n in plan.nodes] == [0, 1]
             for node in plan.nodes:

@@ -161,7 +161,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 def _poll(provider: Any) -> float:
     """Seconds between status checks: a local job answers from a file, a cloud from an API with rate limits."""
-    return 0.5 if provider.name == "local" else float(getattr(provider, "poll_seconds", 5.0))
+    return float(provider.poll_seconds)
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -66,13 +66,14 @@ class Provider(ABC):
     name: ClassVar[str]
     # Declared up front and checked at plan time, so a spec never reaches a platform that cannot honour it.
     capabilities: ClassVar[frozenset[str]] = frozenset()
+    poll_seconds: float = 5.0  # between status checks while waiting (a cloud's API has rate limits)
 
     # -- public template methods ------------------------------------------------------------------------
     def plan(self, spec: JobSpec, package: Package) -> Plan:
         self._check_capabilities(spec)
         plan = self._plan(spec, package)
         self._check_processes(plan)
-        if self.name != "local":  # a local job costs nothing but this computer's time
+        if self.declaration.catalog:  # a provider that lists prices (a local job costs this computer's time)
             from cloudtrain.catalog import estimate
 
             plan.estimate = estimate(plan.machine, spec.nodes, self._capacity(spec), spec.max_runtime,

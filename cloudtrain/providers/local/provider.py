@@ -47,6 +47,7 @@ def free_port() -> int:
 class LocalProvider(Provider):
     name = "local"
     capabilities = frozenset({"multi_node", "spot", "accelerators"})
+    poll_seconds = 0.2  # a local job's status is a file read
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or cloudtrain_home()
