@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain import storage
+from cloudtrain import contract, storage
 from cloudtrain.checkpoint_manifest import (
     MANIFEST,
     QUARANTINE_PREFIX,
@@ -50,7 +50,7 @@ __all__ = ["MANIFEST", "RUNTIME_MARKER", "UNPUBLISHED_MARKER", "Checkpoint", "Ch
 RUNTIME_MARKER = ".cloudtrain-runtime"
 # Which job a checkpoint belongs to (set on every node by the plan: cloudtrain.staging.lineage_id); recorded in each
 # manifest and checked at restore, so a job never resumes another job's checkpoints by accident.
-LINEAGE_ENV = "CLOUDTRAIN_LINEAGE"
+LINEAGE_ENV = contract.LINEAGE
 # Written there by the Checkpointer's rank 0 while its newest save is not published (removed once one is): the
 # bootstrap's final sync reports it, so a job never ends "succeeded" with its last state only on a node's disk.
 UNPUBLISHED_MARKER = ".cloudtrain-unpublished.json"
@@ -325,7 +325,8 @@ def restore_latest(uri: str, local_root: Path, log: Log = _print) -> Checkpoint 
     return None
 
 
-def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = 2, log: Log = _print) -> list[int]:
+def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = contract.MIN_KEEP,
+             log: Log = _print) -> list[int]:
     """Publish the ``step-<N>`` folders a plain script wrote into CLOUDTRAIN_CHECKPOINT_DIR.
 
     A folder is complete once a newer one exists, or at exit (``final``). A directory the runtime Checkpointer
@@ -410,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         return _report({"step": found.step if found else None}, 0)
     if len(args) >= 3 and args[0] == "sync":
         local, uri, rest = Path(args[1]), args[2], args[3:]
-        keep = int(os.environ.get("CLOUDTRAIN_CHECKPOINT_KEEP", "2"))
+        keep = contract.keep_count(os.environ.get(contract.CHECKPOINT_KEEP))
         if "--final" in rest:
             try:
                 published = sync_dir(local, uri, final=True, keep=keep)
@@ -418,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                 return _report({"published": [], "error": str(exc)}, 1)
             unpublished = runtime_unpublished(local) if (local / RUNTIME_MARKER).exists() else None
             return _report({"published": published, "error": unpublished}, 1 if unpublished else 0)
-        every = float(rest[rest.index("--every") + 1]) if "--every" in rest else 60.0
+        every = float(rest[rest.index("--every") + 1]) if "--every" in rest else contract.SYNC_EVERY
         while True:
             try:
                 sync_dir(local, uri, final=False, keep=keep)

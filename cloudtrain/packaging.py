@@ -353,9 +353,11 @@ def _add(out: GzipPipe, arcname: str, path: Path, scan_as: str | None = None) ->
     return reader.findings() if reader else []
 
 
-def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), progress: bool = False) -> Package:
+def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), progress: bool = False,
+                  lib: dict[str, Path] | None = None) -> Package:
     """Bundle ``source_dir`` into a temp file; nothing is written anywhere else. ``progress``: a bar (or plain
-    lines) on stderr while a large tree is bundled."""
+    lines) on stderr while a large tree is bundled. ``lib``: more files for lib/ (a plugin provider's node
+    contract), by their path there."""
     from cloudtrain.progress import Progress
 
     left_out: list[str] = []
@@ -363,6 +365,7 @@ def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), pro
     bootstrap = resource_dir("entrypoints") / BOOTSTRAP_NAME
     members: list[tuple[str, Path, str | None]] = [
         (BOOTSTRAP_NAME, bootstrap, None), *((arcname, p, None) for arcname, p in _runtime_files()),
+        *((f"lib/{path}", file, None) for path, file in sorted((lib or {}).items())),
         *((f"src/{rel}", p, None if _matches(rel.rsplit("/", 1)[-1], rel, limits.allow_secrets) else rel)
           for rel, p, _ in user_files)]
     findings: list[Finding] = []

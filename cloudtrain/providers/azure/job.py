@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from cloudtrain import catalog, images
+from cloudtrain import catalog, contract, images
 from cloudtrain.errors import SpecError
 from cloudtrain.images import Runtime
 from cloudtrain.nodes import input_env, job_env
@@ -116,7 +116,7 @@ def command_job(spec: JobSpec, *, job_name: str, digest: str,
         "code": CODE_DIR,
         "command": command,
         "environment": env_ref,
-        "environment_variables": {**job_env(spec), "CLOUDTRAIN_NNODES": str(spec.nodes)},
+        "environment_variables": {**job_env(spec), contract.NNODES: str(spec.nodes)},
         "distribution": {"type": "pytorch", "process_count_per_instance": 1},
         "resources": resources,
         "limits": {"timeout": spec.max_runtime},
