@@ -43,6 +43,18 @@ Uri = Annotated[str, Field(min_length=1, description="Object storage URI: file:/
                 AfterValidator(check_uri)]
 
 
+def shaped(pattern: str, what: str, example: str) -> Any:
+    """A field validator for a name the platform spells one way (a region): None passes, else it must match."""
+    compiled = re.compile(pattern)
+
+    def check(value: Any) -> Any:
+        if isinstance(value, str) and not compiled.fullmatch(value):
+            raise ValueError(f"{value!r} is not {what}: write it as the platform names it, e.g. {example}")
+        return value
+
+    return check
+
+
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 

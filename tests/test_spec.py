@@ -164,6 +164,20 @@ def test_staging_buckets_are_names_not_uris() -> None:
         validate_spec({"script": "t.py", "providers": {"gcp": {"bucket": "Has Space"}}})
 
 
+@pytest.mark.parametrize(("provider", "region"), [("gcp", "xx"), ("gcp", "us-central1-a"), ("gcp", "US-CENTRAL1"),
+                                                ("aws", "xx"), ("aws", "us-east"), ("aws", "useast1")])
+def test_regions_are_checked_for_shape(provider: str, region: str) -> None:
+    with pytest.raises(SpecError, match=re.escape(f"providers.{provider}.region: {region!r} is not")):
+        validate_spec({"script": "t.py", "providers": {provider: {"region": region}}})
+
+
+@pytest.mark.parametrize(("provider", "region"), [("gcp", "us-central1"), ("gcp", "northamerica-northeast1"),
+                                                ("aws", "us-east-1"), ("aws", "us-gov-west-1"), ("aws", "cn-north-1")])
+def test_real_regions_pass(provider: str, region: str) -> None:
+    spec = validate_spec({"script": "t.py", "providers": {provider: {"region": region}}})
+    assert getattr(spec.providers, provider).region == region
+
+
 @pytest.mark.parametrize(
     ("raw", "field"),
     [({"env": {"A": "x\0y"}}, "env.A"), ({"args": ["ok", "a\0b"]}, "args[1]"), ({"name": "a\0b"}, "name"),

@@ -6,13 +6,15 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from cloudtrain.spec_fields import Duration, Settings
+from cloudtrain.spec_fields import Duration, Settings, shaped
 from cloudtrain.storage.uris import check_bucket
 
 
 class GcpOptions(Settings):
     project: str | None = None
     region: str | None = None
+    # us-central1, europe-west4, northamerica-northeast1 (a zone such as us-central1-a is not a Vertex location)
+    _region = field_validator("region")(shaped(r"[a-z]+-[a-z]+[0-9]{1,2}", "a Google Cloud region", "us-central1"))
     bucket: str | None = Field(None, description="GCS bucket for staging the source bundle")
     _bucket = field_validator("bucket")(lambda value: check_bucket("gs", value))
     machine_type: str | None = None
