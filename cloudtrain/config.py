@@ -144,7 +144,7 @@ def placeholder_note(provider: str, key: str) -> str:
 def with_defaults(spec: JobSpec, provider: str) -> JobSpec:
     """The spec with every ``providers.<provider>`` setting it leaves unset filled from the environment or the
     profile, so the plan shows (and the platform receives) the values actually used."""
-    from cloudtrain.spec import with_provider
+    from cloudtrain.spec import friendly_error, with_provider
 
     spec = with_provider(spec, provider)
     options = getattr(spec.providers, provider)
@@ -162,7 +162,7 @@ def with_defaults(spec: JobSpec, provider: str) -> JobSpec:
         key = str(err["loc"][0]) if err["loc"] else ""
         found = from_environment(provider, key)
         where = f"environment variable {found[0]}" if found else f"profile {profile_name()!r} ({config_path()})"
-        raise UserError(f"from {where}: {str(err['msg']).removeprefix('Value error, ')}",
+        raise UserError(f"from {where}: {friendly_error(err)}",
                         field=f"providers.{provider}.{key}",
                         remedy=f"correct it there, or set providers.{provider}.{key} in the spec") from None
     providers = spec.providers.model_copy(update={provider: merged})
@@ -263,6 +263,8 @@ def set_value(key: str, value: str | None, profile: str | None = None) -> Path:
     import yaml
     from pydantic import ValidationError
 
+    from cloudtrain.spec import friendly_error
+
     provider, name = _split_key(key)
     profile = profile or profile_name()
     path = config_path()
@@ -284,7 +286,7 @@ def set_value(key: str, value: str | None, profile: str | None = None) -> Path:
             try:
                 _options_model(provider).model_validate({**block, name: candidate})
             except ValidationError as exc:
-                errors.append(exc.errors()[0]["msg"])
+                errors.append(friendly_error(exc.errors()[0]))
                 continue
             block[name] = candidate
             break

@@ -278,7 +278,7 @@ def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return list(getattr(current, "model_fields", {}))
 
 
-def _friendly(err: Any) -> str:
+def friendly_error(err: Any) -> str:
     ctx = err.get("ctx") or {}
     kind = err["type"]
     if kind == "greater_than_equal":
@@ -306,7 +306,7 @@ def spec_error_from(exc: ValidationError, source: str | None = None) -> SpecErro
             lines.append(f"{where}: unknown key{hint}")
             remedies.append(f"remove or rename '{key}'")
         else:
-            msg = _friendly(err)
+            msg = friendly_error(err)
             got = err.get("input")
             shown = "" if isinstance(got, dict | list) or got is None or looks_secret(where, str(got)) \
                 else f" (got {got!r})"  # a password given as a number is not echoed
