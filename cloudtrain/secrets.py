@@ -34,8 +34,12 @@ NOT_SECRETS = frozenset({"true", "false", "none", "null", "yes", "no", "on", "of
 SECRET_NAME_PATTERN = (
     r"PASSWORD|PASSWD|PASSPHRASE|SECRET|CREDENTIAL|PRIVATE_?KEY|API_?KEY|ACCESS_?KEY|CONNECTION_?STRING"
     r"|TOKEN(?!IZ|S(?:_|$))"
-    r"|(?:^|_)(?:KEY|PASS|PAT|AUTH|PRIVATE|SAS|SIGNATURE|COOKIE|SESSION|DSN)(?:_|$)|_PWD(?:_|$)"
+    r"|(?:^|_)(?:KEY|PASS|PAT|AUTH|PRIVATE|SAS|SIGNATURE|COOKIE|DSN)(?:_|$)|_PWD(?:_|$)"
 )
+# ... unless the name says its value only points at one (DB_PASSWORD_FILE, SSH_AUTH_SOCK, KEY_DIR): masking a path or
+# a word everywhere would hide nothing and garble every log line holding it. SESSION alone is no secret word either
+# (NOX_CURRENT_SESSION=demo, XDG_SESSION_TYPE=wayland); SESSION_TOKEN, SESSION_KEY and SESSION_SECRET still are.
+LOCATOR_NAME_PATTERN = r"_(?:FILE|PATH|DIR|SOCK|SOCKET|TYPE)$"
 
 @dataclass(frozen=True)
 class Rule:
@@ -63,6 +67,7 @@ VALUE_RULES = (
     Rule("url-password", r"://", r"://[^/\s:@\"']*:([^/\s@\"']+)@"),
 )
 _SECRET_NAME = re.compile(SECRET_NAME_PATTERN, re.IGNORECASE)
+_LOCATOR_NAME = re.compile(LOCATOR_NAME_PATTERN, re.IGNORECASE)
 _COMPILED = tuple((re.compile(rule.probe), re.compile(rule.pattern)) for rule in VALUE_RULES)
 
 # Secret command-line values travel to the node in these variables; the command line holds a placeholder that the
@@ -72,7 +77,7 @@ PLACEHOLDER = re.compile(r"@@(" + ARG_ENV_PREFIX + r"\d+)@@")
 
 
 def secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name))
+    return bool(_SECRET_NAME.search(name)) and not _LOCATOR_NAME.search(name)
 
 
 def _matches(text: str) -> Iterable[re.Match[str]]:

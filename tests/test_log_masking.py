@@ -38,6 +38,14 @@ def test_masker_masks_registered_values_and_known_formats() -> None:
                       f"key line {MASK} token {MASK} id {MASK} abc true visible-value\n")
 
 
+def test_ordinary_words_under_session_or_path_names_are_not_masked_everywhere() -> None:
+    # `nox -s demo` ran the README demo with NOX_CURRENT_SESSION=demo: every path and job id showed `****`
+    env = {"NOX_CURRENT_SESSION": "demo", "XDG_SESSION_TYPE": "wayland", "SSH_AUTH_SOCK": "/tmp/ssh-x/agent.1",
+           "DB_PASSWORD": "hunter2-real"}
+    masked = Masker.from_env(env)(b"job demo-1 on wayland via /tmp/ssh-x/agent.1 with hunter2-real\n")
+    assert masked == b"job demo-1 on wayland via /tmp/ssh-x/agent.1 with ****\n"
+
+
 def test_masker_never_splits_a_value_between_blocks_and_lets_partial_lines_through() -> None:
     masker = Masker(["hunter2-x"])
     chunks = [b"password hun", b"ter2-x here\nprogress 10%\r", b"progress 20%", b"", b"\n", b"tail hunter2-x"]

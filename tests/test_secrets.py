@@ -17,14 +17,19 @@ SECRET = "supersecret-123456"
 
 @pytest.mark.parametrize("name", ["WANDB_API_KEY", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD",
                                   "AZURE_STORAGE_CONNECTION_STRING", "github_token", "MY_PRIVATE_KEY", "SECRETKEY",
-                                  "MYPASSWORD", "GITHUB_PAT", "MYSQL_PWD", "SENTRY_DSN", "OPENAI_APIKEY"])
+                                  "MYPASSWORD", "GITHUB_PAT", "MYSQL_PWD", "SENTRY_DSN", "OPENAI_APIKEY",
+                                  "AWS_SESSION_TOKEN", "FLASK_SECRET_KEY", "SESSION_COOKIE"])
 def test_secret_names(name: str) -> None:
     assert looks_secret(name, "x")
 
 
 @pytest.mark.parametrize("name", ["NCCL_DEBUG", "OMP_NUM_THREADS", "KEYBOARD_LAYOUT", "CLOUDTRAIN_STRATEGY", "PWD",
                                   "OLDPWD", "PATH", "PYTHONPATH", "TOKENIZERS_PARALLELISM", "MAX_NEW_TOKENS",
-                                  "HF_HUB_ENABLE_HF_TRANSFER", "AUTHOR"])
+                                  "HF_HUB_ENABLE_HF_TRANSFER", "AUTHOR",
+                                  # a session's name or a path to a secret is not the secret: nox, desktops, ssh-agent
+                                  "NOX_CURRENT_SESSION", "XDG_SESSION_TYPE", "DBUS_SESSION_BUS_ADDRESS",
+                                  "SESSION_MANAGER", "SSH_AUTH_SOCK", "DB_PASSWORD_FILE", "KEY_DIR",
+                                  "TOKEN_PATH"])
 def test_ordinary_names(name: str) -> None:
     assert not looks_secret(name, "1")
 
