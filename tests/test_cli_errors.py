@@ -209,3 +209,16 @@ def test_a_path_the_user_gave_that_cannot_be_written(cli, ct_home: Path, project
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "cloudtrain.yaml: Is a directory" in result.stderr
     assert "fix: check the path and its permissions" in result.stderr
+
+
+def test_several_pairs_after_one_set_say_to_repeat_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from cloudtrain.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "train.py", "--no-spec", "--set", "nodes=2", "max_restarts=1"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "unrecognized arguments: max_restarts=1" in err
+    assert "repeat the flag (--set a=1 --set b=2)" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        main(["plan", "train.py", "--bogus"])
+    assert "fix:" not in capsys.readouterr().err  # an unknown flag is only named

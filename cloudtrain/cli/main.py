@@ -296,6 +296,15 @@ def colour(stream: Any = None) -> bool:
     return colour_enabled(stream or sys.stdout)
 
 
+def unrecognized(extra: list[str]) -> str:
+    """argparse's message, plus the likely fix when the stray words are FIELD=VALUE pairs after --set or --env."""
+    message = f"unrecognized arguments: {' '.join(extra)}"
+    if any("=" in word and not word.startswith("-") for word in extra):
+        message += ("\n  fix: --set and --env take one FIELD=VALUE each: repeat the flag "
+                    "(--set a=1 --set b=2); arguments for your script go after --")
+    return message
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args: list[str] = []
@@ -303,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
         split = argv.index("--")
         argv, script_args = argv[:split], argv[split + 1:]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.error(unrecognized(extra))
     if args.command is None:
         parser.print_help()
         return 2
