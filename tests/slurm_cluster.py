@@ -35,8 +35,9 @@ PARTITION = "debug"
 
 def _free(port: int) -> bool:
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as slurmd binds: a closed one's TIME_WAIT is fine
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind(("0.0.0.0", port))
         except OSError:
             return False
     return True

@@ -56,12 +56,14 @@ def _numbers(group: str, text: str) -> list[str]:
     return found
 
 
-def _expand_one(name: str, text: str) -> list[str]:
+def _expand_one(name: str, text: str, after: bool = False) -> list[str]:
     start = name.find("[")
     if start < 0:
+        if after and name:  # as Slurm: text may follow a range only before another range
+            raise ValueError(f"{text!r} is not a Slurm host list: {name!r} follows a range")
         return [name]
     end = name.index("]", start)
-    rest = _expand_one(name[end + 1:], text)
+    rest = _expand_one(name[end + 1:], text, after=True)
     return [f"{name[:start]}{n}{tail}" for n in _numbers(name[start + 1:end], text) for tail in rest]
 
 
