@@ -246,10 +246,11 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 
 
 @pytest.fixture
-def slurm(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+def slurm(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlurmCluster]:
     """The cluster, with its SLURM_CONF in this test's environment (the CLI, sbatch and the jobs inherit it)."""
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
-    return slurm_cluster
+    yield slurm_cluster
+    slurm_cluster.run("scancel", f"--user={getpass.getuser()}", check=False)  # none outlives its test
 
 
 if __name__ == "__main__":

@@ -151,13 +151,14 @@ def test_a_requeued_job_resumes_from_its_checkpoint_bitwise(cli: Cli, slurm: Slu
 
 @pytest.mark.slow
 def test_a_job_at_its_time_limit_takes_a_final_checkpoint(cli: Cli, slurm: SlurmCluster) -> None:  # noqa: F811
-    """max_runtime 1 minute (Slurm's smallest --time), grace 5 s: the nodes get SIGTERM before the limit (Slurm
-    sends it up to a minute early) or at it, save a final checkpoint, and the job ends failed, saying so."""
+    """max_runtime 2 minutes, grace 5 s: the nodes get SIGTERM 5 to 65 s before the limit (Slurm sends it up to a
+    minute early: with 1 minute it could come before training starts), save a final checkpoint, and the job ends
+    failed, saying so."""
     ckpt = (cli.project.parent / "ckpt").as_uri()
-    handle = cli(*cli.submit("ddp", "--checkpoint-uri", ckpt, "--max-runtime", "1m", "--set",
-                             "providers.slurm.grace_period=5", "--detach", "--", "--epochs", "50",
+    handle = cli(*cli.submit("ddp", "--checkpoint-uri", ckpt, "--max-runtime", "2m", "--set",
+                             "providers.slurm.grace_period=5", "--detach", "--", "--epochs", "200",
                              "--checkpoint-every", "1000", "--step-sleep", "0.05")).stdout.strip()
-    assert cli("wait", handle, "--timeout", "180", check=False).returncode != 0
+    assert cli("wait", handle, "--timeout", "240", check=False).returncode != 0
     logs = cli.logs(handle)
     assert "stop requested: final checkpoint at step" in logs, logs[-4000:]
     saved = [c.step for c in checkpoints.list_complete(ckpt)]
@@ -268,8 +269,9 @@ def test_the_plan_is_the_batch_script(tmp_path: Path, ct_home: Path) -> None:
         request, script = plan.request, plan.request["script"]
         shown = json.dumps(plan.to_dict())
     sbatch = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH")]
+    folder = f"/shared/me/ct/jobs/{plan.job_id}"
     assert sbatch == [f"--job-name={plan.job_id}", "--comment=cloudtrain", "--nodes=4", "--ntasks-per-node=1",
-                      f"--chdir=/shared/me/ct/jobs/{plan.job_id}", f"--output=/shared/me/ct/jobs/{plan.job_id}/batch.log",
+                      f"--chdir={folder}", f"--output={folder}/batch.log",
                       "--open-mode=append", "--time=0-01:30:00", "--signal=TERM@120", "--requeue", "--partition=gpu",
                       "--account=lab", "--qos=low", "--constraint=ib", "--gpus-per-node=a100:8", "--cpus-per-task=64",
                       "--mem=512G", "--exclusive"]

@@ -197,14 +197,16 @@ class SlurmProvider(Provider):
             clients.scancel(slurm_id)  # scancel of an ended job is a no-op for Slurm
 
     def _list(self, limit: int) -> builtins.list[JobStatus]:
+        """cloudtrain's jobs by Slurm job id (two Slurm jobs of one plan would show twice): those slurmctld holds
+        (tagged by --comment), and the ended ones Slurm recorded (named as cloudtrain names jobs, in a job folder)."""
         found: dict[str, JobStatus] = {}
-        for row in clients.accounting():  # ended runs, oldest first: a later record of a name replaces the earlier
+        for row in clients.accounting():  # oldest first: a requeued job's later run replaces its earlier
             name = row["JobName"]
             if _JOB_NAME.match(name) and row["WorkDir"].endswith(f"/jobs/{name}"):
-                found[name] = self._row_status(name, row["State"], row["ExitCode"], row["Submit"])
+                found[row["JobID"]] = self._row_status(name, row["State"], row["ExitCode"], row["Submit"])
         for row in clients.queued():  # what slurmctld holds now wins
             if row["Comment"] == rq.COMMENT:
-                found[row["JobName"]] = self._row_status(row["JobName"], row["State"], "0:0", row["Submit"])
+                found[row["JobID"]] = self._row_status(row["JobName"], row["State"], "0:0", row["Submit"])
         ordered = sorted(found.values(), key=lambda s: s.created_at or 0, reverse=True)
         return ordered[:limit]
 
