@@ -74,12 +74,14 @@ def queued(user_only: bool = True) -> list[dict[str, str]]:
     return [dict(zip(keys, line.split("|", 4), strict=True)) for line in out.splitlines() if line.count("|") >= 4]
 
 
-def accounting(since: str = "2000-01-01") -> list[dict[str, str]]:
-    """This user's ended jobs as Slurm recorded them: sacct, or ``sacct -c`` (the job completion records) where the
-    cluster keeps no accounting. Oldest first; a requeued job has a record per run. [] when neither is kept."""
+def accounting(name: str | None = None, since: str = "2000-01-01") -> list[dict[str, str]]:
+    """This user's ended jobs (named ``name``) as Slurm recorded them: sacct, or ``sacct -c`` (the job completion
+    records) where the cluster keeps no accounting (it reads the whole file: filter by name yourself). Oldest first;
+    a requeued job has a record per run. [] when neither is kept."""
     if shutil.which("sacct") is None:
         return []
-    fields = ["--parsable2", "--noheader", f"--format={','.join(ACCOUNTING_FIELDS)}", f"--starttime={since}"]
+    fields = ["--parsable2", "--noheader", f"--format={','.join(ACCOUNTING_FIELDS)}", f"--starttime={since}",
+              *([f"--name={name}"] if name else [])]
     done = run(["sacct", "--allocations", *fields], check=False)
     if done.returncode != 0 and "accounting storage is disabled" in done.stderr.lower():
         done = run(["sacct", "--completion", *fields], check=False)

@@ -145,7 +145,7 @@ class SlurmProvider(Provider):
 
     @staticmethod
     def _ended(name: str) -> dict[str, str] | None:
-        rows = [row for row in clients.accounting() if row["JobName"] == name]
+        rows = [row for row in clients.accounting(name) if row["JobName"] == name]
         return rows[-1] if rows else None
 
     def _describe(self, handle: JobHandle) -> JobStatus:
@@ -200,7 +200,7 @@ class SlurmProvider(Provider):
         """cloudtrain's jobs by Slurm job id (two Slurm jobs of one plan would show twice): those slurmctld holds
         (tagged by --comment), and the ended ones Slurm recorded (named as cloudtrain names jobs, in a job folder)."""
         found: dict[str, JobStatus] = {}
-        for row in clients.accounting():  # oldest first: a requeued job's later run replaces its earlier
+        for row in clients.accounting(since="now-30days"):  # oldest first: a requeued job's later run replaces
             name = row["JobName"]
             if _JOB_NAME.match(name) and row["WorkDir"].endswith(f"/jobs/{name}"):
                 found[row["JobID"]] = self._row_status(name, row["State"], row["ExitCode"], row["Submit"])
