@@ -316,6 +316,15 @@ def test_bad_options_are_refused_by_their_field(tmp_path: Path, ct_home: Path, o
     assert "Traceback" not in done.stderr
 
 
+def test_submit_refuses_a_staging_folder_it_cannot_write(cli: Cli, tmp_path: Path) -> None:
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file, not a folder")
+    done = cli("submit", "train_ddp.py", "--provider", "slurm", "--set", f"providers.slurm.staging={blocked}/ct",
+               "--detach", check=False)
+    assert done.returncode == 2 and "providers.slurm.staging" in done.stderr and "Traceback" not in done.stderr
+    assert clients.queued() == []  # nothing submitted
+
+
 def test_submit_refuses_a_plan_without_a_staging_folder(tmp_path: Path, ct_home: Path) -> None:
     from cloudtrain.errors import UserError
 

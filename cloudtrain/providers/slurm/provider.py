@@ -127,6 +127,15 @@ class SlurmProvider(Provider):
             return handle
 
         clients.run(["sbatch", "--version"])  # on PATH and working, before anything is staged
+        try:
+            Path(plan.staging["folder"]).mkdir(parents=True, exist_ok=True)
+            probe = Path(plan.staging["folder"]) / f".cloudtrain-{plan.job_id}"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            raise UserError(f"staging folder {plan.staging['folder']} cannot be written here: {exc.strerror}",
+                            field="providers.slurm.staging",
+                            remedy="choose a folder you can write on the cluster's shared filesystem") from None
         stage_bundle(plan.package, plan.staging["prefix"])
         return self.created_once(find, create, lost=(LostReply,))
 
