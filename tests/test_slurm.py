@@ -266,7 +266,7 @@ def test_the_plan_is_the_batch_script(tmp_path: Path, ct_home: Path) -> None:
                                    "setup": ["module load cuda/12.1"], "sbatch": ["--exclusive"],
                                    "grace_period": 120}})
     with plan_job(job.spec, "slurm", progress=False) as plan:
-        request, script = plan.request, plan.request["script"]
+        request, script = plan.request, "\n".join(plan.request["script"]) + "\n"  # one entry per line
         shown = json.dumps(plan.to_dict())
     sbatch = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH")]
     folder = f"/shared/me/ct/jobs/{plan.job_id}"
@@ -286,7 +286,7 @@ def test_the_plan_is_the_batch_script(tmp_path: Path, ct_home: Path) -> None:
     gres = job.spec.model_copy(deep=True)
     gres.providers.slurm.gpu_flag, gres.providers.slurm.gpu_type = "gres", ""
     with plan_job(gres, "slurm", progress=False) as plan:
-        assert "#SBATCH --gres=gpu:8\n" in plan.request["script"]
+        assert "#SBATCH --gres=gpu:8" in plan.request["script"]
 
 
 def test_the_node_contract_reads_what_srun_gives_each_task() -> None:

@@ -78,7 +78,7 @@ class SlurmProvider(Provider):
                                    env=env)
         script = rq.batch_script(spec, options, job_id, layout, nodes[0].argv, package.digest)
         request = {"sbatch": ["sbatch", "--parsable", layout.script], "script_path": layout.script,
-                   "script": script, "env_file": layout.env_file, "env": env, "job_dir": layout.job_dir,
+                   "script": script.splitlines(), "env_file": layout.env_file, "env": env, "job_dir": layout.job_dir,
                    "max_restarts": spec.max_restarts}
         limit = rq.time_limit(spec.max_runtime)
         notes.append(f"slurm: --time={limit} (max_runtime, in whole minutes); the nodes get SIGTERM "
@@ -114,7 +114,7 @@ class SlurmProvider(Provider):
             env_file.touch(mode=0o600)
             env_file.chmod(0o600)  # the job's variables may hold secrets: its owner only
             env_file.write_text(rq.env_file(request["env"]))
-            Path(layout.script).write_text(request["script"])
+            Path(layout.script).write_text("\n".join(request["script"]) + "\n")
             meta = {"job_id": plan.job_id, "digest": plan.package.digest, "output_uri": plan.spec.output_uri,
                     "checkpoint_uri": plan.spec.checkpoint.uri, "max_restarts": plan.spec.max_restarts,
                     "nodes": plan.spec.nodes}
