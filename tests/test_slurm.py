@@ -132,7 +132,7 @@ def test_a_requeued_job_resumes_from_its_checkpoint_bitwise(cli: Cli, slurm: Slu
     slurm.run("scontrol", "requeue", slurm_id)
 
     def started_again() -> bool:  # a requeued job waits before it is eligible again: make it start now
-        shown = clients.show_job(slurm_id) or {}
+        shown = clients.Commands().show_job(slurm_id) or {}
         if shown.get("JobState") == "PENDING":
             slurm.run("scontrol", "update", f"JobId={slurm_id}", "StartTime=now", check=False)
         return shown.get("JobState") == "RUNNING" and shown.get("Restarts") == "1"
@@ -177,7 +177,7 @@ def test_status_reads_slurms_records_once_slurmctld_forgets_the_job(ddp_run: tup
 
     handle = JobHandle.parse(ddp_run[1])
     live = SlurmProvider().describe(handle)
-    monkeypatch.setattr(clients, "ids_named", lambda name: [])  # as after MinJobAge
+    monkeypatch.setattr(clients.Commands, "ids_named", lambda self, name: [])  # as after MinJobAge
     recorded = SlurmProvider().describe(handle)
     assert recorded.details["source"] == "sacct" and live.details["source"] == "scontrol"
     assert recorded.state is live.state is JobState.SUCCEEDED
@@ -319,10 +319,11 @@ def test_bad_options_are_refused_by_their_field(tmp_path: Path, ct_home: Path, o
 def test_submit_refuses_a_staging_folder_it_cannot_write(cli: Cli, tmp_path: Path) -> None:
     blocked = tmp_path / "blocked"
     blocked.write_text("a file, not a folder")
+    before = clients.Commands().queued()
     done = cli("submit", "train_ddp.py", "--provider", "slurm", "--set", f"providers.slurm.staging={blocked}/ct",
                "--detach", check=False)
     assert done.returncode == 2 and "providers.slurm.staging" in done.stderr and "Traceback" not in done.stderr
-    assert clients.queued() == []  # nothing submitted
+    assert clients.Commands().queued() == before  # nothing submitted
 
 
 def test_submit_refuses_a_plan_without_a_staging_folder(tmp_path: Path, ct_home: Path) -> None:

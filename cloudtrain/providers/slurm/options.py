@@ -17,6 +17,9 @@ class SlurmOptions(Model):
         None, description="An absolute folder on the cluster's shared filesystem, seen at the same path by this "
                           "machine and every node: bundles, batch scripts, logs and (by default) checkpoints and "
                           "outputs go there (required to submit)")
+    login: str | None = Field(
+        None, description="Submit over SSH to this login host ('user@host', or a Host of your OpenSSH config); "
+                          "default: this machine runs sbatch")
     partition: str | None = Field(None, description="sbatch --partition (default: the cluster's default partition)")
     account: str | None = Field(None, description="sbatch --account")
     qos: str | None = Field(None, description="sbatch --qos (a preemptible QOS is Slurm's spot capacity)")
@@ -40,7 +43,7 @@ class SlurmOptions(Model):
         60, le=MAX_SIGNAL_LEAD, description="Seconds before the time limit (max_runtime) at which the nodes get "
                                             "SIGTERM and take a final checkpoint (--signal=TERM@N)")
 
-    _tokens = field_validator("staging", "partition", "account", "qos", "constraint", "gpu_type", "python",
+    _tokens = field_validator("staging", "login", "partition", "account", "qos", "constraint", "gpu_type", "python",
                               "venv")(lambda value: one_token(value) if value != "" else value)
 
     @field_validator("staging", "venv")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import builtins
 import json
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from typing import Any
 
 from cloudtrain import storage
 from cloudtrain.catalog import Machine
-from cloudtrain.config import placeholder_note, with_defaults
+from cloudtrain.config import lookup, placeholder_note, with_defaults
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.nodes import bootstrap_args, job_env
@@ -29,11 +28,12 @@ from cloudtrain.plan import Plan
 from cloudtrain.providers.base import JobState, JobStatus, Provider
 from cloudtrain.providers.slurm import PROVIDER, clients
 from cloudtrain.providers.slurm import request as rq
+from cloudtrain.providers.slurm.files import SharedFiles
 from cloudtrain.providers.slurm.node import PORT_BASE, PORT_SPAN
 from cloudtrain.providers.slurm.options import SlurmOptions
 from cloudtrain.providers.slurm.status import job_state
 from cloudtrain.spec import JobSpec
-from cloudtrain.staging import bundle_prefix, default_output_uri, lineage_id, new_job_id, stage_bundle
+from cloudtrain.staging import bundle_prefix, default_output_uri, lineage_id, new_job_id
 
 _JOB_NAME = re.compile(r"^[a-z0-9-]+-\d{8}-\d{6}-[0-9a-f]{4}(-r\d+)?$")  # cloudtrain's job ids (staging.new_job_id)
 
@@ -79,7 +79,7 @@ class SlurmProvider(Provider):
         script = rq.batch_script(spec, options, job_id, layout, nodes[0].argv, package.digest)
         request = {"sbatch": ["sbatch", "--parsable", layout.script], "script_path": layout.script,
                    "script": script.splitlines(), "env_file": layout.env_file, "env": env, "job_dir": layout.job_dir,
-                   "max_restarts": spec.max_restarts}
+                   "max_restarts": spec.max_restarts, "login": options.login}
         limit = rq.time_limit(spec.max_runtime)
         notes.append(f"slurm: --time={limit} (max_runtime, in whole minutes); the nodes get SIGTERM "
                      f"{min(options.grace_period, spec.max_runtime)}s before it and take a final checkpoint")
@@ -95,74 +95,77 @@ class SlurmProvider(Provider):
                                                             "allocation or fair-share accounting applies)"})
 
     # -- submit ------------------------------------------------------------------------------------------
+    def commands(self, login: str | None = None) -> clients.Commands:
+        """Slurm's commands here, or on the login host: the plan's, else the one configured (environment, profile:
+        a handle alone does not say)."""
+        return clients.Commands(login or lookup(self.name, "login"))
+
     def _submit(self, plan: Plan) -> JobHandle:
         request, handle = plan.request, JobHandle(self.name, plan.job_id)
         layout = rq.Layout(request["job_dir"])
-        record = Path(layout.record)
+        slurm = self.commands(request.get("login"))
+        shared = SharedFiles(slurm)
 
         def find() -> JobHandle | None:
-            if not record.is_file():
+            record = shared.read_json(layout.record)
+            if not record:
                 return None
-            if json.loads(record.read_text()).get("digest") != plan.package.digest:
+            if record.get("digest") != plan.package.digest:
                 raise UserError(f"a Slurm job folder {layout.job_dir} exists and is not this plan's",
                                 remedy="plan the job again (it gets a new name)")
-            return handle if clients.ids_named(plan.job_id) or self._ended(plan.job_id) else None
+            return handle if slurm.ids_named(plan.job_id) or self._ended(slurm, plan.job_id) else None
 
         def create() -> JobHandle:
-            Path(layout.job_dir).mkdir(parents=True, exist_ok=True)
-            env_file = Path(layout.env_file)
-            env_file.touch(mode=0o600)
-            env_file.chmod(0o600)  # the job's variables may hold secrets: its owner only
-            env_file.write_text(rq.env_file(request["env"]))
-            Path(layout.script).write_text("\n".join(request["script"]) + "\n")
+            shared.write(layout.env_file, rq.env_file(request["env"]).encode(), private=True)  # secrets: yours only
+            shared.write(layout.script, ("\n".join(request["script"]) + "\n").encode())
             meta = {"job_id": plan.job_id, "digest": plan.package.digest, "output_uri": plan.spec.output_uri,
                     "checkpoint_uri": plan.spec.checkpoint.uri, "max_restarts": plan.spec.max_restarts,
                     "nodes": plan.spec.nodes}
-            _write_json(record, meta)
-            slurm_id = clients.sbatch(layout.script)
-            _write_json(record, {**meta, "slurm_job_id": slurm_id})
+            shared.write(layout.record, json.dumps(meta, indent=1).encode())
+            slurm_id = slurm.sbatch(layout.script)
+            shared.write(layout.record, json.dumps({**meta, "slurm_job_id": slurm_id}, indent=1).encode())
             if self.lose_next_reply:
                 self.lose_next_reply = False
                 raise LostReply("sbatch did not answer")
             return handle
 
-        clients.run(["sbatch", "--version"])  # on PATH and working, before anything is staged
-        try:
-            Path(plan.staging["folder"]).mkdir(parents=True, exist_ok=True)
-            probe = Path(plan.staging["folder"]) / f".cloudtrain-{plan.job_id}"
-            probe.touch()
-            probe.unlink()
-        except OSError as exc:
-            raise UserError(f"staging folder {plan.staging['folder']} cannot be written here: {exc.strerror}",
+        slurm.run(["sbatch", "--version"])  # there and working, before anything is staged
+        refused = shared.writable(plan.staging["folder"])
+        if refused:
+            raise UserError(f"staging folder {plan.staging['folder']} cannot be written"
+                            + (f" on {slurm.login}" if slurm.login else " here") + f": {refused}",
                             field="providers.slurm.staging",
-                            remedy="choose a folder you can write on the cluster's shared filesystem") from None
-        stage_bundle(plan.package, plan.staging["prefix"])
+                            remedy="choose a folder you can write on the cluster's shared filesystem")
+        shared.stage(plan.package, plan.staging["prefix"], str(storage.local_path(plan.staging["prefix"])))
         return self.created_once(find, create, lost=(LostReply,))
 
     # -- follow ------------------------------------------------------------------------------------------
-    def _job(self, name: str) -> dict[str, str]:
+    def _job(self, slurm: clients.Commands, name: str) -> dict[str, str]:
         """The job as slurmctld holds it (scontrol), else as Slurm recorded its last run (sacct)."""
-        for slurm_id in reversed(clients.ids_named(name)):
-            shown = clients.show_job(slurm_id)
+        for slurm_id in reversed(slurm.ids_named(name)):
+            shown = slurm.show_job(slurm_id)
             if shown:
                 return {**shown, "source": "scontrol"}
-        ended = self._ended(name)
+        ended = self._ended(slurm, name)
         if ended:
             return {**ended, "JobState": ended["State"], "SubmitTime": ended["Submit"],
                     "StartTime": ended["Start"], "EndTime": ended["End"], "source": "sacct"}
-        raise HandleError(f"Slurm has no job named {name}", remedy="`cloudtrain list --provider slurm` shows them")
+        raise HandleError(f"Slurm has no job named {name}" + (f" (on {slurm.login})" if slurm.login else ""),
+                          remedy="`cloudtrain list --provider slurm` shows them (set providers.slurm.login, e.g. "
+                                 "CLOUDTRAIN_SLURM_LOGIN, for jobs submitted over SSH)")
 
     @staticmethod
-    def _ended(name: str) -> dict[str, str] | None:
-        rows = [row for row in clients.accounting(name) if row["JobName"] == name]
+    def _ended(slurm: clients.Commands, name: str) -> dict[str, str] | None:
+        rows = [row for row in slurm.accounting(name) if row["JobName"] == name]
         return rows[-1] if rows else None
 
     def _describe(self, handle: JobHandle) -> JobStatus:
-        job = self._job(handle.job_id)
+        slurm = self.commands()
+        job = self._job(slurm, handle.job_id)
         native, code = job.get("JobState", ""), job.get("ExitCode", "0:0")
         state, message = job_state(native, code)
         restarts = int(job.get("Restarts", "0") or 0)
-        record = _read_json(Path(job.get("WorkDir", "")) / "job.json")
+        record = SharedFiles(slurm).read_json(f"{job.get('WorkDir', '')}/job.json")
         if state is JobState.PENDING and restarts:
             message = f"requeued (run {restarts + 1}): resumes from its newest checkpoint"
         reason = job.get("Reason", "None")
@@ -172,24 +175,23 @@ class SlurmProvider(Provider):
             "slurm_job_id": job.get("JobId") or job.get("JobID"), "slurm_state": native, "exit_code": code,
             "restarts": restarts, "max_restarts": int(record.get("max_restarts") or 0), "job_dir": job.get("WorkDir"),
             "output_uri": record.get("output_uri"), "checkpoint_uri": record.get("checkpoint_uri"),
-            "node_list": job.get("NodeList"), "source": job["source"]}
+            "node_list": job.get("NodeList"), "source": job["source"], "login": slurm.login}
         return JobStatus(handle=handle, name=handle.job_id, state=state, message=message,
                          created_at=_epoch(job.get("SubmitTime")), started_at=_epoch(job.get("StartTime")),
                          ended_at=_epoch(job.get("EndTime")) if state.terminal else None, details=details)
 
     def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]:
-        folder = Path(self._job(handle.job_id).get("WorkDir", ""))
+        slurm = self.commands()
+        shared = SharedFiles(slurm)
+        folder = self._job(slurm, handle.job_id).get("WorkDir", "")
         offsets: dict[str, int] = {}
         partial: dict[str, bytes] = {}
 
         def read() -> Iterator[str]:  # the whole lines each log gained since the last read
-            for log in [*sorted(folder.glob("node-*.log")), folder / "batch.log"]:
-                source = log.stem if log.stem.startswith("node-") else "batch"
-                try:
-                    with open(log, "rb") as f:
-                        f.seek(offsets.get(source, 0))
-                        data = f.read()
-                except FileNotFoundError:
+            for log in [*shared.logs(folder), f"{folder}/batch.log"]:
+                source = log.rsplit("/", 1)[1].removesuffix(".log") if "/node-" in log else "batch"
+                data = shared.read(log, offsets.get(source, 0))
+                if data is None:
                     continue
                 cut = data.rfind(b"\n") + 1
                 offsets[source] = offsets.get(source, 0) + cut
@@ -202,18 +204,20 @@ class SlurmProvider(Provider):
         return self.follow_logs(handle, follow, read, self.log_poll, rest)
 
     def _cancel(self, handle: JobHandle) -> None:
-        for slurm_id in clients.ids_named(handle.job_id):
-            clients.scancel(slurm_id)  # scancel of an ended job is a no-op for Slurm
+        slurm = self.commands()
+        for slurm_id in slurm.ids_named(handle.job_id):
+            slurm.scancel(slurm_id)  # scancel of an ended job is a no-op for Slurm
 
     def _list(self, limit: int) -> builtins.list[JobStatus]:
         """cloudtrain's jobs by Slurm job id (two Slurm jobs of one plan would show twice): those slurmctld holds
         (tagged by --comment), and the ended ones Slurm recorded (named as cloudtrain names jobs, in a job folder)."""
         found: dict[str, JobStatus] = {}
-        for row in clients.accounting(since="now-30days"):  # oldest first: a requeued job's later run replaces
+        slurm = self.commands()
+        for row in slurm.accounting(since="now-30days"):  # oldest first: a requeued job's later run replaces
             name = row["JobName"]
             if _JOB_NAME.match(name) and row["WorkDir"].endswith(f"/jobs/{name}"):
                 found[row["JobID"]] = self._row_status(name, row["State"], row["ExitCode"], row["Submit"])
-        for row in clients.queued():  # what slurmctld holds now wins
+        for row in slurm.queued():  # what slurmctld holds now wins
             if row["Comment"] == rq.COMMENT:
                 found[row["JobID"]] = self._row_status(row["JobName"], row["State"], "0:0", row["Submit"])
         ordered = sorted(found.values(), key=lambda s: s.created_at or 0, reverse=True)
@@ -239,20 +243,6 @@ def _environment(options: SlurmOptions) -> str:
     parts = [f"the nodes' {options.python}"] + ([f"in {options.venv}"] if options.venv else []) + (
         [f"after {len(options.setup)} setup line(s)"] if options.setup else [])
     return " ".join(parts) + " (providers.slurm.python, venv, setup)"
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
 
 
 def _epoch(text: str | None) -> float | None:
