@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from cloudtrain.sdk import Job, plan_job
 from tests.conformance import Harness, ProviderConformance
 from tests.conftest import REPO, cli_env, ddp_project, wait_for
 from tests.slurm_cluster import PARTITION, SlurmCluster, slurm, slurm_cluster  # noqa: F401 - fixtures
+from tests.sshd import ALIAS, Sshd, sshd  # noqa: F401 - a fixture
 
 ARGS = ["--", "--epochs", "2", "--checkpoint-every", "8"]
 TRAINERS = {"ddp": "train_ddp.py", "fsdp": "train_fsdp.py"}
@@ -335,3 +337,33 @@ def test_submit_refuses_a_plan_without_a_staging_folder(tmp_path: Path, ct_home:
     with pytest.raises(UserError, match=r"providers\.slurm\.staging") as refused:
         job.submit("slurm")
     assert "CLOUDTRAIN_SLURM_STAGING" in (refused.value.remedy or "")
+
+
+# -- over SSH: this machine is not a login node; `slurm-login` (tests/sshd.py) is ----------------------------------
+
+
+@pytest.mark.slow
+def test_a_job_submitted_over_ssh_to_the_login_host(slurm: SlurmCluster, sshd: Sshd, tmp_path: Path,  # noqa: F811
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without SLURM_CONF here, every Slurm command and every file of the job's folder goes through ssh (the user's
+    OpenSSH config): submit stages the bundle and submits, status, logs, list, cancel and doctor read it back."""
+    monkeypatch.delenv("SLURM_CONF")  # sbatch here cannot reach the cluster: only the login host knows it
+    monkeypatch.setenv("CLOUDTRAIN_SLURM_SSH", sshd.ssh)
+    monkeypatch.setenv("CLOUDTRAIN_SLURM_LOGIN", ALIAS)
+    cli = Cli(tmp_path / "home", trainer_project(tmp_path), tmp_path / "shared")
+    assert shutil.which("sbatch")  # Slurm's programs are here, and reach no cluster from here
+    assert subprocess.run(["squeue"], capture_output=True, timeout=60).returncode != 0
+    out = (tmp_path / "out").as_uri()
+    done = cli(*cli.submit("ddp", "--output-uri", out, "--", "--epochs", "1", procs=1))
+    handle = next(word for word in (done.stdout + done.stderr).split() if word.startswith("slurm://"))
+    status = cli.status(handle)
+    assert status["state"] == "succeeded" and status["login"] == ALIAS, status
+    logs = cli.logs(handle)
+    assert "[node-1] [cloudtrain] node 1/2 on slurm" in logs and "done: world_size=2" in logs, logs[-3000:]
+    env_file = Path(status["job_dir"]) / "job.env"
+    assert env_file.stat().st_mode & 0o777 == 0o600  # written over ssh, private from its creation
+    assert handle in cli("list", "--provider", "slurm").stdout
+    assert cli("cancel", handle).returncode == 0  # ended: nothing to do
+    checks = json.loads(cli("doctor", "-p", "slurm", "-o", "json", check=False).stdout)
+    found = {c["name"]: c["status"] for c in checks if c["area"] == "slurm"}
+    assert found == {"login": "ok", "partition": "ok", "staging": "warn"}, checks  # no staging set: a placeholder
