@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 GROUP = "cloudtrain.providers"
 # name -> the folder that declares it: the only place the core names a provider
 BUILTIN: dict[str, str] = {"local": "cloudtrain.providers.local", "aws": "cloudtrain.providers.aws",
-                           "azure": "cloudtrain.providers.azure", "gcp": "cloudtrain.providers.gcp"}
+                           "azure": "cloudtrain.providers.azure", "gcp": "cloudtrain.providers.gcp",
+                           "slurm": "cloudtrain.providers.slurm"}
 PLAIN_NODE = "cloudtrain.providers.local.node"  # cloudtrain's own node contract (CLOUDTRAIN_NNODES ...)
 
 

@@ -57,6 +57,24 @@ def test_static_rendezvous_honours_node_rank_and_module_target() -> None:
     assert argv[-3:] == ["--module", "pkg.train", "x"]
 
 
+
+def test_slurm_contract_under_the_nodes_python() -> None:
+    """What an srun task of a Slurm job sees (its GPUs as Slurm's --gpus-per-node gives them), read by Slurm's
+    node contract on the node's oldest Python: static ranks from SLURM_NODEID, the first node of the expanded
+    SLURM_JOB_NODELIST (its address, where srun gives one) as rendezvous host."""
+    slurm = boot.load_contract(REPO / "cloudtrain" / "providers" / "slurm" / "node.py")
+    env = {"SLURM_JOB_ID": "77", "SLURM_NODEID": "1", "SLURM_NNODES": "3", "SLURM_JOB_NODELIST": "gpu[09-10],x1",
+           "SLURMD_NODENAME": "gpu10", "CUDA_VISIBLE_DEVICES": "0,1"}
+    cluster = boot.detect_cluster(slurm, env, "auto")
+    assert (cluster.nnodes, cluster.node_rank, cluster.nproc_per_node, cluster.rdzv) == (3, 1, 2, "static")
+    argv = boot.torchrun_argv(cluster, ["train.py"], "job")
+    assert argv[argv.index("--master-addr") + 1] == "gpu09" and argv[argv.index("--node-rank") + 1] == "1"
+    assert slurm.expand_hostlist("r[1-2]n[08-09]") == ["r1n08", "r1n09", "r2n08", "r2n09"]
+    requeued = boot.detect_cluster(slurm, {**env, "SLURM_RESTART_COUNT": "1", "SLURM_LAUNCH_NODE_IPADDR": "10.1.0.9"})
+    assert requeued.master_addr == "10.1.0.9" and requeued.master_port == cluster.master_port + 1
+    with pytest.raises(boot.BootstrapError, match="SLURMD_NODENAME"):
+        boot.detect_cluster(slurm, {**env, "SLURMD_NODENAME": "gpu09"})
+
 @pytest.mark.parametrize(
     ("env", "nproc", "message"),
     [

@@ -235,14 +235,14 @@ def test_the_plugin_shows_up_in_help_schema_config_doctor_and_emulate(toy_plugin
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLOUDTRAIN_CONFIG", str(tmp_path / "config.yaml"))  # `config set` below writes there
     helped = cli(ct_home, "plan", "--help")
-    assert "local, aws, azure, gcp or toy" in helped.stdout and "toybatch" in helped.stdout, helped.stdout
+    assert "local, aws, azure, gcp, slurm or toy" in helped.stdout and "toybatch" in helped.stdout, helped.stdout
     assert "toy" in cli(ct_home, "doctor", "--help").stdout
 
     schema = json.loads(cli(ct_home, "schema").stdout)
     toy = schema["$defs"]["ToyOptions"]
     assert set(toy["properties"]) == {"queue", "priority"} and toy["additionalProperties"] is False
     emulate = schema["$defs"]["LocalOptions"]["properties"]["emulate"]["anyOf"][0]["enum"]
-    assert emulate == ["sagemaker", "azureml", "vertex", "toybatch"]
+    assert emulate == ["sagemaker", "azureml", "vertex", "slurm", "toybatch"]
 
     shown = json.loads(cli(ct_home, "config", "-p", "toy", "-o", "json").stdout)["settings"]
     assert {s["key"]: s["source"] for s in shown} == {"providers.toy.queue": "unset",
