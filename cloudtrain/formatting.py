@@ -126,7 +126,8 @@ def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
         *([row("where", where)] if (where := _where(plan.staging)) else []),
         row("instance", instance),
         row("image", plan.image or "this machine's Python and torch"),
-        row("each node", plan.runtime.summary() if plan.runtime else _local_runtime()),
+        row("each node", plan.runtime.summary() if plan.runtime else
+            _local_runtime() if plan.provider == "local" else "the torch and Python the nodes have (only known there)"),
         row("spot", _spot(plan)),
         row("max runtime", format_duration(spec.max_runtime)
             + (f", stopped if idle for {format_duration(spec.max_idle)}" if spec.max_idle else "")),

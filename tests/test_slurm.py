@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from cloudtrain import checkpoints
+from cloudtrain.formatting import plan_text
 from cloudtrain.providers.base import JobState
 from cloudtrain.providers.slurm import clients
 from cloudtrain.providers.slurm.node import detect, expand_hostlist
@@ -283,6 +284,8 @@ def test_the_plan_is_the_batch_script(tmp_path: Path, ct_home: Path) -> None:
     steps = [line for line in script.splitlines() if line.startswith("srun ")]
     assert len(steps) == 1 and "--nodes=4 --ntasks-per-node=1" in steps[0]  # one step, one task per node
     assert "s3cr3t-value-123" not in script and "s3cr3t-value-123" not in shown  # in the 0600 env file, masked here
+    each_node = next(line for line in plan_text(plan).splitlines() if line.startswith("each node"))
+    assert "this machine" not in each_node and "only known there" in each_node  # the nodes' torch, not ours
     assert [n.torchrun[n.torchrun.index("--nproc-per-node") + 1] for n in plan.nodes] == ["8"] * 4
     assert plan.spec.checkpoint.uri == f"file:///shared/me/ct/checkpoints/{plan.spec.checkpoint.uri.rsplit('/', 1)[1]}"
     gres = job.spec.model_copy(deep=True)
