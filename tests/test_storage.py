@@ -145,8 +145,8 @@ def test_upload_killed_mid_checkpoint_falls_back_to_the_previous(store_root: str
     _write_checkpoint(tmp_path / "local", store_root, 10)
     big = tmp_path / "local" / checkpoints.step_dir(20)
     big.mkdir(parents=True)
-    for i in range(40):
-        (big / f"__{i}_0.distcp").write_bytes(os.urandom(1 << 20))
+    for i in range(200):  # uploads run several at once: enough files that the kill lands half-way
+        (big / f"__{i}_0.distcp").write_bytes(os.urandom(1 << 18))
     remote = storage.join(store_root, checkpoints.step_dir(20))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", UPLOADER, str(big), remote], env=env)
@@ -157,7 +157,7 @@ def test_upload_killed_mid_checkpoint_falls_back_to_the_previous(store_root: str
         proc.send_signal(signal.SIGKILL)  # the node dies mid-upload
         proc.wait()
     uploaded = store.list(remote)
-    assert 2 <= len(uploaded) < 40 and not any(u.endswith(checkpoints.MANIFEST) for u in uploaded)
+    assert 2 <= len(uploaded) < 200 and not any(u.endswith(checkpoints.MANIFEST) for u in uploaded)
     assert [c.step for c in checkpoints.list_complete(store_root)] == [10]
     found = checkpoints.restore_latest(store_root, tmp_path / "restore")
     assert found is not None and found.step == 10
