@@ -42,7 +42,7 @@ from cloudtrain.errors import CloudtrainError
 from cloudtrain.paths import is_within
 from cloudtrain.storage import transfer
 
-__all__ = ["MANIFEST", "RUNTIME_MARKER", "UNPUBLISHED_MARKER", "Checkpoint", "CheckpointNotPublished",
+__all__ = ["MANIFEST", "RESTORED_ENV", "RUNTIME_MARKER", "UNPUBLISHED_MARKER", "Checkpoint", "CheckpointNotPublished",
            "CorruptCheckpoint", "apply_retention", "describe_and_upload", "describe_files", "download",
            "list_complete", "publish", "restore_latest", "sha256_file", "step_dir", "sync_dir", "upload_files"]
 
@@ -52,6 +52,10 @@ RUNTIME_MARKER = ".cloudtrain-runtime"
 # Which job a checkpoint belongs to (set on every node by the plan: cloudtrain.staging.lineage_id); recorded in each
 # manifest and checked at restore, so a job never resumes another job's checkpoints by accident.
 LINEAGE_ENV = "CLOUDTRAIN_LINEAGE"
+# Set by the bootstrap for the workers once their node restored CLOUDTRAIN_CHECKPOINT_URI into
+# CLOUDTRAIN_CHECKPOINT_DIR: the step it brought there, or "none". The Checkpointer's first restore then loads that
+# step without listing the store again (entrypoints/bootstrap.py holds the same name: it cannot import this module).
+RESTORED_ENV = "CLOUDTRAIN_RESTORED_STEP"
 # Written there by the Checkpointer's rank 0 while its newest save is not published (removed once one is): the
 # bootstrap's final sync reports it, so a job never ends "succeeded" with its last state only on a node's disk.
 UNPUBLISHED_MARKER = ".cloudtrain-unpublished.json"
@@ -407,6 +411,20 @@ def _report(result: dict[str, Any], code: int) -> int:
     return code
 
 
+def restore_report(uri: str, local: Path) -> dict[str, Any]:
+    """The node's restore, before its workers start (the bootstrap, through cloudtrain.node_storage, or
+    ``python -m cloudtrain.checkpoints restore``): ``{"step": N or None, "error": why or None}``."""
+    if _overlaps(uri, local):
+        _print(f"warning: the checkpoint URI {uri} and CLOUDTRAIN_CHECKPOINT_DIR {local} are the same folder (or "
+               "one holds the other): the store then holds the script's own folders too; give the checkpoint "
+               "URI a folder of its own")
+    try:
+        found = restore_latest(uri, local)
+    except CloudtrainError as exc:  # unreadable store, or another job's checkpoints: the node stops, saying why
+        return {"step": None, "error": f"{exc.message}; {exc.remedy}" if exc.remedy else exc.message}
+    return {"step": found.step if found else None, "error": None}
+
+
 def main(argv: list[str] | None = None) -> int:
     """What the bootstrap runs around torchrun (each prints one JSON line; ``error`` and exit 1 on failure):
 
@@ -416,17 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 3 and args[0] == "restore":
-        uri, local = args[1], Path(args[2])
-        if _overlaps(uri, local):
-            _print(f"warning: the checkpoint URI {uri} and CLOUDTRAIN_CHECKPOINT_DIR {local} are the same folder (or "
-                   "one holds the other): the store then holds the script's own folders too; give the checkpoint "
-                   "URI a folder of its own")
-        try:
-            found = restore_latest(uri, local)
-        except CloudtrainError as exc:  # unreadable store, or another job's checkpoints: the node stops, saying why
-            why = f"{exc.message}; {exc.remedy}" if exc.remedy else exc.message
-            return _report({"step": None, "error": why}, 1)
-        return _report({"step": found.step if found else None}, 0)
+        report = restore_report(args[1], Path(args[2]))
+        return _report(report, 1 if report["error"] else 0)
     if len(args) >= 3 and args[0] == "sync":
         local, uri, rest = Path(args[1]), args[2], args[3:]
         keep = int(os.environ.get("CLOUDTRAIN_CHECKPOINT_KEEP", "2"))

@@ -370,60 +370,52 @@ def install_requirements(src: Path, site: Path, file: str | None, specs: list[st
         raise BootstrapError(f"pip install failed with exit code {result.returncode}")
 
 
-def _reported(result: subprocess.CompletedProcess[str]) -> dict[str, object]:
-    """The one JSON line ``python -m cloudtrain.checkpoints`` prints last (``{}`` if it died before printing)."""
-    lines = (result.stdout or "").strip().splitlines()
-    try:
-        report = json.loads(lines[-1]) if lines else {}
-    except ValueError:
-        return {}
-    return report if isinstance(report, dict) else {}
+def node_storage(env: dict[str, str]) -> Any:
+    """cloudtrain's storage steps on a node (restore, the plain-script checkpoint sync, logs and outputs), run in this
+    process from the bundle's lib/ (cloudtrain/node_storage.py) rather than as Python processes of their own; the
+    job's PYTHONPATH (lib, src, site-packages) is what those processes saw, storage clients included."""
+    for path in reversed([p for p in env["PYTHONPATH"].split(os.pathsep) if p]):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    from cloudtrain import node_storage as steps
+
+    return steps
+
+
+# Set for the workers once this node restored (the step, or "none"): cloudtrain's Checkpointer then loads that step
+# without listing the store again (cloudtrain.checkpoints.RESTORED_ENV).
+RESTORED_ENV = "CLOUDTRAIN_RESTORED_STEP"
 
 
 def restore_checkpoint(env: dict[str, str], cwd: Path) -> None:
-    """Bring the newest complete checkpoint into CLOUDTRAIN_CHECKPOINT_DIR before any worker starts. Runs
-    cloudtrain's own restore from the bundle (it may need a storage client; this file stays stdlib-only)."""
+    """Bring the newest complete checkpoint into CLOUDTRAIN_CHECKPOINT_DIR before any worker starts."""
     uri = env.get("CLOUDTRAIN_CHECKPOINT_URI")
     if not uri:
         return
-    cmd = [sys.executable, "-m", "cloudtrain.checkpoints", "restore", uri, env["CLOUDTRAIN_CHECKPOINT_DIR"]]
-    result = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
-    report = _reported(result)
-    if result.returncode != 0:
-        why = report.get("error") or f"exit {result.returncode}"
-        raise BootstrapError(f"restoring checkpoints from {uri} failed: {why}")
+    started = time.monotonic()
+    try:
+        report = node_storage(env).restore(env, cwd)
+    except Exception as exc:  # a bundle without cloudtrain's lib/, a storage client that breaks: the node stops
+        raise BootstrapError(f"restoring checkpoints from {uri} failed: {exc!r}") from None
+    if report.get("error"):
+        raise BootstrapError(f"restoring checkpoints from {uri} failed: {report['error']}")
     step = report.get("step")
-    log(f"checkpoint: resuming from step {step}" if step is not None else f"checkpoint: none yet under {uri}")
+    env[RESTORED_ENV] = "none" if step is None else str(step)
+    took = f" ({time.monotonic() - started:.1f}s)"
+    log(f"checkpoint: resuming from step {step}{took}" if step is not None else f"checkpoint: none yet under {uri}")
 
 
-def _sync_cmd(env: dict[str, str], *extra: str) -> list[str]:
-    return [sys.executable, "-m", "cloudtrain.checkpoints", "sync", env["CLOUDTRAIN_CHECKPOINT_DIR"],
-            env["CLOUDTRAIN_CHECKPOINT_URI"], *extra]
-
-
-def start_checkpoint_sync(env: dict[str, str], cwd: Path, cluster: ClusterInfo) -> subprocess.Popen[bytes] | None:
+def start_checkpoint_sync(env: dict[str, str], cwd: Path, cluster: ClusterInfo) -> Any:
     """Node 0 publishes the complete step-<N> folders a plain script writes, while it runs."""
     if not env.get("CLOUDTRAIN_CHECKPOINT_URI") or cluster.node_rank != 0:
         return None
-    every = env.get("CLOUDTRAIN_CHECKPOINT_INTERVAL") or "60"
-    return subprocess.Popen(_sync_cmd(env, "--every", every), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL)
+    return node_storage(env).PlainSync(env, cwd)
 
 
-def finish_checkpoint_sync(syncer: subprocess.Popen[bytes] | None, env: dict[str, str], cwd: Path) -> str | None:
+def finish_checkpoint_sync(syncer: Any, env: dict[str, str], cwd: Path) -> str | None:
     """After the workers exited (also after SIGTERM): everything they left is final; publish it. Returns why the
     job's checkpoints are not all in the store (which fails the node), or None."""
-    if syncer is None:
-        return None
-    syncer.terminate()
-    syncer.wait()
-    result = subprocess.run(_sync_cmd(env, "--final"), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, text=True)
-    if result.returncode == 0:
-        return None
-    error = _reported(result).get("error")
-    return str(error) if error else (f"the final checkpoint sync failed (exit {result.returncode}); the checkpoint "
-                                     f"files are still in {env['CLOUDTRAIN_CHECKPOINT_DIR']}")
+    return None if syncer is None else syncer.finish()  # type: ignore[no-any-return]
 
 
 def mask_output(lib: Path, env: dict[str, str]) -> Any:
@@ -445,13 +437,7 @@ def upload_logs(env: dict[str, str], cwd: Path, workdir: Path, cluster: ClusterI
     if not output or not logs.is_dir():
         return None
     target = f"{output.rstrip('/')}/logs/node-{cluster.node_rank}"
-    cmd = [sys.executable, "-m", "cloudtrain.outputs", "upload-logs", str(logs), target]
-    result = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL)
-    if result.returncode == 0:
-        return None
-    warning = f"copying logs to {target} failed (exit {result.returncode}); they are still in {logs} on this node"
-    log(f"warning: {warning}")
-    return warning
+    return node_storage(env).upload_logs(env, logs, target)  # type: ignore[no-any-return]
 
 
 def output_dir(cluster: ClusterInfo, env: dict[str, str], workdir: Path, start_dir: Path) -> Path:
@@ -471,10 +457,7 @@ def upload_outputs(env: dict[str, str], cwd: Path, cluster: ClusterInfo) -> None
     target = output.rstrip("/") + ("" if cluster.node_rank == 0 else f"/node-{cluster.node_rank}")
     if target.startswith("file://") and Path(target[len("file://"):]).resolve() == folder.resolve():
         return  # the folder is the output location (a mount): nothing to copy
-    result = subprocess.run([sys.executable, "-m", "cloudtrain.outputs", "upload", str(folder), target], cwd=cwd,
-                            env=env, stdin=subprocess.DEVNULL)
-    if result.returncode != 0:
-        log(f"warning: copying outputs to {target} failed (exit {result.returncode})")
+    node_storage(env).upload_outputs(env, folder, target)
 
 
 # -- running -------------------------------------------------------------------------------------------
