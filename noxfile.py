@@ -57,8 +57,10 @@ def bootstrap(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    install(session, "ruff")
+    install(session, "ruff", "import-linter")
     session.run("ruff", "check", "cloudtrain", "entrypoints", "tests", "benchmarks", "examples", "noxfile.py")
+    # the layers and cycles declared in pyproject.toml ([tool.importlinter]); cloudtrain importable, not installed
+    session.run("lint-imports", env={"PYTHONPATH": str(Path.cwd())})
 
 
 @nox.session(python="3.11")

@@ -4,23 +4,18 @@
 A spec names GPUs (model and count per node), the way users think of them; each platform sells them as instance
 types (SageMaker ``ml.*``, Azure VM sizes, Vertex machine type + accelerator). An explicit instance type in the
 spec always wins over this table. Prices are list prices in one reference region per provider, dated and sourced in
-the data file: estimates to read before paying, never a bill.
+the data file: estimates to read before paying, never a bill. Each provider ships its own rows (``catalog.json`` in
+its folder, declared in its registry entry).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
+from cloudtrain import registry
 from cloudtrain.errors import SpecError
-
-DATA = Path(__file__).with_name("data") / "catalog.json"
-PROVIDERS = ("aws", "azure", "gcp")
-_INSTANCE_FIELD = {"aws": "providers.aws.instance_type", "azure": "providers.azure.instance_type",
-                   "gcp": "providers.gcp.machine_type"}
 
 
 @dataclass(frozen=True)
@@ -62,26 +57,28 @@ class PriceSource:
         return asdict(self)
 
 
+def providers() -> list[str]:
+    """The providers that ship catalog rows (every registered one that declares a catalog)."""
+    return [name for name, decl in registry.declarations().items() if decl.catalog]
+
+
 @functools.cache
-def _data() -> dict[str, Any]:
-    return dict(json.loads(DATA.read_text(encoding="utf-8")))
-
-
-def _check_provider(provider: str) -> None:
-    if provider not in PROVIDERS:
-        raise SpecError(f"the catalog covers {', '.join(PROVIDERS)}, not {provider!r}", field="--provider",
-                        remedy=f"use one of {', '.join(PROVIDERS)} (a local job runs on this machine)")
+def _data(provider: str) -> dict[str, Any]:
+    decl = registry.declaration(provider) if registry.exists(provider) else None
+    if decl is None or not decl.catalog:
+        known = providers()
+        raise SpecError(f"the catalog covers {', '.join(known)}, not {provider!r}", field="--provider",
+                        remedy=f"use one of {', '.join(known)} (a local job runs on this machine)")
+    return dict(decl.data("catalog"))
 
 
 @functools.cache
 def machines(provider: str) -> tuple[Machine, ...]:
-    _check_provider(provider)
-    return tuple(Machine(provider=provider, **row) for row in _data()[provider]["machines"])
+    return tuple(Machine(provider=provider, **row) for row in _data(provider)["machines"])
 
 
 def price_source(provider: str) -> PriceSource:
-    _check_provider(provider)
-    meta = _data()[provider]
+    meta = _data(provider)
     return PriceSource(provider, meta["region"], meta["as_of"], meta["source"], meta["spot_note"])
 
 
@@ -96,12 +93,13 @@ def parse_accelerator(text: str) -> tuple[str, int]:
 def find(provider: str, instance_type: str, accelerator_type: str | None = None,
          accelerator_count: int | None = None) -> Machine | None:
     """The catalog's entry for a machine a plan chose (None: a type cloudtrain has no data for)."""
+    # rows that name an accelerator type: one machine type comes with several accelerator choices (Vertex's N1)
+    typed = any(m.accelerator_type for m in machines(provider))
     for machine in machines(provider):
         if machine.instance_type != instance_type:
             continue
-        if provider == "gcp" and (machine.accelerator_type, machine.gpus) != (accelerator_type,
-                                                                               accelerator_count or 0):
-            continue  # an N1 machine type comes with several accelerator choices
+        if typed and (machine.accelerator_type, machine.gpus) != (accelerator_type, accelerator_count or 0):
+            continue
         return machine
     return None
 
@@ -154,7 +152,7 @@ def unknown_accelerator(provider: str, model: str, count: int) -> SpecError:
         hint = f"known GPU models on {provider}: {', '.join(models)}"
     return SpecError(f"no {provider} machine with {count} x {model} ({hint})", field="accelerator",
                      remedy=f"pick one of those (`cloudtrain catalog --provider {provider}`), or set "
-                            f"{_INSTANCE_FIELD[provider]} explicitly")
+                            f"{registry.declaration(provider).instance_option or 'the machine type'} explicitly")
 
 
 def instance_for(provider: str, model: str | None, count: int, explicit: str | None) -> str:
@@ -170,13 +168,13 @@ def instance_for(provider: str, model: str | None, count: int, explicit: str | N
 def search(provider: str | None = None, accelerator: str | None = None) -> list[Machine]:
     """Catalog rows, filtered by provider and by ``MODEL`` or ``MODEL:COUNT``: the machines a spec's
     ``accelerator`` can get, so a count served only by the larger part (Azure's ``A100:1``) lists that part."""
-    providers = [provider] if provider else list(PROVIDERS)
+    chosen = [provider] if provider else providers()
     if not accelerator:
-        return [m for p in providers for m in machines(p)]
+        return [m for p in chosen for m in machines(p)]
     model, count = parse_accelerator(accelerator)
     exact = ":" in accelerator
     rows = []
-    for p in providers:  # per count, the machine a plan would pick (lookup), in the table's order
+    for p in chosen:  # per count, the machine a plan would pick (lookup), in the table's order
         picked = {lookup(p, model, n) for n in offered(p, model) if not exact or n == count}
         rows += [m for m in machines(p) if m in picked]
     return rows

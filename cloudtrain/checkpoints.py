@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain import storage
+from cloudtrain import contract, storage
 from cloudtrain.checkpoint_manifest import (
     MANIFEST,
     QUARANTINE_PREFIX,
@@ -42,7 +42,7 @@ from cloudtrain.errors import CloudtrainError
 from cloudtrain.paths import is_within
 from cloudtrain.storage import transfer
 
-__all__ = ["MANIFEST", "RESTORED_ENV", "RUNTIME_MARKER", "UNPUBLISHED_MARKER", "Checkpoint", "CheckpointNotPublished",
+__all__ = ["MANIFEST", "RUNTIME_MARKER", "UNPUBLISHED_MARKER", "Checkpoint", "CheckpointNotPublished",
            "CorruptCheckpoint", "apply_retention", "describe_and_upload", "describe_files", "download",
            "list_complete", "publish", "restore_latest", "sha256_file", "step_dir", "sync_dir", "upload_files"]
 
@@ -51,11 +51,7 @@ __all__ = ["MANIFEST", "RESTORED_ENV", "RUNTIME_MARKER", "UNPUBLISHED_MARKER", "
 RUNTIME_MARKER = ".cloudtrain-runtime"
 # Which job a checkpoint belongs to (set on every node by the plan: cloudtrain.staging.lineage_id); recorded in each
 # manifest and checked at restore, so a job never resumes another job's checkpoints by accident.
-LINEAGE_ENV = "CLOUDTRAIN_LINEAGE"
-# Set by the bootstrap for the workers once their node restored CLOUDTRAIN_CHECKPOINT_URI into
-# CLOUDTRAIN_CHECKPOINT_DIR: the step it brought there, or "none". The Checkpointer's first restore then loads that
-# step without listing the store again (entrypoints/bootstrap.py holds the same name: it cannot import this module).
-RESTORED_ENV = "CLOUDTRAIN_RESTORED_STEP"
+LINEAGE_ENV = contract.LINEAGE
 # Written there by the Checkpointer's rank 0 while its newest save is not published (removed once one is): the
 # bootstrap's final sync reports it, so a job never ends "succeeded" with its last state only on a node's disk.
 UNPUBLISHED_MARKER = ".cloudtrain-unpublished.json"
@@ -348,7 +344,8 @@ def restore_latest(uri: str, local_root: Path, log: Log = _print) -> Checkpoint 
     return None
 
 
-def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = 2, log: Log = _print) -> list[int]:
+def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = contract.MIN_KEEP,
+             log: Log = _print) -> list[int]:
     """Publish the ``step-<N>`` folders a plain script wrote into CLOUDTRAIN_CHECKPOINT_DIR.
 
     A folder is complete once a newer one exists, or at exit (``final``). A directory the runtime Checkpointer
@@ -412,7 +409,7 @@ def _report(result: dict[str, Any], code: int) -> int:
 
 
 def restore_report(uri: str, local: Path) -> dict[str, Any]:
-    """The node's restore, before its workers start (the bootstrap, through cloudtrain.node_storage, or
+    """The node's restore, before its workers start (the bootstrap, through cloudtrain.node_steps, or
     ``python -m cloudtrain.checkpoints restore``): ``{"step": N or None, "error": why or None}``."""
     if _overlaps(uri, local):
         _print(f"warning: the checkpoint URI {uri} and CLOUDTRAIN_CHECKPOINT_DIR {local} are the same folder (or "
@@ -435,10 +432,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 3 and args[0] == "restore":
         report = restore_report(args[1], Path(args[2]))
-        return _report(report, 1 if report["error"] else 0)
+        return _report(report, 1) if report["error"] else _report({"step": report["step"]}, 0)
     if len(args) >= 3 and args[0] == "sync":
         local, uri, rest = Path(args[1]), args[2], args[3:]
-        keep = int(os.environ.get("CLOUDTRAIN_CHECKPOINT_KEEP", "2"))
+        keep = contract.keep_count(os.environ.get(contract.CHECKPOINT_KEEP))
         if "--final" in rest:
             try:
                 published = sync_dir(local, uri, final=True, keep=keep)
@@ -446,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                 return _report({"published": [], "error": str(exc)}, 1)
             unpublished = runtime_unpublished(local) if (local / RUNTIME_MARKER).exists() else None
             return _report({"published": published, "error": unpublished}, 1 if unpublished else 0)
-        every = float(rest[rest.index("--every") + 1]) if "--every" in rest else 60.0
+        every = float(rest[rest.index("--every") + 1]) if "--every" in rest else contract.SYNC_EVERY
         while True:
             try:
                 sync_dir(local, uri, final=False, keep=keep)

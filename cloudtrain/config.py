@@ -13,6 +13,9 @@ the same keys as ``providers.<name>`` in a job spec:
 Precedence, highest first: a flag (``--set``), the job spec, an environment variable, the profile (``--profile``,
 ``CLOUDTRAIN_PROFILE``, else ``default``), then what the platform's own tools are configured with (AWS profile,
 gcloud, Azure ``config.json``) and cloudtrain's built-in default.
+
+Which providers exist, their settings, the variables each setting is read from and how the platform's own tools are
+read are each provider's to declare (cloudtrain.registry); this module only applies the precedence.
 """
 
 from __future__ import annotations
@@ -24,27 +27,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cloudtrain import contract, registry
 from cloudtrain.errors import UserError
 
 if TYPE_CHECKING:
     from cloudtrain.spec import JobSpec
 
-CONFIG_ENV = "CLOUDTRAIN_CONFIG"
-PROFILE_ENV = "CLOUDTRAIN_PROFILE"
+CONFIG_ENV = contract.CONFIG
+PROFILE_ENV = contract.PROFILE
 DEFAULT_PROFILE = "default"
-PROVIDERS = ("aws", "azure", "gcp", "local")
 
-# The environment variables each provider reads for a setting, in order. Providers resolve through `lookup`, so
-# this table is the one place that says which variable means what.
-ENV: dict[str, dict[str, tuple[str, ...]]] = {
-    "aws": {"region": ("AWS_REGION", "AWS_DEFAULT_REGION"), "role": ("CLOUDTRAIN_AWS_ROLE",),
-            "bucket": ("CLOUDTRAIN_AWS_BUCKET",)},
-    "gcp": {"project": ("CLOUDTRAIN_GCP_PROJECT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"),
-            "region": ("CLOUDTRAIN_GCP_REGION", "CLOUDSDK_AI_REGION", "CLOUDSDK_COMPUTE_REGION"),
-            "bucket": ("CLOUDTRAIN_GCP_BUCKET",)},
-    "azure": {},
-    "local": {},
-}
+
+def env_names(provider: str, key: str) -> tuple[str, ...]:
+    """The environment variables a provider reads ``key`` from, first set wins (its registry entry's ``env``).
+    Providers resolve through `lookup`, so the declaration is the one place that says which variable means what."""
+    return registry.declaration(provider).env.get(key, ())
 
 _selected: str | None = None  # set by `--profile` / use_profile(); else $CLOUDTRAIN_PROFILE
 
@@ -70,9 +67,9 @@ def profile_name() -> str:
 
 
 def _options_model(provider: str) -> Any:
-    from cloudtrain.spec import ProviderOptions
+    from cloudtrain.spec import options_model
 
-    return ProviderOptions.model_fields[provider].annotation
+    return options_model(provider)
 
 
 def read_config(path: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
@@ -103,9 +100,9 @@ def read_config(path: Path | None = None) -> dict[str, dict[str, dict[str, Any]]
             raise UserError(f"{path}: profile {profile!r} must map providers to settings",
                             field=str(profile), remedy="write e.g. `default: {aws: {region: us-east-1}}`")
         for provider, options in blocks.items():
-            if provider not in PROVIDERS:
+            if not isinstance(provider, str) or not registry.exists(provider):
                 raise UserError(f"{path}: profile {profile!r} names unknown provider {provider!r}",
-                                field=f"{profile}.{provider}", remedy=f"use one of {', '.join(PROVIDERS)}")
+                                field=f"{profile}.{provider}", remedy=f"use one of {', '.join(registry.names())}")
             try:
                 _options_model(provider).model_validate(options or {})
             except ValidationError as exc:
@@ -124,7 +121,7 @@ def profile_settings(provider: str, profile: str | None = None) -> dict[str, Any
 def from_environment(provider: str, key: str, env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
     """(variable, value) of the first variable set for this setting."""
     env = os.environ if env is None else env
-    return next(((name, env[name]) for name in ENV.get(provider, {}).get(key, ()) if env.get(name)), None)
+    return next(((name, env[name]) for name in env_names(provider, key) if env.get(name)), None)
 
 
 def lookup(provider: str, key: str, explicit: Any = None) -> Any:
@@ -139,7 +136,7 @@ def lookup(provider: str, key: str, explicit: Any = None) -> Any:
 
 def placeholder_note(provider: str, key: str) -> str:
     """The plan note for a setting found nowhere, naming every place it could come from."""
-    places = [f"providers.{provider}.{key}", *ENV.get(provider, {}).get(key, ()), f"profile {profile_name()!r}"]
+    places = [f"providers.{provider}.{key}", *env_names(provider, key), f"profile {profile_name()!r}"]
     return (f"{provider}: {key} is not set ({', '.join(places)}): the plan shows a placeholder, and submit refuses "
             f"until it is set (e.g. `cloudtrain config set {provider}.{key} ...`)")
 
@@ -147,9 +144,10 @@ def placeholder_note(provider: str, key: str) -> str:
 def with_defaults(spec: JobSpec, provider: str) -> JobSpec:
     """The spec with every ``providers.<provider>`` setting it leaves unset filled from the environment or the
     profile, so the plan shows (and the platform receives) the values actually used."""
-    options = getattr(spec.providers, provider, None)
-    if options is None:
-        return spec
+    from cloudtrain.spec import with_provider
+
+    spec = with_provider(spec, provider)
+    options = getattr(spec.providers, provider)
     filled = {key: value for key in type(options).model_fields
               if (key not in options.model_fields_set or getattr(options, key) is None)
               and (value := lookup(provider, key)) is not None}
@@ -185,27 +183,13 @@ class Setting:
 
 
 def _platform_default(provider: str, key: str) -> tuple[Any, str] | None:
-    """What the platform's own tools are configured with, read offline (below cloudtrain's profile)."""
-    if provider == "gcp" and key in ("project", "region"):
-        from cloudtrain.providers.gcp.clients import gcloud_setting
-
-        return gcloud_setting(key)
-    if provider == "azure" and key in ("subscription_id", "resource_group", "workspace"):
-        from cloudtrain.providers.azure.workspace import config_json
-
-        found = config_json()
-        if found:
-            data, where = found
-            value = data.get("workspace_name" if key == "workspace" else key)
-            return (value, f"azure {where}") if value else None
-    if provider == "aws" and key == "region":
-        try:
-            import botocore.session
-        except ImportError:
-            return None
-        value = botocore.session.get_session().get_config_variable("region")
-        return (value, "aws profile (~/.aws/config)") if value else None
-    return None
+    """What the platform's own tools are configured with, read offline (below cloudtrain's profile), or the
+    provider's own default: its ``settings`` hook (registry)."""
+    decl = registry.declaration(provider)
+    if not decl.settings:
+        return None
+    found = decl.load("settings")(key)
+    return (found[0], found[1]) if found else None
 
 
 def explain(provider: str, spec_raw: Mapping[str, Any], flags: Mapping[str, Any]) -> list[Setting]:
@@ -231,10 +215,6 @@ def explain(provider: str, spec_raw: Mapping[str, Any], flags: Mapping[str, Any]
             found = Setting(dotted, from_profile[key], f"profile {profile} ({path})")
         elif platform:
             found = Setting(dotted, platform[0], platform[1])
-        elif (provider, key) == ("gcp", "region"):
-            from cloudtrain.providers.gcp.clients import DEFAULT_REGION
-
-            found = Setting(dotted, DEFAULT_REGION, "default")
         elif field.default not in (None, [], {}) or field.default_factory is not None:
             default = field.get_default(call_default_factory=True)
             found = Setting(dotted, default, "default") if default not in ([], {}) else Setting(dotted, None, "unset")
@@ -249,7 +229,7 @@ def explain(provider: str, spec_raw: Mapping[str, Any], flags: Mapping[str, Any]
 
 def _split_key(key: str) -> tuple[str, str]:
     provider, _, name = key.removeprefix("providers.").partition(".")
-    if provider not in PROVIDERS or not name:
+    if not name or not registry.exists(provider):
         raise UserError(f"{key!r} is not PROVIDER.SETTING", field="KEY",
                         remedy="write e.g. aws.region, gcp.project or azure.workspace")
     if name not in _options_model(provider).model_fields:

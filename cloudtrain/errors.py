@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-# Exit codes shared by the CLI and the in-node bootstrap.
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+from cloudtrain.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE  # the one table of exit codes
+
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "CloudtrainError", "CredentialsError", "HandleError",
+           "PackagingError", "ProviderNotFound", "ProviderNotInstalled", "SpecError", "UserError"]
 
 
 class CloudtrainError(Exception):

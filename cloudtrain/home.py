@@ -8,12 +8,14 @@ import os
 import shutil
 from pathlib import Path
 
+from cloudtrain import contract
+
 _temp_dirs: dict[Path, Path] = {}  # home -> this process's temp folder in it
 
 
 def cloudtrain_home() -> Path:
     """``$CLOUDTRAIN_HOME`` or ``~/.cloudtrain``; created on first use by whoever writes into it."""
-    env = os.environ.get("CLOUDTRAIN_HOME")
+    env = os.environ.get(contract.HOME)
     return Path(env).expanduser().resolve() if env else Path.home() / ".cloudtrain"
 
 
@@ -21,7 +23,7 @@ def temp_dir() -> Path:
     """This process's folder for cloudtrain's temp files (a bundle being built, a code folder to upload):
     ``<home>/tmp/<pid>-<start time>``, removed at exit. A process killed meanwhile (a CLI SIGKILLed while bundling)
     leaves its folder behind: the first call in any later process removes every folder whose process is gone."""
-    from cloudtrain.providers.local.procs import is_alive, start_ticks
+    from cloudtrain.procs import is_alive, start_ticks
 
     root = cloudtrain_home() / "tmp"
     if root in _temp_dirs and _temp_dirs[root].is_dir():

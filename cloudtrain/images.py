@@ -1,6 +1,6 @@
 """What a node runs: the image (or Azure ML environment) each provider's plan names, with the torch and Python it
-holds, read from ``data/images.json`` (dated, with sources; see docs/images.md) or, for SageMaker, from the SDK's
-own image table. A plan names a version whose torch is known rather than a label that moves.
+holds, read from each provider's ``images.json`` (dated, with sources; see docs/images.md) or, for SageMaker, from the
+SDK's own image table. A plan names a version whose torch is known rather than a label that moves.
 
 Rules shared by every provider: a torch version the spec asks for must exist there (an error lists what does); the
 spec's default torch may be replaced by the nearest one that provider has, with a note saying the clouds now differ;
@@ -15,13 +15,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cloudtrain import registry
 from cloudtrain.errors import SpecError
 
 if TYPE_CHECKING:
     from cloudtrain.spec import JobSpec
 
-DATA = Path(__file__).with_name("data") / "images.json"
-PLATFORM = {"aws": "SageMaker", "azure": "Azure ML", "gcp": "Vertex"}
+DATA = Path(__file__).with_name("data") / "images.json"  # the rules every provider shares (oldest Python ...)
+
+
+def _title(provider: str) -> str:
+    return registry.declaration(provider).title or provider
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,13 @@ class Runtime:
 
 @functools.cache
 def data() -> dict[str, Any]:
-    return dict(json.loads(DATA.read_text(encoding="utf-8")))
+    """The shared rules, and under each provider's name the image table it ships (``images`` in its entry)."""
+    found = dict(json.loads(DATA.read_text(encoding="utf-8")))
+    for name in registry.BUILTIN:
+        decl = registry.declaration(name)
+        if decl.images:
+            found[name] = decl.data("images")
+    return found
 
 
 def minor(version: str) -> str:
@@ -63,7 +73,7 @@ def check_python(python: str, provider: str, what: str) -> None:
     if version_key(python) < version_key(oldest):
         raise SpecError(f"{what} runs Python {python}; cloudtrain's bootstrap needs Python {oldest} or newer",
                         field="image.torch_version",
-                        remedy=f"choose a newer torch version on {PLATFORM.get(provider, provider)}, or set "
+                        remedy=f"choose a newer torch version on {_title(provider)}, or set "
                                "image.uri to an image with a newer Python")
 
 
@@ -75,26 +85,30 @@ def choose_minor(provider: str, offered: list[str], spec: JobSpec) -> tuple[str,
         return wanted, []
     ordered = sorted(offered, key=version_key)
     if "torch_version" in spec.image.model_fields_set:
-        raise SpecError(f"{PLATFORM[provider]} has no PyTorch {spec.image.torch_version} image cloudtrain knows",
+        raise SpecError(f"{_title(provider)} has no PyTorch {spec.image.torch_version} image cloudtrain knows",
                         field="image.torch_version",
                         remedy=f"use one of {', '.join(ordered)}, or set image.uri to an image with torch")
     older = [v for v in ordered if version_key(v) < version_key(wanted)]
     chosen = older[-1] if older else ordered[0]
-    return chosen, [f"{provider}: TORCH DIFFERS: {PLATFORM[provider]} has no PyTorch {wanted} image, so these nodes "
+    return chosen, [f"{provider}: TORCH DIFFERS: {_title(provider)} has no PyTorch {wanted} image, so these nodes "
                     f"run torch {chosen} while the default spec runs {wanted} elsewhere; set image.torch_version to "
                     f"a version every cloud has ({', '.join(common_minors())}) to run the same torch everywhere"]
 
 
 def common_minors() -> list[str]:
-    """Torch minors all three clouds have a known image for (SageMaker's from the SDK when it is installed)."""
-    minors = set(data()["azure"]["environments"]) & set(data()["gcp"]["containers"])
-    try:
-        from cloudtrain.providers.aws.images import offered_minors
-
-        minors &= set(offered_minors())
-    except SpecError:  # sagemaker-core missing: the two tables cloudtrain carries
-        pass
-    return sorted(minors, key=version_key)
+    """Torch minors every built-in cloud has a known image for (each provider's ``torch_minors``; one whose table
+    is not installed, such as SageMaker's without sagemaker-core, is left out)."""
+    minors: set[str] | None = None
+    for name in registry.BUILTIN:
+        decl = registry.declaration(name)
+        if not decl.torch_minors:
+            continue
+        try:
+            offered = set(decl.load("torch_minors")())
+        except SpecError:
+            continue
+        minors = offered if minors is None else minors & offered
+    return sorted(minors or set(), key=version_key)
 
 
 def custom(uri: str) -> Runtime:

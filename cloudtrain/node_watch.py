@@ -15,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cloudtrain import diagnosis, rank_report, watchdog
+from cloudtrain import contract, diagnosis, rank_report, watchdog
 from cloudtrain.durations import format_duration
 
-SUPERVISOR_FD = "CLOUDTRAIN_SUPERVISOR_FD"  # local nodes: the read end of a pipe the supervisor holds open
-GRACE_ENV = "CLOUDTRAIN_GRACE_PERIOD"  # seconds between this node's own SIGTERM and its SIGKILL
-EXIT_FAILED = 1
+SUPERVISOR_FD = contract.SUPERVISOR_FD  # local nodes: the read end of a pipe the supervisor holds open
+GRACE_ENV = contract.GRACE_PERIOD  # seconds between this node's own SIGTERM and its SIGKILL
+EXIT_FAILED = contract.EXIT_FAILED
 
 
 def log(message: str) -> None:
@@ -102,8 +102,8 @@ class NodeWatch:
         # Only the node of global rank 0 watches: it is where a job prints (most scripts print from rank 0 alone)
         # and where plain checkpoints are written. When it stops, the platform (or the local supervisor) ends the
         # other nodes.
-        if limit is not None and self.env.get("CLOUDTRAIN_NODE_RANK", "0") == "0":
-            folders = [self.workdir / "worker-logs", Path(self.env.get("CLOUDTRAIN_CHECKPOINT_DIR") or self.workdir)]
+        if limit is not None and self.env.get(contract.NODE_RANK, "0") == "0":
+            folders = [self.workdir / "worker-logs", Path(self.env.get(contract.CHECKPOINT_DIR) or self.workdir)]
             self._idle = watchdog.start(folders, limit, self.stop)
         elif limit is None and self.env.get(watchdog.ENV):
             log(f"warning: {watchdog.ENV}={self.env[watchdog.ENV]!r} is not a number of seconds: no watchdog")

@@ -1,17 +1,19 @@
 """What each node runs: the bootstrap command line, and the torchrun line the bootstrap will derive from it.
 
-The torchrun line is computed by the bootstrap's own code (loaded from ``entrypoints/bootstrap.py``), so what a
+The torchrun line is computed by the bootstrap's own code (loaded from ``entrypoints/bootstrap.py``) under the
+platform's node contract (the provider's ``node.py``, the same module the node loads from its bundle), so what a
 plan shows is what a node does.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from functools import cache
 from types import ModuleType
+from typing import Any
 
+from cloudtrain import contract
 from cloudtrain.home import resource_dir
 from cloudtrain.plan import NodeCommand
 from cloudtrain.secrets import split_args
@@ -29,12 +31,13 @@ def bootstrap_module() -> ModuleType:
     return module
 
 
-def bootstrap_args(spec: JobSpec, *, bundle: str, digest: str, workdir: str, job_id: str,
-                   status_file: str | None = None, nproc: str | None = None) -> list[str]:
-    """Arguments after ``python bootstrap.py``; the same for every provider. ``nproc='auto'`` lets each node
-    count its own GPUs (1 without any), which is what a local machine needs."""
+def bootstrap_args(spec: JobSpec, *, bundle: str, digest: str, workdir: str, job_id: str, contract: str,
+                   nproc: int | None, status_file: str | None = None) -> list[str]:
+    """Arguments after ``python bootstrap.py``; the same for every provider. ``contract``: the node contract's path
+    under the bundle's lib/ (registry). ``nproc``: processes per node as the plan resolved them (None: only the node
+    knows, it starts one per GPU it has)."""
     args = ["--bundle", bundle, "--digest", digest, "--workdir", workdir, "--job-id", job_id,
-            "--nproc-per-node", nproc or str(spec.nproc_per_node)]
+            "--nproc-per-node", str(nproc) if nproc else "auto", "--node-contract", contract]
     args += ["--script", spec.script] if spec.script else ["--module", str(spec.module)]
     if isinstance(spec.requirements, str):
         args += ["--requirements-file", spec.requirements]
@@ -51,66 +54,55 @@ def job_env(spec: JobSpec) -> dict[str, str]:
     """Variables every node of every provider sees (the user's env plus cloudtrain's own)."""
     env = dict(spec.env)
     env.update(split_args(spec.args, spec.env)[1])  # the script's secret arguments (see bootstrap_args)
-    env["CLOUDTRAIN_STRATEGY"] = spec.strategy
+    env[contract.STRATEGY] = spec.strategy
     if spec.checkpoint.uri:
-        from cloudtrain.checkpoints import LINEAGE_ENV
         from cloudtrain.staging import lineage_id
 
-        env["CLOUDTRAIN_CHECKPOINT_URI"] = spec.checkpoint.uri
-        env.setdefault(LINEAGE_ENV, lineage_id(spec))  # the spec's own env wins: continuing another job on purpose
-        env["CLOUDTRAIN_CHECKPOINT_KEEP"] = str(spec.checkpoint.keep)
+        env[contract.CHECKPOINT_URI] = spec.checkpoint.uri
+        env.setdefault(contract.LINEAGE, lineage_id(spec))  # the spec's own env wins: continuing another job on purpose
+        env[contract.CHECKPOINT_KEEP] = str(spec.checkpoint.keep)
         if spec.checkpoint.interval:
-            env["CLOUDTRAIN_CHECKPOINT_INTERVAL"] = str(spec.checkpoint.interval)
+            env[contract.CHECKPOINT_INTERVAL] = str(spec.checkpoint.interval)
     if spec.output_uri:
-        env["CLOUDTRAIN_OUTPUT_URI"] = spec.output_uri
+        env[contract.OUTPUT_URI] = spec.output_uri
     if spec.max_idle:  # the bootstrap's watchdog (cloudtrain/watchdog.py)
-        env["CLOUDTRAIN_MAX_IDLE"] = str(spec.max_idle)
+        env[contract.MAX_IDLE] = str(spec.max_idle)
     for name, uri in spec.inputs.items():  # a provider that mounts or downloads inputs replaces the URI with a path
         env[input_env(name)] = uri
     return env
 
 
 def input_env(name: str) -> str:
-    return f"CLOUDTRAIN_INPUT_{name.upper()}"
+    return f"{contract.INPUT_PREFIX}{name.upper()}"
 
 
 NPROC_ON_NODE = "<one per GPU>"  # in a node line whose process count only the node can know
 
 
 def node_command(rank: int, python: str, bootstrap_path: str, args: list[str], env: dict[str, str],
-                 job_id: str, files: dict[str, str] | None = None, gpus_known: bool = True) -> NodeCommand:
-    """Build one node's command and derive its torchrun line under the given environment. ``files``: the files the
-    platform (or the local emulation, at submit) puts on the node, by path: read as the bootstrap would read them,
-    without writing anything. ``gpus_known=False``: the node's GPUs are unknown offline (a named cluster whose VM
-    size cloudtrain cannot see), so with ``--nproc-per-node auto`` the line says so instead of guessing."""
+                 seen: dict[str, str], contract: ModuleType, job_id: str) -> NodeCommand:
+    """One node's command, and the torchrun line its bootstrap derives under ``seen`` (the variables the platform
+    gives that node, as its contract describes them, plus ``env``) with ``contract``. The node is sent ``env``."""
     boot = bootstrap_module()
     parsed, user_args = boot.parse_args(args)
-    cluster = boot.detect_cluster({**env, **files_as_env(files or {})}, parsed.nproc_per_node)
+    known = parsed.nproc_per_node != "auto"
+    cluster = boot.detect_cluster(contract, {**env, **seen}, parsed.nproc_per_node if known else "1")
     target = [parsed.script, *user_args] if parsed.script else ["-m", parsed.module, *user_args]
-    torchrun = boot.torchrun_argv(boot.reachable(cluster, env), target, job_id, python=python, workdir=parsed.workdir)
-    if not gpus_known and parsed.nproc_per_node == "auto":
+    torchrun = boot.torchrun_argv(boot.reachable(cluster, {**env, **seen}), target, job_id, python=python,
+                                  workdir=parsed.workdir)
+    if not known:
         torchrun[torchrun.index("--nproc-per-node") + 1] = NPROC_ON_NODE
     return NodeCommand(rank=rank, argv=[python, bootstrap_path, *args], env=env, torchrun=torchrun)
 
 
-def files_as_env(files: dict[str, str]) -> dict[str, str]:
-    """SageMaker's resourceconfig.json among a node's files, as the SM_* variables the bootstrap reads the same
-    facts from (so a plan derives what the node will, before the file exists)."""
-    found: dict[str, str] = {}
-    for path, text in files.items():
-        if path.endswith("/input/config/resourceconfig.json"):
-            config = json.loads(text)
-            found.update(SM_HOSTS=json.dumps(config["hosts"]), SM_CURRENT_HOST=config["current_host"],
-                         SM_CURRENT_INSTANCE_TYPE=config.get("current_instance_type", ""),
-                         SM_NETWORK_INTERFACE_NAME=config.get("network_interface_name", "eth0"))
-    return found
-
-
-def launcher_note(provider: str, env: dict[str, str]) -> str | None:
+def launcher_note(provider: str, contract: ModuleType, env: dict[str, str], gpus: int) -> str | None:
     """What the bootstrap adds to the workers' environment on this platform, as the platform's own launcher would
-    (EFA and NCCL settings on SageMaker), derived by the bootstrap's own code under ``env``; the job's own env wins."""
-    boot = bootstrap_module()
-    added = boot.launcher_env(boot.detect_cluster(env, "1"), env)
+    (EFA and NCCL settings on SageMaker), derived by the contract's own code under ``env``; the job's own env wins."""
+    hook: Any = getattr(contract, "launcher_env", None)
+    if hook is None:
+        return None
+    cluster = {"nnodes": 1, "node_rank": 0}
+    added = {k: v for k, v in hook(cluster, env, gpus).items() if k not in env}
     shown = " ".join(f"{k}={v}" for k, v in added.items() if not k.startswith("SM_"))
     if not added:
         return None

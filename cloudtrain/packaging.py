@@ -63,6 +63,9 @@ _SPEC_KEYS = ("nodes|procs_per_node|providers|checkpoint|strategy|accelerator|en
 _SPEC_FILE = re.compile(rf"^(?:script|module):.*^(?:{_SPEC_KEYS}):|^(?:{_SPEC_KEYS}):.*^(?:script|module):",
                         re.MULTILINE | re.DOTALL)
 _SPEC_PROBE_BYTES = 256 * 1024
+# A plan saved with `plan -o json > plan.json` (what `submit --plan` reads): not source either. Packaged, it would
+# change the bundle's digest, so the saved plan would be refused as stale the moment it was written.
+_SAVED_PLAN = re.compile(r'^\{\s*"provider":\s*"[^"]*",\s*"job_id":\s*"')
 
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 DEFAULT_MAX_FILES = 50_000
@@ -107,9 +110,13 @@ class Package:
     def notes(self) -> list[str]:
         """What a plan says about the package: what cloudtrain left out on its own (cloudtrain.yaml goes without
         saying; another YAML taken for a spec, or downloaded outputs, may surprise)."""
-        return [f"package: left out {path} (" + ("a cloudtrain spec file: nodes get its settings through the "
-                "request" if not path.endswith("/") else f"downloaded outputs; delete {path}{DOWNLOAD_MARKER} "
-                "to package it") + ")" for path in self.left_out if path.rsplit("/", 1)[-1] not in SPEC_FILE_NAMES]
+        def why(path: str) -> str:
+            if path.endswith("/"):
+                return f"downloaded outputs; delete {path}{DOWNLOAD_MARKER} to package it"
+            return "a cloudtrain spec file or saved plan: nodes get its settings through the request"
+
+        return [f"package: left out {path} ({why(path)})" for path in self.left_out
+                if path.rsplit("/", 1)[-1] not in SPEC_FILE_NAMES]
 
     def __post_init__(self) -> None:
         # The bundle is a temp file: delete it however the Package is dropped (notebooks rarely close things).
@@ -151,17 +158,37 @@ def _matches(name: str, rel: str, patterns: tuple[str, ...], ignore_case: bool =
 
 
 def is_spec_file(path: Path) -> bool:
-    """A YAML file that is a cloudtrain job spec (cloudtrain.yaml, or any file given to -f)."""
+    """A YAML file that is a cloudtrain job spec (cloudtrain.yaml, or any file given to -f), or a JSON plan saved
+    for `submit --plan`."""
     if path.name.lower() in SPEC_FILE_NAMES:
         return True
-    if path.suffix.lower() not in (".yaml", ".yml"):
+    suffix = path.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".json"):
         return False
     try:
         with open(path, "rb") as f:
-            head = f.read(_SPEC_PROBE_BYTES).decode("utf-8", "replace")
+            head = f.read(_SPEC_PROBE_BYTES if suffix != ".json" else 256).decode("utf-8", "replace")
     except OSError:  # unreadable or a dangling link: judged where it is read
         return False
-    return bool(_SPEC_FILE.search(head))
+    return bool((_SAVED_PLAN if suffix == ".json" else _SPEC_FILE).search(head))
+
+
+def _stdout_file() -> tuple[int, int] | None:
+    """(device, inode) of the regular file standard output is redirected to, if it is one: `plan -o json >
+    plan.json` in the project creates the (empty) file before the plan is made, and it must not be packaged."""
+    try:
+        st = os.fstat(1)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
+def _same_file(path: Path, identity: tuple[int, int]) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == identity
 
 
 def ignore_rules(folder: Path, extra: tuple[str, ...] = (), names: tuple[str, ...] = IGNORE_FILES) -> Any:
@@ -193,6 +220,7 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
     found: list[tuple[str, Path, int]] = []
     secrets: list[str] = []
     omitted = left_out if left_out is not None else []
+    being_written = _stdout_file() if check_secrets else None
 
     def ignored(rel: str, rules: list[tuple[str, Any]]) -> bool:
         return any(spec.match_file(rel[len(prefix):]) for prefix, spec in rules)
@@ -216,8 +244,10 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
             return "refuse", "a credentials file"
         if check_secrets and is_dir and (path / DOWNLOAD_MARKER).exists():
             return "omit", f"downloaded by `cloudtrain outputs` (delete {rel}/{DOWNLOAD_MARKER} to package it)"
+        if being_written and not is_dir and _same_file(path, being_written):
+            return "omit", "the file this command's output goes to (`plan -o json > plan.json`)"
         if check_secrets and not is_dir and is_spec_file(path):
-            return "omit", "a cloudtrain spec file (nodes get its settings through the request)"
+            return "omit", "a cloudtrain spec file or saved plan (nodes get its settings through the request)"
         return None
 
     def link(rel: str, path: Path) -> int:
@@ -323,9 +353,11 @@ def _add(out: GzipPipe, arcname: str, path: Path, scan_as: str | None = None) ->
     return reader.findings() if reader else []
 
 
-def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), progress: bool = False) -> Package:
+def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), progress: bool = False,
+                  lib: dict[str, Path] | None = None) -> Package:
     """Bundle ``source_dir`` into a temp file; nothing is written anywhere else. ``progress``: a bar (or plain
-    lines) on stderr while a large tree is bundled."""
+    lines) on stderr while a large tree is bundled. ``lib``: more files for lib/ (a plugin provider's node
+    contract), by their path there."""
     from cloudtrain.progress import Progress
 
     left_out: list[str] = []
@@ -333,6 +365,7 @@ def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), pro
     bootstrap = resource_dir("entrypoints") / BOOTSTRAP_NAME
     members: list[tuple[str, Path, str | None]] = [
         (BOOTSTRAP_NAME, bootstrap, None), *((arcname, p, None) for arcname, p in _runtime_files()),
+        *((f"lib/{path}", file, None) for path, file in sorted((lib or {}).items())),
         *((f"src/{rel}", p, None if _matches(rel.rsplit("/", 1)[-1], rel, limits.allow_secrets) else rel)
           for rel, p, _ in user_files)]
     findings: list[Finding] = []

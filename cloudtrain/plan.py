@@ -1,4 +1,5 @@
-"""A Plan is pure data: what a provider would send, and what each node would run. Printable, JSON-serialisable."""
+"""A Plan is pure data: what a provider would send, and what each node would run. Printable, JSON-serialisable.
+(Its notebook view is attached from above, by cloudtrain/reprs.py.)"""
 
 from __future__ import annotations
 
@@ -57,17 +58,13 @@ class Plan:
     def nproc_per_node(self) -> int:
         return self.nodes[0].nproc_per_node
 
-    def _repr_html_(self) -> str:
-        from cloudtrain.reprs import plan_html
-
-        return plan_html(self)
-
     def __repr__(self) -> str:
         return (f"<Plan {self.provider} {self.job_id}: {self.spec.nodes} node(s) x {self.nproc_per_node} process(es), "
                 f"package {self.package.digest[:19]}>")
 
     def __str__(self) -> str:
-        from cloudtrain.cli.render import plan_text
+        """The summary `cloudtrain plan` prints (without the request)."""
+        from cloudtrain.formatting import plan_text
 
         return plan_text(self, request=False)
 

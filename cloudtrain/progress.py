@@ -89,8 +89,6 @@ class Progress:
     def _notebook(self) -> None:
         from IPython.display import HTML, display
 
-        from cloudtrain.reprs import progress_html
-
         html = HTML(progress_html(self.text(), self.done, self.total))
         if self._handle is None:
             self._handle = display(html, display_id=True)
@@ -100,3 +98,12 @@ class Progress:
     def close(self) -> None:
         self._show(last=True)
         self.enabled = False
+
+
+def progress_html(text: str, done: float, total: float | None) -> str:
+    import html
+
+    if total:
+        return (f"<div><progress value='{done:g}' max='{total:g}' style='width:20em'></progress> "
+                f"{html.escape(text)}</div>")
+    return f"<div>{html.escape(text)}</div>"

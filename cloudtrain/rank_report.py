@@ -23,12 +23,14 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from cloudtrain import contract
+
 if TYPE_CHECKING:  # every worker imports this module: nothing beyond what Python has loaded already
     from collections.abc import Sequence
     from pathlib import Path
     from types import ModuleType
 
-ENV = "CLOUDTRAIN_RANK_REPORTS"
+ENV = contract.RANK_REPORTS
 C10D = "torch.distributed.distributed_c10d"
 
 _state: dict[str, Any] = {"folder": None, "owner": None, "patched": False, "report": None, "destroyed": 0}

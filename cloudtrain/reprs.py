@@ -1,5 +1,8 @@
 """Rich representations for Jupyter: a Job, a Plan and a Run render as small HTML tables (text elsewhere).
-Everything shown is escaped, and a plan's environment is masked as in `cloudtrain plan`."""
+Everything shown is escaped, and a plan's environment is masked as in `cloudtrain plan`.
+
+Plan and JobStatus are data in lower layers; their ``_repr_html_`` is attached here, from above, when the SDK (which
+notebooks import) loads this module: nothing below points up at it."""
 
 from __future__ import annotations
 
@@ -8,9 +11,11 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from cloudtrain.formatting import estimate_text, size
+from cloudtrain.plan import Plan
+from cloudtrain.providers.base import JobStatus
+
 if TYPE_CHECKING:
-    from cloudtrain.plan import Plan
-    from cloudtrain.providers.base import JobStatus
     from cloudtrain.spec import JobSpec
 
 _STATE_COLOURS = {"succeeded": "#1a7f37", "running": "#0969da", "pending": "#9a6700", "stopping": "#9a6700",
@@ -59,8 +64,6 @@ def job_text(spec: JobSpec) -> str:
 
 
 def plan_html(plan: Plan) -> str:
-    from cloudtrain.cli.render import estimate_text, size
-
     machine = plan.machine
     rows: list[tuple[str, Any]] = [
         ("provider", plan.provider), ("job", plan.job_id),
@@ -87,8 +90,5 @@ def status_html(status: JobStatus) -> str:
     return table(f"Run {status.handle}", rows)
 
 
-def progress_html(text: str, done: float, total: float | None) -> str:
-    if total:
-        return (f"<div><progress value='{done:g}' max='{total:g}' style='width:20em'></progress> "
-                f"{html.escape(text)}</div>")
-    return f"<div>{html.escape(text)}</div>"
+Plan._repr_html_ = plan_html  # type: ignore[attr-defined]
+JobStatus._repr_html_ = status_html  # type: ignore[attr-defined]

@@ -19,6 +19,7 @@ from cloudtrain.outputs import OutputFile
 from cloudtrain.plan import Plan
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import JobStatus, Provider
+from cloudtrain.reprs import job_html, job_text, status_html
 from cloudtrain.spec import JobSpec, apply_overrides, check_local_paths, load_spec, validate_spec
 
 if TYPE_CHECKING:
@@ -34,7 +35,9 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
 
     impl = get_provider(provider) if isinstance(provider, str) else provider
     spec = with_defaults(spec, impl.name)
-    package = _package(spec, check_local_paths(spec), progress)
+    contract = impl.contract(spec)  # a plugin's node contract travels in the bundle's lib/ (cloudtrain's is there)
+    lib = {} if contract.node_module().startswith("cloudtrain.") else {contract.node_path(): contract.node_file()}
+    package = _package(spec, check_local_paths(spec), progress, lib)
     try:
         plan = impl.plan(spec, package)
         plan.notes += package.notes()
@@ -47,7 +50,7 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
     return plan
 
 
-def _package(spec: JobSpec, source: Path, progress: bool) -> Package:
+def _package(spec: JobSpec, source: Path, progress: bool, lib: dict[str, Path]) -> Package:
     """The source bundle; a file or folder the walk cannot read is a PackagingError naming it (nothing is left
     behind: the bundle's temp file goes with the error)."""
     from cloudtrain.errors import PackagingError
@@ -57,7 +60,7 @@ def _package(spec: JobSpec, source: Path, progress: bool) -> Package:
     limits = PackageLimits(max_bytes=rules.max_mb * 1024 * 1024, max_files=rules.max_files,
                            allow_secrets=tuple(rules.allow_secrets), exclude=tuple(rules.exclude))
     try:
-        return build_package(source, limits, progress=progress)
+        return build_package(source, limits, progress=progress, lib=lib)
     except (OSError, RuntimeError) as exc:  # unreadable file or folder; a symbolic link loop (RuntimeError < 3.13)
         path = getattr(exc, "filename", None)
         reason = getattr(exc, "strerror", None) or str(exc)
@@ -96,13 +99,9 @@ class Job:
         return f"Job(name={s.name!r}, nodes={s.nodes}, procs_per_node={s.nproc_per_node}, strategy={s.strategy!r})"
 
     def __str__(self) -> str:
-        from cloudtrain.reprs import job_text
-
         return job_text(self.spec)
 
     def _repr_html_(self) -> str:
-        from cloudtrain.reprs import job_html
-
         return job_html(self.spec)
 
 
@@ -165,8 +164,8 @@ class Run:
 
     def __str__(self) -> str:
         """The job's status as `cloudtrain status` prints it (asks the provider)."""
-        from cloudtrain.cli.render import status_text
         from cloudtrain.errors import CloudtrainError
+        from cloudtrain.formatting import status_text
 
         try:
             return status_text(self.status())
@@ -174,8 +173,6 @@ class Run:
             return f"{self.handle} (status unavailable: {exc.message})"
 
     def _repr_html_(self) -> str:
-        from cloudtrain.reprs import status_html
-
         return status_html(self.status())
 
 

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cloudtrain import contract
+
 MASK = "****"
 # Shorter registered values would mask ordinary text everywhere ("1", "on") and hide nothing worth hiding; nor are
 # these words secrets, whatever variable holds them (HF_HUB_DISABLE_IMPLICIT_TOKEN=true).
@@ -65,7 +67,7 @@ _COMPILED = tuple((re.compile(rule.probe), re.compile(rule.pattern)) for rule in
 
 # Secret command-line values travel to the node in these variables; the command line holds a placeholder that the
 # bundle's lib/sitecustomize.py turns back into the value inside each worker (sys.argv), so `ps` never shows it.
-ARG_ENV_PREFIX = "CLOUDTRAIN_SECRET_ARG_"
+ARG_ENV_PREFIX = contract.SECRET_ARG_PREFIX
 PLACEHOLDER = re.compile(r"@@(" + ARG_ENV_PREFIX + r"\d+)@@")
 
 

@@ -2,88 +2,62 @@
 
 Unknown keys are errors everywhere (``extra="forbid"``). Field names in YAML, in error messages and in
 ``cloudtrain schema`` are the same, so a message such as ``nodes: must be >= 1`` points at the line to edit.
+
+``providers.<name>`` blocks are each provider's own options model, found through the registry: the built-ins' when
+this module loads, a plugin's only when a spec names it (or a plan is made for it), so plain specs never read the
+installed packages' entry points.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
 
+from cloudtrain import contract, registry
 from cloudtrain.errors import SpecError
+from cloudtrain.spec_fields import Duration, Model, Uri, one_token, parse_duration
 from cloudtrain.specfile import SPEC_FILENAME, project_options, read_spec_file
 from cloudtrain.storage.uris import SCHEMES as STORAGE_SCHEMES
-from cloudtrain.storage.uris import check_bucket, check_uri
 
 __all__ = ["SPEC_FILENAME", "STORAGE_SCHEMES", "JobSpec", "apply_overrides", "check_local_paths", "json_schema",
            "load_spec", "parse_duration", "project_options", "read_spec_file", "validate_spec"]
 
-_DURATION_RE = re.compile(r"(?:(\d{1,30})d)?(?:(\d{1,30})h)?(?:(\d{1,30})m)?(?:(\d{1,30})s)?")
-# No platform runs a job for more than a few weeks (SageMaker 28 days, Azure ML 21); a year bounds every duration so
-# a typo such as 1d99999999999999999999h is refused instead of reaching a cost estimate or a platform's SDK.
-MAX_DURATION = 365 * 24 * 3600
 # Processes per node: the largest machines any of the platforms rents have 8-16 accelerators and under 200 vCPUs;
 # more processes than that on one node only oversubscribe it (and 100,000 would fork-bomb a local run).
 MAX_PROCS_PER_NODE = 256
+_Model = Model
+_one_token = one_token
 
 
-def parse_duration(value: Any) -> Any:
-    """Accept seconds (int) or strings such as ``90s``, ``30m``, ``2h``, ``1d12h``; return seconds."""
-    seconds: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        seconds = value
-    elif isinstance(value, str):
-        text = value.strip().lower()
-        if text.isdecimal() and len(text) <= 30:
-            seconds = int(text)
-        elif text and (match := _DURATION_RE.fullmatch(text)):
-            days, hours, minutes, secs = (int(g) if g else 0 for g in match.groups())
-            seconds = ((days * 24 + hours) * 60 + minutes) * 60 + secs
-    if seconds is None:
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
-        raise ValueError(f"{shown} is not a duration; use seconds or a string such as '30m', '2h', '1d12h'")
-    if seconds > MAX_DURATION:
-        raise ValueError(f"{value!r} is more than a year ({seconds:.3g} s); write the time the job may take, "
-                         "e.g. '24h' or '7d'")
-    return seconds
+class NoOptions(Model):
+    """A provider that declares no options: its block may only be empty."""
 
 
-Duration = Annotated[int, BeforeValidator(parse_duration, json_schema_input_type=int | str), Field(ge=1)]
-Uri = Annotated[str, Field(min_length=1, description="Object storage URI: file://, s3://, gs://, az:// or abfs://"),
-                AfterValidator(check_uri)]
+def options_model(provider: str) -> type[BaseModel]:
+    """The model of ``providers.<provider>``: what the provider declares (``options`` in its registry entry)."""
+    decl = registry.declaration(provider)
+    return decl.load("options") if decl.options else NoOptions
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+@functools.cache
+def _provider_options(names: tuple[str, ...]) -> type[BaseModel]:
+    fields: dict[str, Any] = {}
+    for name in names:
+        model = options_model(name)
+        fields[name] = (model, Field(default_factory=model))
+    return create_model("ProviderOptions", __base__=Model, **fields)
 
 
-def _one_token(value: Any, unicode_ok: bool = False) -> Any:
-    """A setting such as a region, project, bucket, ARN, machine type or workspace: one token of printable text
-    (ASCII unless ``unicode_ok``), never empty, without spaces, controls or invisible format characters."""
-    for text in value if isinstance(value, list) else [value]:
-        if not isinstance(text, str):
-            continue
-        if not text:
-            raise ValueError("must not be empty (leave the setting out, or write null)")
-        if len(text) > 1024:
-            raise ValueError(f"is {len(text)} characters long; a setting is one name or identifier")
-        if any(ch.isspace() or not ch.isprintable() or (not unicode_ok and not ch.isascii()) for ch in text):
-            raise ValueError(f"{text!r} must be one name or identifier: "
-                             + ("no spaces or control characters" if unicode_ok else
-                                "ASCII letters, digits and punctuation, no spaces"))
-    return value
+ProviderOptions = _provider_options(tuple(registry.BUILTIN))
+if TYPE_CHECKING:  # built from the registry at run time: to the type checker, any provider's block
+    ProviderBlocks = Any
+else:
+    ProviderBlocks = ProviderOptions
 
 
 class ImageSpec(_Model):
@@ -106,7 +80,8 @@ class ImageSpec(_Model):
 class CheckpointSpec(_Model):
     uri: Uri | None = Field(None, description="Where checkpoints are kept; restored from on (re)start")
     interval: Duration | None = Field(None, description="Save at least this often (seconds or '10m')")
-    keep: int = Field(2, ge=2, le=1000, description="How many complete checkpoints to retain (>= 2)")
+    keep: int = Field(contract.MIN_KEEP, ge=contract.MIN_KEEP, le=1000,
+                      description=f"How many complete checkpoints to retain (>= {contract.MIN_KEEP})")
 
 
 class PackageSpec(_Model):
@@ -117,66 +92,6 @@ class PackageSpec(_Model):
         default_factory=list, description="Patterns of secret-looking files that may be packaged anyway")
     max_mb: int = Field(512, ge=1, description="Refuse a bundle whose source is larger than this")
     max_files: int = Field(50_000, ge=1, description="Refuse a bundle with more files than this")
-
-
-class _Settings(_Model):
-    """Provider settings: each string is one token (see _one_token)."""
-
-    @field_validator("*")
-    @classmethod
-    def _tokens(cls, value: Any, info: Any) -> Any:
-        return _one_token(value, unicode_ok=info.field_name == "resource_group")
-
-
-class AwsOptions(_Settings):
-    region: str | None = None
-    role: str | None = Field(None, description="IAM role ARN SageMaker assumes for the job")
-    bucket: str | None = Field(None, description="S3 bucket for staging the source bundle")
-    _bucket = field_validator("bucket")(lambda value: check_bucket("s3", value))
-    instance_type: str | None = Field(None, pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
-    volume_size_gb: int = Field(30, ge=1, le=16384)
-    subnets: list[str] = Field(default_factory=list)
-    security_group_ids: list[str] = Field(default_factory=list)
-
-
-class AzureOptions(_Settings):
-    subscription_id: str | None = None
-    resource_group: str | None = None
-    workspace: str | None = None
-    compute: str | None = Field(None, description="Compute cluster name; omit for serverless compute")
-    instance_type: str | None = Field(None, description="VM size for serverless compute, e.g. Standard_NC24ads_A100_v4")
-    experiment: str | None = None
-    environment: str | None = Field(None, description="Azure ML environment (name@version) overriding the image")
-
-
-class GcpOptions(_Settings):
-    project: str | None = None
-    region: str | None = None
-    bucket: str | None = Field(None, description="GCS bucket for staging the source bundle")
-    _bucket = field_validator("bucket")(lambda value: check_bucket("gs", value))
-    machine_type: str | None = None
-    accelerator_type: str | None = None
-    service_account: str | None = None
-    network: str | None = None
-    capacity: Literal["spot", "flex_start"] | None = Field(
-        None, description="Vertex scheduling strategy: 'spot' (as spot: true), or 'flex_start' (queued until the "
-                          "whole capacity is free, for up to flex_start_max_wait)")
-    flex_start_max_wait: Duration | None = Field(None, description="With capacity: flex_start; default: no limit")
-
-
-class LocalOptions(_Model):
-    store_uri: Uri | None = Field(
-        None, description="Object store for staged bundles (default: file:// under the cloudtrain home)")
-    grace_period: Duration = Field(30, description="Seconds between SIGTERM and SIGKILL on cancel")
-    emulate: Literal["sagemaker", "azureml", "vertex"] | None = Field(
-        None, description="Run each node under that platform's environment contract (files and variables)")
-
-
-class ProviderOptions(_Model):
-    aws: AwsOptions = Field(default_factory=AwsOptions)
-    azure: AzureOptions = Field(default_factory=AzureOptions)
-    gcp: GcpOptions = Field(default_factory=GcpOptions)
-    local: LocalOptions = Field(default_factory=LocalOptions)
 
 
 _NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
@@ -218,7 +133,7 @@ class JobSpec(_Model):
     output_uri: Uri | None = None
     tags: dict[str, str] = Field(default_factory=dict)
     package: PackageSpec = Field(default_factory=PackageSpec)
-    providers: ProviderOptions = Field(default_factory=ProviderOptions)
+    providers: ProviderBlocks = Field(default_factory=ProviderOptions)
 
     @field_validator("procs_per_node", mode="before")
     @classmethod
@@ -302,6 +217,39 @@ def derive_name(entry: str) -> str:
     stem = Path(entry).stem if entry.endswith(".py") else entry.rsplit(".", 1)[-1]
     name = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")[:40].strip("-")
     return name or "job"
+
+
+@functools.cache
+def spec_model(plugins: tuple[str, ...] = ()) -> type[JobSpec]:
+    """JobSpec whose ``providers`` block also holds these plugins' options (JobSpec itself: the built-ins')."""
+    if not plugins:
+        return JobSpec
+    options = _provider_options((*registry.BUILTIN, *plugins))
+    return create_model("JobSpec", __base__=JobSpec,
+                        providers=(options, Field(default_factory=options)))
+
+
+def _plugins_named(raw: Any) -> tuple[str, ...]:
+    """The registered plugins a raw spec's ``providers:`` block names (unknown names stay: the model refuses them)."""
+    block = raw.get("providers") if isinstance(raw, dict) else None
+    names = [k for k in block if isinstance(k, str) and not registry.builtin(k)] if isinstance(block, dict) else []
+    return tuple(sorted(n for n in names if registry.exists(n)))
+
+
+def options_of(spec: JobSpec, provider: str) -> Any:
+    """``spec.providers.<provider>``, or that provider's defaults where the spec's model does not hold it."""
+    found = getattr(spec.providers, provider, None)
+    return found if found is not None else options_model(provider)()
+
+
+def with_provider(spec: JobSpec, provider: str) -> JobSpec:
+    """The spec under a model that holds ``provider``'s options (a plugin the spec did not name), unchanged
+    otherwise: what plans for that provider need, so ``spec.providers.<provider>`` exists."""
+    if provider in type(spec.providers).model_fields:
+        return spec
+    present = tuple(n for n in type(spec.providers).model_fields if not registry.builtin(n))
+    model = spec_model(tuple(sorted({*present, provider})))
+    return model.model_validate(spec.model_dump(exclude_unset=True))
 
 
 # -- loading, overriding, error translation ------------------------------------------------------------
@@ -400,7 +348,7 @@ def validate_spec(raw: dict[str, Any], source: str | None = None) -> JobSpec:
         where, what = bad
         raise SpecError(what, field=where, remedy=f"remove that character from {where} (in {source or 'the flags'})")
     try:
-        return JobSpec.model_validate(raw)
+        return spec_model(_plugins_named(raw)).model_validate(raw)
     except ValidationError as exc:
         raise spec_error_from(exc, source) from None
     except RecursionError:
@@ -465,7 +413,8 @@ def check_local_paths(spec: JobSpec) -> Path:
 
 
 def json_schema() -> dict[str, Any]:
-    schema = JobSpec.model_json_schema()
+    """The spec's JSON Schema, every registered provider's options included (plugins too)."""
+    schema = spec_model(tuple(registry.plugins())).model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "cloudtrain job spec"
     return schema

@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from cloudtrain import contract
 from cloudtrain.durations import format_duration
 
-ENV = "CLOUDTRAIN_MAX_IDLE"  # seconds; set by the plan when the spec has max_idle
+ENV = contract.MAX_IDLE  # seconds; set by the plan when the spec has max_idle
 
 
 def newest_change(folders: Iterable[Path]) -> float:

@@ -3,7 +3,8 @@ workspace discovery, run history), with code uploads going to a real Azurite blo
 
 The provider's transport sends every ``https://<host>/<path>`` request here as ``/<host>/<path>``; the fake answers
 what the service answers (as the SDK's own REST client expects it) and lets the test play the platform: move a job
-through its statuses, fail it with a PreemptionError, write its user logs.
+through its statuses, fail it with a PreemptionError, write its user logs; ``lose_next_job_reply`` stores the
+next job and answers 503, as a create whose reply was lost, so the SDK's retry puts it again.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class AzureMLFake:
         self.errors: dict[str, str] = {}  # name -> run error message
         self.requests: list[str] = []
         self.uploads = 0  # startPendingUpload calls: how often a code folder had to be uploaded
+        self.lose_next_job_reply = False  # the next job PUT is stored, but answered 503: the client retries
         self._lock = threading.Lock()
         fake = self
 
@@ -158,6 +160,9 @@ class AzureMLFake:
                 resource["properties"]["status"] = "Starting"
                 with self._lock:
                     self.jobs[name] = resource
+                    lost, self.lose_next_job_reply = self.lose_next_job_reply, False
+                if lost:  # the job exists; the answer the client gets says the service was unavailable
+                    return 503, {"error": {"code": "ServiceUnavailable", "message": "try again"}}
                 return 201, resource
             if name not in self.jobs:
                 return 404, {"error": {"code": "UserError", "message": f"job {name} not found"}}

@@ -23,7 +23,7 @@ def stop_every_job(home: Path) -> None:
     """A failed test must not leave its jobs running (they would hold ports and cores for the rest of the run)."""
     import signal
 
-    from cloudtrain.providers.local.procs import is_alive, kill_tagged
+    from cloudtrain.procs import is_alive, kill_tagged
     from cloudtrain.providers.local.provider import LocalProvider
 
     if not (home / "jobs.db").exists():

@@ -519,7 +519,7 @@ class Soak:
 
     def preempt(self, handle: Any, restarts: int) -> None:
         """SIGTERM to every node, as `cloudtrain preempt` sends it; the supervisor restarts the job."""
-        from cloudtrain.providers.local.procs import is_alive
+        from cloudtrain.procs import is_alive
 
         old = [n["pid"] for n in self.status(handle).details["nodes"]]
         self.provider.preempt(handle)
@@ -538,7 +538,7 @@ class Soak:
 
     def kill(self, handle: Any, nodes: list[dict[str, Any]], record: Interruption) -> None:
         """SIGKILL every node (the machines are simply gone), then submit the same job again."""
-        from cloudtrain.providers.local.procs import kill_tagged, signal_group, tag_alive
+        from cloudtrain.procs import kill_tagged, signal_group, tag_alive
 
         for node in nodes:
             signal_group(node["pid"], signal.SIGKILL)
@@ -583,7 +583,7 @@ class Soak:
     def check_cleanup(self) -> None:
         from cloudtrain import checkpoints
         from cloudtrain.handles import JobHandle
-        from cloudtrain.providers.local.procs import tag_alive
+        from cloudtrain.procs import tag_alive
 
         deadline = time.monotonic() + 15  # a supervisor records the end, then exits
         while home_processes(self.home) and time.monotonic() < deadline:
@@ -632,7 +632,7 @@ def run_soak(root: Path, config: SoakConfig) -> SoakReport:
 
 
 def stop_every_job(home: Path) -> None:
-    from cloudtrain.providers.local.procs import kill_tagged
+    from cloudtrain.procs import kill_tagged
 
     for pid in home_processes(home):  # supervisors first would race their restarts: kill everything we started
         try:

@@ -29,26 +29,27 @@ def _load_bootstrap():  # a module loaded from its file
 
 
 boot = _load_bootstrap()
+LOCAL = boot.load_contract(REPO / "cloudtrain" / "providers" / "local" / "node.py")  # cloudtrain's own contract
 
 
 def test_local_contract_c10d_torchrun_line() -> None:
     env = {"CLOUDTRAIN_NNODES": "2", "CLOUDTRAIN_NODE_RANK": "1", "CLOUDTRAIN_MASTER_ADDR": "127.0.0.1",
            "CLOUDTRAIN_MASTER_PORT": "29555", "CUDA_VISIBLE_DEVICES": ""}
-    cluster = boot.detect_cluster(env, "auto")
+    cluster = boot.detect_cluster(LOCAL, env, "auto")
     assert (cluster.nnodes, cluster.node_rank, cluster.nproc_per_node, cluster.rdzv) == (2, 1, 1, "c10d")
     argv = boot.torchrun_argv(cluster, ["train.py", "--lr", "1"], "job-1", python="py")
     assert argv == ["py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts",
                     "0", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29555", "--rdzv-id", "job-1",
                     "--rdzv-conf", "is_host=0", "--local-addr", "localhost", "train.py", "--lr", "1"]
     # node 0 names itself 127.0.0.1, which c10d sorts first: global rank 0 lives on node 0, as on every cloud
-    first = boot.detect_cluster({**env, "CLOUDTRAIN_NODE_RANK": "0"}, "auto")
+    first = boot.detect_cluster(LOCAL, {**env, "CLOUDTRAIN_NODE_RANK": "0"}, "auto")
     assert first.local_addr == "127.0.0.1" and sorted(["localhost", first.local_addr])[0] == first.local_addr
 
 
 def test_static_rendezvous_honours_node_rank_and_module_target() -> None:
     env = {"CLOUDTRAIN_NNODES": "4", "CLOUDTRAIN_NODE_RANK": "3", "CLOUDTRAIN_MASTER_ADDR": "algo-1",
            "CLOUDTRAIN_MASTER_PORT": "7777", "CLOUDTRAIN_RDZV": "static", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
-    cluster = boot.detect_cluster(env, "auto")
+    cluster = boot.detect_cluster(LOCAL, env, "auto")
     argv = boot.torchrun_argv(cluster, ["-m", "pkg.train", "x"], "j")
     assert argv[argv.index("--nproc-per-node") + 1] == "4"
     assert argv[argv.index("--node-rank") + 1] == "3"
@@ -67,7 +68,7 @@ def test_static_rendezvous_honours_node_rank_and_module_target() -> None:
 )
 def test_bad_node_environment(env: dict, nproc: str, message: str) -> None:
     with pytest.raises(boot.BootstrapError, match=message):
-        boot.detect_cluster(env, nproc)
+        boot.detect_cluster(LOCAL, env, nproc)
 
 
 def test_a_bundle_member_escaping_the_folder_is_refused(tmp_path: Path) -> None:
@@ -193,7 +194,9 @@ def test_a_failed_sagemaker_node_says_why_in_the_failure_file(tmp_path: Path) ->
     env = node_env(tmp_path, SAGEMAKER_BASE_DIR=str(base), CLOUDTRAIN_MASTER_OVERRIDE=f"127.0.0.1:{free_port()}")
     result = subprocess.run([sys.executable, str(REPO / "entrypoints" / "bootstrap.py"), "--bundle",
                              str(make_bundle(tmp_path, FAILS)), "--workdir", str(tmp_path / "work"), "--script",
-                             "train.py", "--nproc-per-node", "1"], env=env, capture_output=True, text=True, timeout=240)
+                             "train.py", "--nproc-per-node", "1",
+                             "--node-contract", "cloudtrain/providers/aws/node.py"],
+                            env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "sees algo-1 simple efa eth0" in result.stdout
     reason = (base / "output" / "failure").read_text()
@@ -217,7 +220,8 @@ def test_on_azure_ml_the_jobs_own_outputs_folder_is_the_output_location(tmp_path
                    NODE_RANK="0", WORLD_SIZE="1")
     result = subprocess.run([sys.executable, str(REPO / "entrypoints" / "bootstrap.py"), "--bundle",
                              str(make_bundle(tmp_path, AZURE_OUTPUTS)), "--workdir", str(tmp_path / "work"),
-                             "--script", "train.py", "--nproc-per-node", "1"], cwd=start, env=env,
+                             "--script", "train.py", "--nproc-per-node", "1",
+                             "--node-contract", "cloudtrain/providers/azure/node.py"], cwd=start, env=env,
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (start / "outputs" / "model-0.txt").read_text() == "final"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cloudtrain import config
+from cloudtrain import config, registry
 from cloudtrain.cli.main import main
 from cloudtrain.cli.render import settings_text
 from cloudtrain.errors import UserError
@@ -32,8 +32,8 @@ def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     and a project folder as the working directory."""
     path = tmp_path / "config.yaml"
     monkeypatch.setenv("CLOUDTRAIN_CONFIG", str(path))
-    for names in config.ENV.values():
-        for names_of_key in names.values():
+    for provider in registry.BUILTIN:
+        for names_of_key in registry.declaration(provider).env.values():
             for name in names_of_key:
                 monkeypatch.delenv(name, raising=False)
     for name in ("CLOUDTRAIN_PROFILE", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "CLOUDTRAIN_AWS_BUCKET"):
@@ -410,7 +410,7 @@ def test_config_text_table(cfg: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert rows["providers.aws.role"] == ["-", "unset"]
     assert len(rows) == 7
     code, out, _ = run_main(capsys, "config")  # every provider
-    assert code == 0 and all(f"providers.{p}." in out for p in config.PROVIDERS)
+    assert code == 0 and all(f"providers.{p}." in out for p in registry.BUILTIN)
     assert settings_text("aws", [config.Setting("providers.aws.subnets", [], "default")]).splitlines()[1].split() == [
         "providers.aws.subnets", "-", "default"]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cloudtrain.config import ENV
 from cloudtrain.providers.aws.validate import request_errors
+from cloudtrain.registry import declaration
 from tests.conftest import REPO
 
 SETTINGS = {"AWS_REGION": "eu-west-1", "CLOUDTRAIN_AWS_ROLE": "arn:aws:iam::123456789012:role/cloudtrain",
@@ -27,8 +27,8 @@ AZURE = ["--set", "providers.azure.subscription_id=00000000-0000-0000-0000-00000
 def export(project: Path, cloud: str, folder: Path, *flags: str,
            env: dict | None = None) -> subprocess.CompletedProcess:
     # settings come only from the test (the storage emulators export GOOGLE_CLOUD_PROJECT into this process)
-    ambient = {k: v for k, v in os.environ.items() if not any(k in names for names in ENV["gcp"].values())
-               and not any(k in names for names in ENV["aws"].values())}
+    ambient = {k: v for k, v in os.environ.items() if not any(k in names for names in declaration("gcp").env.values())
+               and not any(k in names for names in declaration("aws").env.values())}
     env = {**ambient, **(SETTINGS if env is None else env), "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "cloudtrain", "plan", "train_ddp.py", "-p", cloud, "--nodes", "2",
                            "--gpus", "A100:8", "--spot", "--env", "WANDB_API_KEY=k-123", *flags, "--export",

@@ -20,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain import registry
 from cloudtrain.nodes import bootstrap_module
 
 boot = bootstrap_module()
+SAGEMAKER, AZUREML, VERTEX = (registry.node_contract(name) for name in ("aws", "azure", "gcp"))
 NODE_COUNTS = (1, 2, 3, 4, 8, 12)
 NETWORK = ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "RDMAV_FORK_SAFE", "NCCL_SOCKET_IFNAME", "NCCL_PROTO")
 INSTANCES = {"ml.p4d.24xlarge": 8, "ml.p5.48xlarge": 8, "ml.g5.48xlarge": 8, "ml.g4dn.12xlarge": 4,
@@ -102,12 +104,12 @@ def test_sagemaker_nodes_match_sagemakers_own_torchrun_driver(instance: str, tmp
             (base / "input" / "config" / "resourceconfig.json").write_text(json.dumps(config))
             env = {"SAGEMAKER_BASE_DIR": str(base),
                    "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(INSTANCES[instance]))}
-            cluster = boot.detect_cluster(env, "auto")
+            cluster = boot.detect_cluster(SAGEMAKER, env, "auto")
             ours.append((boot.torchrun_argv(cluster, ["train.py", "--lr", "0.1"], "job", python="python3"),
-                         boot.launcher_env(cluster, env)))
+                         boot.launcher_env(SAGEMAKER, cluster, env)))
     oracle = sagemaker_oracle(cases)
-    assert set(oracle["efa"]) == boot.SAGEMAKER_EFA_INSTANCES
-    assert set(oracle["rdma"]) == boot.SAGEMAKER_EFA_RDMA_INSTANCES
+    assert set(oracle["efa"]) == SAGEMAKER.EFA_INSTANCES
+    assert set(oracle["rdma"]) == SAGEMAKER.EFA_RDMA_INSTANCES
     assert len(oracle["cases"]) == len(ours) == sum(NODE_COUNTS)
     for case, expected, (argv, env) in zip(cases, oracle["cases"], ours, strict=True):
         theirs, their_target = split_torchrun(expected["command"])
@@ -130,7 +132,7 @@ def test_the_jobs_own_network_settings_win_over_the_launchers(tmp_path: Path) ->
     (tmp_path / "input" / "config").mkdir(parents=True)
     (tmp_path / "input" / "config" / "resourceconfig.json").write_text(json.dumps(config))
     env = {"SAGEMAKER_BASE_DIR": str(tmp_path), "NCCL_PROTO": "LL128", "CUDA_VISIBLE_DEVICES": ""}
-    added = boot.launcher_env(boot.detect_cluster(env, "auto"), env)
+    added = boot.launcher_env(SAGEMAKER, boot.detect_cluster(SAGEMAKER, env, "auto"), env)
     assert "NCCL_PROTO" not in added and added["FI_PROVIDER"] == "efa" and added["NCCL_SOCKET_IFNAME"] == "ethwe"
 
 
@@ -140,11 +142,11 @@ def test_azureml_nodes_follow_its_pytorch_distribution_contract(nodes: int) -> N
         # what Azure ML sets on each node with PyTorchDistribution(process_count_per_instance=1)
         env = {"AZUREML_RUN_ID": "job", "MASTER_ADDR": "10.0.0.4", "MASTER_PORT": "6105", "NODE_RANK": str(rank),
                "WORLD_SIZE": str(nodes), "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
-        cluster = boot.detect_cluster(env, "auto")
+        cluster = boot.detect_cluster(AZUREML, env, "auto")
         mine, target = split_torchrun(boot.torchrun_argv(cluster, ["train.py"], "job"))
         assert mine == {"nnodes": str(nodes), "nproc-per-node": "8", "max-restarts": "0", "node-rank": str(rank),
                         "master-addr": "10.0.0.4", "master-port": "6105"} and target == ["train.py"]
-        assert boot.launcher_env(cluster, env) == {}  # Azure ML's launcher adds nothing beyond the contract
+        assert boot.launcher_env(AZUREML, cluster, env) == {}  # Azure ML's launcher adds nothing beyond the contract
 
 
 @pytest.mark.parametrize("nodes", NODE_COUNTS)
@@ -159,7 +161,7 @@ def test_vertex_nodes_follow_cluster_spec_with_vertex_host_names(nodes: int) -> 
                # what Vertex also sets for PyTorch, counting nodes; the bootstrap derives the same from CLUSTER_SPEC
                "MASTER_ADDR": primary[0].split(":")[0], "MASTER_PORT": "2222", "RANK": str(rank),
                "WORLD_SIZE": str(nodes), "CUDA_VISIBLE_DEVICES": "0,1"}
-        cluster = boot.detect_cluster(env, "auto")
+        cluster = boot.detect_cluster(VERTEX, env, "auto")
         mine, _ = split_torchrun(boot.torchrun_argv(cluster, ["train.py"], "job"))
         assert (mine["nnodes"], mine["node-rank"], mine["master-addr"], mine["master-port"], mine["nproc-per-node"]) \
             == (env["WORLD_SIZE"], env["RANK"], env["MASTER_ADDR"], env["MASTER_PORT"], "2")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.cli.render import plan_text
 from cloudtrain.sdk import Job
 from cloudtrain.staging import lineage_id
 from tests.conftest import REPO
@@ -65,6 +66,9 @@ def test_a_local_checkpoint_uri_is_never_sent_to_cloud_nodes(clouds: None, tmp_p
         sent = json.dumps(plan.request)
         assert local not in sent
         assert any("CHECKPOINT MOVED" in n or "CHECKPOINTS OFF" in n for n in plan.notes)
+        # the summary a user reads says what is sent (Azure once showed the file:// URI beside "CHECKPOINTS OFF")
+        assert plan.spec.checkpoint.uri is None or not plan.spec.checkpoint.uri.startswith("file://")
+        assert f"checkpoint   {local}" not in plan_text(plan)
 
 
 def run_module(*args: str, lineage: str) -> subprocess.CompletedProcess:

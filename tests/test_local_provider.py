@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import Job, Run, list_runs
-from cloudtrain.providers.local.procs import group_alive, kill_tagged, tag_alive
+from cloudtrain.procs import group_alive, kill_tagged, tag_alive
 from cloudtrain.providers.local.provider import LocalProvider
 from cloudtrain.staging import stage_bundle
 from tests.conftest import REPO, SCRIPTS, cli_env, status_json, wait_for

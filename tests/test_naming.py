@@ -9,8 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cloudtrain.errors import SpecError
-from cloudtrain.naming import platform_tags
+from cloudtrain.providers.aws.request import user_tags
 from cloudtrain.providers.aws.validate import request_errors
+from cloudtrain.providers.gcp.request import user_labels
 
 keys = st.text(min_size=1, max_size=200).filter(lambda k: not k.lower().startswith("aws:"))
 tag_dicts = st.dictionaries(keys, st.text(max_size=300), max_size=8)
@@ -20,7 +21,7 @@ tag_dicts = st.dictionaries(keys, st.text(max_size=300), max_size=8)
 @given(tag_dicts)
 def test_any_tags_become_tags_sagemaker_accepts(tags: dict[str, str]) -> None:
     try:
-        sent, notes = platform_tags("aws", tags)
+        sent, notes = user_tags(tags)
     except SpecError as exc:  # two keys that collapse into one: refused, naming the field
         assert exc.field and exc.field.startswith("tags.")
         return
@@ -34,7 +35,7 @@ def test_any_tags_become_tags_sagemaker_accepts(tags: dict[str, str]) -> None:
 @given(tag_dicts)
 def test_any_tags_become_valid_vertex_labels(tags: dict[str, str]) -> None:
     try:
-        sent, _ = platform_tags("gcp", tags)
+        sent, _ = user_labels(tags)
     except SpecError:
         return
     for key, value in sent.items():
@@ -42,10 +43,10 @@ def test_any_tags_become_valid_vertex_labels(tags: dict[str, str]) -> None:
 
 
 def test_valid_tags_pass_unchanged_and_reserved_ones_are_refused() -> None:
-    assert platform_tags("aws", {"team": "vision", "cost-center": "ml/42"}) == (
+    assert user_tags({"team": "vision", "cost-center": "ml/42"}) == (
         {"team": "vision", "cost-center": "ml/42"}, [])
-    sent, notes = platform_tags("aws", {"owner": "ana<ops>"})
+    sent, notes = user_tags({"owner": "ana<ops>"})
     assert sent == {"owner": "ana_ops_"} and "owner='ana<ops>' sent as owner='ana_ops_'" in notes[0]
     with pytest.raises(SpecError, match="reserves"):
-        platform_tags("aws", {"aws:cloudformation": "x"})
-    assert platform_tags("gcp", {"Team": "Vision"})[0] == {"team": "vision"}
+        user_tags({"aws:cloudformation": "x"})
+    assert user_labels({"Team": "Vision"})[0] == {"team": "vision"}

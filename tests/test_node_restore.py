@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from cloudtrain import checkpoints
-from tests.test_bootstrap import REPO, boot, make_bundle, node_env
+from tests.test_bootstrap import REPO, make_bundle, node_env
 
 TRAIN = '''
 import os, sys
@@ -58,6 +58,3 @@ def test_the_checkpointer_loads_what_its_node_restored(tmp_path: Path) -> None:
     assert "checkpoint: resuming from step 3" in resumed.stdout
     assert "rank 0 resumed at 3" in resumed.stdout and "rank 1 resumed at 3" in resumed.stdout, resumed.stdout
 
-
-def test_the_bootstrap_and_the_checkpointer_name_the_same_variable() -> None:
-    assert boot.RESTORED_ENV == checkpoints.RESTORED_ENV

@@ -5,6 +5,8 @@ and saved plans: `plan -o json > plan.json` then `submit --plan plan.json` submi
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from cloudtrain import Job, Run
 from cloudtrain.cli.render import plan_text
 from cloudtrain.sdk import plan_job
 from cloudtrain.spec import validate_spec
+from tests.conftest import cli_env
 
 
 @pytest.fixture
@@ -105,12 +108,16 @@ def test_print_and_repr_are_readable(src: Path) -> None:
 
 
 @pytest.fixture
-def saved(cli, src: Path) -> Path:
-    result = cli("plan", "train.py", "--env", "HF_TOKEN=hf_abcdefghijklmnopqrstu", "-o", "json", cwd=src)
+def saved(ct_home: Path, src: Path) -> Path:
+    """As the README saves it: `plan ... -o json > plan.json` in the project (the shell creates the empty file in the
+    source folder before cloudtrain packages it)."""
+    path = src / "plan.json"
+    with open(path, "w") as out:
+        result = subprocess.run([sys.executable, "-m", "cloudtrain", "plan", "train.py", "--env",
+                                 "HF_TOKEN=hf_abcdefghijklmnopqrstu", "-o", "json"], cwd=src, env=cli_env(ct_home),
+                                stdout=out, stderr=subprocess.PIPE, text=True, timeout=240)
     assert result.returncode == 0, result.stderr
-    path = src.parent / "plan.json"
-    path.write_text(result.stdout)
-    assert "hf_abcdefghijklmnopqrstu" not in result.stdout, "a saved plan never holds a secret"
+    assert "hf_abcdefghijklmnopqrstu" not in path.read_text(), "a saved plan never holds a secret"
     return path
 
 

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain import registry
 from cloudtrain.nodes import bootstrap_module
 from tests.conftest import REPO, status_json
 
 boot = bootstrap_module()
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
+SAGEMAKER, AZUREML, VERTEX = (registry.node_contract(name) for name in ("aws", "azure", "gcp"))
 
 
 def sagemaker_driver(hosts: list[str], current: str) -> dict:
@@ -28,7 +30,7 @@ def test_sagemaker_resourceconfig(tmp_path: Path, current: str) -> None:
     config.parent.mkdir(parents=True)
     hosts = ["algo-3", "algo-1", "algo-2"]  # the file need not list them in order
     config.write_text(json.dumps({"current_host": current, "hosts": hosts, "network_interface_name": "eth0"}))
-    cluster = boot.detect_cluster({**CPU, "SAGEMAKER_BASE_DIR": str(tmp_path)}, "auto")
+    cluster = boot.detect_cluster(SAGEMAKER, {**CPU, "SAGEMAKER_BASE_DIR": str(tmp_path)}, "auto")
     assert cluster.platform == "sagemaker" and cluster.rdzv == "static"
     expected = sagemaker_driver(hosts, current)
     assert {k: getattr(cluster, k) for k in expected} == expected
@@ -40,14 +42,14 @@ def test_sagemaker_resourceconfig(tmp_path: Path, current: str) -> None:
 def test_sagemaker_env_variables_without_the_file() -> None:
     env = {**CPU, "SAGEMAKER_BASE_DIR": "/nonexistent", "SM_HOSTS": '["algo-2","algo-1"]',
            "SM_CURRENT_HOST": "algo-2"}
-    cluster = boot.detect_cluster(env, "4")
+    cluster = boot.detect_cluster(SAGEMAKER, env, "4")
     assert (cluster.nnodes, cluster.node_rank, cluster.master_addr, cluster.nproc_per_node) == (2, 1, "algo-1", 4)
 
 
 def test_azureml_variables() -> None:
     env = {**CPU, "AZUREML_RUN_ID": "r1", "MASTER_ADDR": "10.0.0.4", "MASTER_PORT": "6105", "NODE_RANK": "1",
            "WORLD_SIZE": "3", "SAGEMAKER_BASE_DIR": "/nonexistent"}
-    cluster = boot.detect_cluster(env, "auto")
+    cluster = boot.detect_cluster(AZUREML, env, "auto")
     assert (cluster.platform, cluster.nnodes, cluster.node_rank, cluster.master_addr, cluster.master_port) == (
         "azureml", 3, 1, "10.0.0.4", 6105)
 
@@ -61,7 +63,7 @@ def test_vertex_cluster_spec_ignores_world_size(task: dict, rank: int) -> None:
     # some Vertex containers set WORLD_SIZE to the node count and MASTER_ADDR to something else: never used
     env = {**CPU, "CLUSTER_SPEC": json.dumps(spec), "WORLD_SIZE": "4", "MASTER_ADDR": "wrong",
            "SAGEMAKER_BASE_DIR": "/nonexistent"}
-    cluster = boot.detect_cluster(env, "auto")
+    cluster = boot.detect_cluster(VERTEX, env, "auto")
     assert (cluster.platform, cluster.nnodes, cluster.node_rank, cluster.master_addr, cluster.master_port) == (
         "vertex", 4, rank, "cmle-wp0-0", 2222)
 
@@ -71,11 +73,17 @@ def test_vertex_cluster_spec_ignores_world_size(task: dict, rank: int) -> None:
                                   '{"type": "workerpool0", "index": 0}}'])
 def test_vertex_bad_cluster_spec(spec: str) -> None:
     with pytest.raises(boot.BootstrapError, match="CLUSTER_SPEC"):
-        boot.detect_cluster({"CLUSTER_SPEC": spec, "SAGEMAKER_BASE_DIR": "/nonexistent"}, "1")
+        boot.detect_cluster(VERTEX, {"CLUSTER_SPEC": spec, "SAGEMAKER_BASE_DIR": "/nonexistent"}, "1")
 
 
-def test_plain_local_contract_is_the_fallback() -> None:
-    assert boot.detect_platform({"SAGEMAKER_BASE_DIR": "/nonexistent"}) == "local"
+def test_each_contract_module_is_what_its_provider_declares() -> None:
+    """The registry's platform names are the contracts' own, and every planned node detects as its rank."""
+    for name in registry.BUILTIN:
+        decl, module = registry.declaration(name), registry.node_contract(name)
+        assert decl.platform_name == module.PLATFORM
+        for rank in range(3):
+            found = module.detect({**module.planned(3, rank, "job", ""), "SAGEMAKER_BASE_DIR": "/nonexistent"})
+            assert (found["nnodes"], found["node_rank"]) == (3, rank)
 
 
 def shape(torchrun: list[str]) -> dict[str, str]:
@@ -127,4 +135,4 @@ def test_two_nodes_train_under_each_platform_contract(cli, tmp_path: Path, platf
 @pytest.mark.parametrize("env", [{"SM_HOSTS": "not json", "SM_CURRENT_HOST": "algo-1"}, {"SM_HOSTS": '["algo-1"]'}])
 def test_sagemaker_bad_host_configuration(env: dict) -> None:
     with pytest.raises(boot.BootstrapError, match="SageMaker host configuration"):
-        boot.detect_cluster({**env, "SAGEMAKER_BASE_DIR": "/nonexistent"}, "1")
+        boot.detect_cluster(SAGEMAKER, {**env, "SAGEMAKER_BASE_DIR": "/nonexistent"}, "1")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cloudtrain import checkpoints, storage
-from cloudtrain.providers.local.procs import kill_tagged, signal_group
+from cloudtrain.procs import kill_tagged, signal_group
 from tests.conftest import REPO, SCRIPTS, cli_env, stop_every_job, wait_for
 
 pytestmark = pytest.mark.slow

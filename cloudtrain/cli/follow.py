@@ -8,9 +8,8 @@ import signal
 import sys
 from typing import Any
 
-from cloudtrain.errors import EXIT_INTERRUPTED
-
-EXIT_TERMINATED = 128 + 15  # what a shell reports for a process ended by SIGTERM
+from cloudtrain.contract import EXIT_INTERRUPTED
+from cloudtrain.contract import EXIT_PREEMPTED as EXIT_TERMINATED  # 128 + SIGTERM, as a shell reports it
 
 
 class Terminated(Exception):
@@ -44,7 +43,7 @@ def follow(provider: Any, handle: Any, max_restarts: int = 0, poll: float = 1.0)
         while True:
             for line in provider.logs(handle, follow=True):
                 print(line, flush=True)
-            status = provider.wait(handle, poll=0.2 if provider.name == "local" else poll)
+            status = provider.wait(handle, poll=poll)
             following = advance(provider, state, status, lambda m: print(m, file=sys.stderr)) if state else None
             if following is None:
                 break

@@ -79,7 +79,7 @@ def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> tuple[An
         "strategy": args.strategy, "accelerator": args.gpus, "checkpoint.uri": args.checkpoint_uri,
         "output_uri": args.output_uri, "image.uri": args.image, "spot": args.spot,
         "max_restarts": args.max_restarts, "max_runtime": args.max_runtime, "max_idle": args.max_idle,
-        "providers.local.emulate": "azureml" if args.emulate == "azure" else args.emulate,
+        "providers.local.emulate": args.emulate,  # a provider's name stands for its platform's (the spec maps it)
     }
     if args.source_dir is not None:
         overrides["source_dir"] = _resolved(args.source_dir, "--source-dir")

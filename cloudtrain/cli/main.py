@@ -3,183 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from cloudtrain import __version__
+from cloudtrain.cli.parser import build_parser
 from cloudtrain.errors import EXIT_INTERRUPTED, EXIT_USAGE, CloudtrainError, UserError
 
-PROVIDERS_HELP = "local, aws, azure or gcp (default: local)"
-
-
-OUTPUTS = ["text", "json", "yaml"]
-
-
-def _count(low: int, high: int) -> Any:
-    """An argparse type: a whole number in [low, high], so a huge value is one clear usage error (exit 2)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text.strip()) if len(text.strip()) <= 30 else None
-        except ValueError:
-            value = None
-        if value is None or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from {low} to {high}")
-        return value
-    return parse
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < 10 ** 9:  # also false for nan and inf
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (more than 0)")
-    return value
-
-
-def _output_flag(p: argparse.ArgumentParser, default: str = "text", choices: list[str] | None = None) -> None:
-    p.add_argument("-o", "--output", choices=choices or OUTPUTS, default=default,
-                   help=f"text for people (default: {default}), json or yaml for programs")
-
-
-def _profile_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", help="settings profile from the config file (default: $CLOUDTRAIN_PROFILE or "
-                                     "'default'; see `cloudtrain config`)")
-
-
-def _job_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("script", nargs="?", help="training script (its folder is packaged unless --source-dir is given)")
-    p.add_argument("-f", "--file", help="job spec YAML (default: ./cloudtrain.yaml if there is one; SCRIPT, flags "
-                                        "and '-- ARGS' override what it says)")
-    p.add_argument("--no-spec", action="store_true", help="ignore ./cloudtrain.yaml: the job is SCRIPT and the flags")
-    p.add_argument("-m", "--module", help="run a module (python -m) instead of a script")
-    p.add_argument("-p", "--provider", help=PROVIDERS_HELP)
-    p.add_argument("--name", help="job name (default: from the script)")
-    p.add_argument("--source-dir", help="folder to package (default: the script's folder)")
-    p.add_argument("--nodes", type=int, help="number of nodes (machines)")
-    p.add_argument("--procs-per-node", help="processes per node, or 'auto' (one per GPU)")
-    p.add_argument("--strategy", choices=["ddp", "fsdp"])
-    p.add_argument("--gpus", help="accelerator per node, e.g. A100:8 (`cloudtrain catalog` lists them)")
-    p.add_argument("--checkpoint-uri", help="where checkpoints are kept: s3://, gs://, az://, file://")
-    p.add_argument("--output-uri", help="where the job writes its outputs (default: per job, under the staging "
-                                        "bucket or the local store)")
-    p.add_argument("--image", help="custom container image URI")
-    p.add_argument("--spot", action="store_true", default=None, help="use spot/preemptible capacity")
-    p.add_argument("--max-restarts", type=int, help="resubmissions after preemption")
-    p.add_argument("--max-runtime", help="e.g. 3600, 90m, 2h (each platform's own limit is checked by plan)")
-    p.add_argument("--max-idle", help="watchdog: stop the job when it prints nothing and writes no checkpoint for "
-                                      "this long, e.g. 10m (default: off)")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
-                   help="any spec field by its dotted name, e.g. --set providers.aws.role=arn:... (repeatable)")
-    p.add_argument("--allow-secret", action="append", default=[], metavar="PATTERN",
-                   help="package a secret-looking file anyway (repeatable)")
-    p.add_argument("--emulate", choices=["sagemaker", "azure", "azureml", "vertex"],
-                   help="local only: run nodes under that platform's environment contract")
-    _profile_flag(p)
-    _output_flag(p)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="cloudtrain",
-        description="Run a PyTorch training script as a multi-node DDP/FSDP job on SageMaker, Azure ML, "
-        "Vertex AI or locally.",
-        epilog="Arguments after '--' go to the training script. Docs: cloudtrain <command> --help",
-    )
-    parser.add_argument("--version", action="version", version=f"cloudtrain {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    submit = sub.add_parser("submit", help="package, stage and run a job")
-    _job_flags(submit)
-    submit.add_argument("--dry-run", action="store_true", help="print the plan; send and stage nothing")
-    submit.add_argument("--plan", metavar="PLAN_JSON", dest="saved_plan",
-                        help="submit a plan saved with `cloudtrain plan ... -o json > plan.json`, as it is (same job "
-                             "id); refused if the source changed since or the plan is over a day old")
-    mode = submit.add_mutually_exclusive_group()
-    mode.add_argument("--detach", action="store_true", help="return once the job is submitted")
-    mode.add_argument("--follow", action="store_true", default=True, help="stream logs until the job ends (default)")
-
-    plan = sub.add_parser("plan", help="show what submit would send, with a cost estimate (= submit --dry-run)")
-    _job_flags(plan)
-    plan.add_argument("--export", metavar="DIR", help="also write the platform's own files for this job into DIR "
-                                                      "(new or empty), with a README naming the command that submits "
-                                                      "them")
-
-    for name, text in (("status", "show a job's state"), ("cancel", "stop a job (idempotent)"),
-                       ("preempt", "local jobs: send a rehearsed spot interruption (SIGTERM to every node)")):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("handle", help="a job handle, e.g. local://train-ddp-20260101-120000-ab12")
-        _profile_flag(p)
-        _output_flag(p)
-    logs = sub.add_parser("logs", help="print a job's logs")
-    logs.add_argument("handle")
-    logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
-    _profile_flag(logs)
-    wait = sub.add_parser("wait", help="block until a job ends; exit 0 only if it succeeded")
-    wait.add_argument("handle")
-    wait.add_argument("--timeout", type=_seconds, help="seconds")
-    wait.add_argument("--recover", action="store_true",
-                      help="resubmit the job while it ends preempted (Azure ML, Vertex); resumes a stopped watcher")
-    wait.add_argument("--max-restarts", type=_count(0, 100), help="with --recover: at most this many resubmissions "
-                                                        "(default: what the job's spec asked for)")
-    wait.add_argument("--retry-failed", action="store_true", help="with --recover: resubmit failed jobs too")
-    _profile_flag(wait)
-    _output_flag(wait)
-    lst = sub.add_parser("list", help="list jobs")
-    lst.add_argument("-p", "--provider", default="local", help=PROVIDERS_HELP)
-    lst.add_argument("--limit", type=_count(1, 10_000), default=50, help="at most this many jobs (default: 50)")
-    _profile_flag(lst)
-    _output_flag(lst)
-    outputs = sub.add_parser("outputs", help="list a job's outputs (final model, node logs); --download fetches them")
-    outputs.add_argument("handle")
-    outputs.add_argument("--download", metavar="DIR", help="copy every output into this folder")
-    _profile_flag(outputs)
-    _output_flag(outputs)
-
-    catalog = sub.add_parser("catalog", help="machines per accelerator, with GPU memory and list prices")
-    catalog.add_argument("-p", "--provider", choices=["aws", "azure", "gcp"], help="one provider (default: all)")
-    catalog.add_argument("--gpus", help="a GPU model, or MODEL:COUNT per node, e.g. A100 or H100:8")
-    _output_flag(catalog)
-    config = sub.add_parser("config", help="show provider settings and where each comes from; set user defaults")
-    config_sub = config.add_subparsers(dest="config_command", metavar="ACTION")
-    show = config_sub.add_parser("show", help="each setting, its value and its source (the default action)")
-    for p in (config, show):
-        p.add_argument("-p", "--provider", choices=["aws", "azure", "gcp", "local"], help="one provider")
-        p.add_argument("-f", "--file", help="job spec YAML (default: ./cloudtrain.yaml if present)")
-        p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
-                       help="as on submit: shows how a flag would override the rest")
-        _profile_flag(p)
-        _output_flag(p)
-    setter = config_sub.add_parser("set", help="store a default in a profile, e.g. `config set aws.region us-east-1`")
-    setter.add_argument("key", help="PROVIDER.SETTING, e.g. aws.role, gcp.project, azure.workspace")
-    setter.add_argument("value")
-    unset = config_sub.add_parser("unset", help="remove a default from a profile")
-    unset.add_argument("key")
-    for p in (setter, unset):
-        _profile_flag(p)
-    config_sub.add_parser("path", help="print the config file's path")
-    doctor = sub.add_parser("doctor", help="check installed extras and credentials per provider, with fixes")
-    doctor.add_argument("-p", "--provider", choices=["local", "aws", "azure", "gcp"], action="append",
-                        help="check only this provider (repeatable)")
-    _output_flag(doctor)
-
-    init = sub.add_parser("init", help="write a starter cloudtrain.yaml (and a reference trainer if none exists)")
-    init.add_argument("--template", default="ddp", help="ddp or fsdp (see templates/)")
-    init.add_argument("--dir", default=".", help="folder to write into")
-    init.add_argument("--force", action="store_true", help="overwrite an existing cloudtrain.yaml")
-    _output_flag(init, choices=["text", "json"])
-    schema = sub.add_parser("schema", help="print the job spec's JSON Schema")
-    _output_flag(schema, default="json", choices=["json", "yaml"])
-    completion = sub.add_parser("completion", help="print a shell completion script: "
-                                                   "eval \"$(cloudtrain completion bash)\"")
-    completion.add_argument("shell", choices=["bash", "zsh", "fish"])
-    return parser
-
+__all__ = ["build_parser", "entry", "main"]
 
 # -- commands ----------------------------------------------------------------------------------------------
 
@@ -330,7 +161,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 def _poll(provider: Any) -> float:
     """Seconds between status checks: a local job answers from a file, a cloud from an API with rate limits."""
-    return 0.5 if provider.name == "local" else float(getattr(provider, "poll_seconds", 5.0))
+    return float(provider.poll_seconds)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -402,7 +233,9 @@ def cmd_config(args: argparse.Namespace) -> int:
     spec_file = args.file or (str(found) if (found := project_spec()) else None)
     raw = read_spec_file(spec_file) if spec_file else {}
     flags = set_pairs(args.set_fields)
-    providers = [args.provider] if args.provider else list(config.PROVIDERS)
+    from cloudtrain import registry
+
+    providers = [args.provider] if args.provider else registry.names()
     shown = {p: config.explain(p, raw, flags) for p in providers}
     if args.output != "text":
         emit({"config_file": str(config.config_path()), "profile": config.profile_name(), "spec_file": spec_file,
@@ -458,7 +291,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def colour(stream: Any = None) -> bool:
-    from cloudtrain.cli.style import colour_enabled
+    from cloudtrain.formatting import colour_enabled
 
     return colour_enabled(stream or sys.stdout)
 
@@ -486,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = globals()[f"cmd_{args.command}"]
         return int(handler(args))
     except CloudtrainError as exc:
-        from cloudtrain.cli.style import paint
+        from cloudtrain.formatting import paint
 
         print(f"{paint('error:', 'red', colour(sys.stderr))} {exc.render()}", file=sys.stderr)
         return exc.exit_code
@@ -500,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # a folder or file given on the command line that cannot be read or written (init --dir, outputs
         # --download ...): the user's to fix, like any bad input
-        from cloudtrain.cli.style import paint
+        from cloudtrain.formatting import paint
 
         print(f"{paint('error:', 'red', colour(sys.stderr))} {exc.filename}: {exc.strerror or exc}\n"
               "  fix: check the path and its permissions", file=sys.stderr)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from cloudtrain.cli.parser import expand_help
+
 
 def _usage(parser: argparse.ArgumentParser) -> str:
     # a fixed width, so the file does not depend on the terminal it was generated in
@@ -23,7 +25,7 @@ def _options(parser: argparse.ArgumentParser) -> list[str]:
         name = ", ".join(f"`{o}`" for o in action.option_strings) or f"`{action.metavar or action.dest}`"
         if action.option_strings and action.nargs != 0:
             name += f" `{action.metavar or action.dest.upper()}`"
-        text = (action.help or "").replace("|", "\\|")
+        text = expand_help(action.help or "").replace("|", "\\|")
         if action.choices and not action.option_strings:
             text += f" (one of: {', '.join(map(str, action.choices))})"
         elif action.choices:

@@ -1,24 +1,32 @@
-"""How results look on the terminal: short human text by default, one JSON/YAML document with --output.
-Colour only where ``colour=True`` (the CLI passes it for a TTY; see style.colour_enabled)."""
+"""How results look on the terminal: short human text by default, one JSON/YAML document with --output. What the
+SDK shows too (plans, statuses, figures) is in cloudtrain/formatting.py; this module adds what only the CLI prints.
+Colour only where ``colour=True`` (the CLI passes it for a TTY; see formatting.colour_enabled)."""
 
 from __future__ import annotations
 
 import json
-import re
-import shlex
 import sys
-import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain.cli.style import paint, state
-from cloudtrain.durations import format_duration
+from cloudtrain.formatting import (
+    _when,
+    columns,
+    estimate_text,
+    money,
+    plan_text,
+    size,
+    state,
+    status_text,
+)
 
 if TYPE_CHECKING:
     from cloudtrain.catalog import Machine
     from cloudtrain.config import Setting
-    from cloudtrain.plan import Plan
     from cloudtrain.providers.base import JobStatus
+
+
+__all__ = ["catalog_text", "columns", "emit", "estimate_text", "money", "plan_text", "preempt_text", "settings_text",
+           "size", "status_text", "table"]
 
 
 def emit(data: Any, fmt: str) -> None:
@@ -29,180 +37,6 @@ def emit(data: Any, fmt: str) -> None:
     else:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
-
-def size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
-
-
-def money(value: float | None) -> str:
-    return "-" if value is None else f"${value:,.2f}"
-
-
-def columns(rows: Sequence[Sequence[str]], colour: bool = False) -> str:
-    """Left-aligned columns under a bold header row; the last column is not padded."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    lines = []
-    for n, row in enumerate(rows):
-        line = "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
-        lines.append(paint(line.rstrip(), "bold", colour and n == 0))
-    return "\n".join(lines)
-
-
-def estimate_text(estimate: dict[str, Any] | None) -> list[str]:
-    """The estimate as one or two lines: billed rate first, then the other rate, and the max_runtime bound."""
-    if not estimate:
-        return ["none (runs on this machine)"]
-    if not estimate.get("available"):
-        return [f"unavailable: {estimate['reason']}"]
-    billed = estimate["billed_as"]
-    hours = estimate["max_runtime_hours"]
-    parts = []
-    for kind in ("on_demand", "spot"):
-        rate = estimate.get(kind)
-        label = kind.replace("_", "-")
-        if rate:
-            parts.append(f"{label} {money(rate['hourly'])}/h, up to {money(rate['max_runtime'])} in "
-                         f"{format_duration(hours * 3600)}"
-                         + (" (billed)" if kind == billed else ""))
-        elif kind == "spot":
-            parts.append("spot: no list price" + (" (billed)" if billed == "spot" else ""))
-    lines = ["; ".join(parts)]
-    lines.append(f"{estimate['nodes']} node(s) x {estimate['instance_type']}, {estimate['price_region']} list prices "
-                 f"as of {estimate['as_of']}: an estimate, compute only")
-    for key in ("capacity_note", "region_note"):
-        if estimate.get(key):
-            lines.append(estimate[key])
-    return lines
-
-
-def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
-    """A summary to read before paying, then (``request``) the provider-native request (secrets masked)."""
-    from cloudtrain.secrets import redact
-
-    spec = plan.spec
-    pkg = plan.package
-    nproc = plan.nproc_per_node
-    machine = plan.machine
-    if machine is not None:
-        if machine.gpu:
-            memory = f" {machine.gpu_memory_gb:g} GB" if machine.gpu_memory_gb else ""
-            gpus = f"{machine.gpus} x {machine.gpu}{memory}"
-        elif machine.vcpus is None:  # an explicit type cloudtrain has no data for: say so, not "no GPU"
-            gpus = "not in cloudtrain's catalog" + (f"; {machine.gpus} process(es) per node" if machine.gpus else "")
-        else:
-            gpus = "no GPU"
-        instance = f"{machine.instance_type} ({gpus})"
-    else:
-        instance = "this machine" if plan.provider == "local" else "the compute cluster's VM size"
-
-    def row(label: str, value: str) -> str:
-        return f"{paint(label.ljust(12), 'bold', colour)} {_unset(value)}"
-
-    lines = [
-        row("provider", plan.provider),
-        row("job", f"{plan.job_id} (each submit names its job anew; `submit --plan` a plan saved with -o json "
-                   "keeps this id)"),
-        *([row("spec", f"{plan.spec_file} (with the flags given, which override it)")] if plan.spec_file else []),
-        row("layout", (f"{spec.nodes} node(s) x {nproc} process(es) = world size {spec.nodes * nproc}" if nproc else
-                       f"{spec.nodes} node(s) x one process per GPU of the node (only known on the node)")
-            + f", strategy {spec.strategy}"),
-        *([row("where", where)] if (where := _where(plan.staging)) else []),
-        row("instance", instance),
-        row("image", plan.image or "this machine's Python and torch"),
-        row("each node", plan.runtime.summary() if plan.runtime else _local_runtime()),
-        row("spot", _spot(plan)),
-        row("max runtime", format_duration(spec.max_runtime)
-            + (f", stopped if idle for {format_duration(spec.max_idle)}" if spec.max_idle else "")),
-        row("checkpoint", spec.checkpoint.uri or "none"),
-        row("package", f"{len(pkg.files)} files, {size(pkg.source_bytes)} source, {size(pkg.bundle_bytes)} bundle, "
-                       f"{pkg.digest[:19]}"),
-        row("staged at", plan.staging.get("prefix") or plan.staging.get("upload") or "-"),
-    ]
-    for n, text in enumerate(estimate_text(plan.estimate)):
-        lines.append(row("estimate" if n == 0 else "", text))
-    if spec.env:
-        masked = redact(dict(spec.env))
-        lines.append(row("env", " ".join(f"{k}={v}" for k, v in masked.items())))
-    for node in plan.nodes[:2]:
-        lines.append(row(f"node {node.rank}", shlex.join(node.torchrun[1:])))
-    if len(plan.nodes) > 2:
-        lines.append(row("...", f"{len(plan.nodes) - 2} more node(s), same command with their own rank"))
-    lines += [row("note", paint(n, "yellow", colour)) for n in plan.notes]
-    if request:
-        lines += ["", paint("request:", "bold", colour), json.dumps(plan.to_dict()["request"], indent=2)]  # redacted
-    return "\n".join(lines)
-
-
-def _local_runtime() -> str:
-    """This machine's Python and torch, read without importing torch."""
-    from importlib import metadata
-
-    try:
-        torch = f"torch {metadata.version('torch')}"
-    except metadata.PackageNotFoundError:
-        torch = "no torch installed"
-    return f"{torch}, Python {sys.version_info.major}.{sys.version_info.minor} (this machine)"
-
-
-def _spot(plan: Plan) -> str:
-    """Spot or not; for spot, the restarts and max_wait (the time a platform waits for capacity plus runs), where
-    the platform uses one."""
-    spec = plan.spec
-    if not spec.spot:
-        return "no"
-    parts = ["yes", f"up to {spec.max_restarts} restart(s)" if spec.max_restarts else "no restarts (max_restarts 0)"]
-    condition = plan.request.get("StoppingCondition")  # SageMaker: the wait it will use, default included
-    wait = condition.get("MaxWaitTimeInSeconds") if isinstance(condition, dict) else None
-    if wait:
-        parts.append(f"max_wait {format_duration(wait)} (capacity wait plus run time)")
-    elif spec.max_wait:
-        parts.append(f"max_wait {format_duration(spec.max_wait)} (not used by {plan.provider})")
-    return ", ".join(parts)
-
-
-# The values a plan shows where a setting is missing (aws role/bucket, gcp project/bucket): shown as what they are.
-_PLACEHOLDER = re.compile(r"arn:aws:iam::000000000000:role/SET-providers\.aws\.role|set-providers-(aws|gcp)-(\w+)")
-
-
-def _unset(text: str) -> str:
-    def shown(match: re.Match[str]) -> str:
-        provider, key = match.groups() if match.group(1) else ("aws", "role")
-        return f"<providers.{provider}.{key} not set>"
-
-    return _PLACEHOLDER.sub(shown, text)
-
-
-def _where(staging: dict[str, str]) -> str:
-    """The account-side place a job goes: region, project, workspace and cluster, as the plan resolved them."""
-    return ", ".join(f"{key} {staging[key]}" for key in ("project", "region", "workspace", "compute")
-                     if staging.get(key))
-
-
-def _when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
-
-
-def status_text(status: JobStatus, colour: bool = False) -> str:
-    lines = [f"{status.handle}  {state(status.state.value, colour)}"
-             + (f"  ({status.message})" if status.message else "")]
-    lines.append(f"  created {_when(status.created_at)}  started {_when(status.started_at)}  "
-                 f"ended {_when(status.ended_at)}")
-    scalars = {k: v for k, v in status.details.items() if v is not None and not isinstance(v, (list, dict))}
-    if scalars:
-        lines.append("  " + "  ".join(f"{k} {v}" for k, v in scalars.items()))
-    for node in status.details.get("nodes", []):
-        code = node.get("exit_code")
-        lines.append(f"  node {node['rank']}: pid {node.get('pid')}  "
-                     + (f"exit {code} ({node.get('outcome')})" if code is not None else "running")
-                     + f"  log {node.get('log')}")
-        for key in ("reason", "note", "hint"):  # what the node said about itself, unless the message says it
-            if node.get(key) and node[key] not in status.message:
-                lines.append(f"    {node[key]}")
-    return "\n".join(lines)
 
 
 def preempt_text(status: JobStatus) -> str:

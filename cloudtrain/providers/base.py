@@ -10,16 +10,17 @@ import builtins
 import enum
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from cloudtrain import registry
 from cloudtrain.errors import CloudtrainError, SpecError, UserError
 from cloudtrain.handles import JobHandle
 
 if TYPE_CHECKING:
     from cloudtrain.packaging import Package
-    from cloudtrain.plan import Plan
+    from cloudtrain.plan import NodeCommand, Plan
     from cloudtrain.spec import JobSpec
 
 
@@ -48,11 +49,6 @@ class JobStatus:
     ended_at: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
-    def _repr_html_(self) -> str:
-        from cloudtrain.reprs import status_html
-
-        return status_html(self)
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "handle": str(self.handle),
@@ -70,13 +66,14 @@ class Provider(ABC):
     name: ClassVar[str]
     # Declared up front and checked at plan time, so a spec never reaches a platform that cannot honour it.
     capabilities: ClassVar[frozenset[str]] = frozenset()
+    poll_seconds: float = 5.0  # between status checks while waiting (a cloud's API has rate limits)
 
     # -- public template methods ------------------------------------------------------------------------
     def plan(self, spec: JobSpec, package: Package) -> Plan:
         self._check_capabilities(spec)
         plan = self._plan(spec, package)
         self._check_processes(plan)
-        if self.name != "local":  # a local job costs nothing but this computer's time
+        if self.declaration.catalog:  # a provider that lists prices (a local job costs this computer's time)
             from cloudtrain.catalog import estimate
 
             plan.estimate = estimate(plan.machine, spec.nodes, self._capacity(spec), spec.max_runtime,
@@ -84,9 +81,19 @@ class Provider(ABC):
         return plan
 
     def submit(self, plan: Plan) -> JobHandle:
+        """Execute a plan. Refused, before anything is staged or sent, while it holds a placeholder for a setting the
+        plan could not find (the provider's declared ``placeholders``)."""
         if plan.provider != self.name:
             raise UserError(f"this plan is for provider {plan.provider!r}, not {self.name!r}",
                             remedy=f"plan the job again with provider {self.name!r}")
+        from cloudtrain.export import unset_settings
+
+        for setting in unset_settings(plan):
+            variables = self.declaration.env.get(setting.rsplit(".", 1)[1], ())
+            raise UserError("is not set: the plan holds a placeholder", field=setting,
+                            remedy=f"set {setting} in the spec (or --set {setting}=...)"
+                                   + (f", or {variables[0]}" if variables else "")
+                                   + f", or `cloudtrain config set {setting.removeprefix('providers.')} ...`")
         return self._submit(plan)
 
     def describe(self, handle: JobHandle) -> JobStatus:
@@ -129,6 +136,79 @@ class Provider(ABC):
                 raise CloudtrainError(f"{handle} still {status.state.value} after {timeout:.0f}s",
                                       remedy="wait longer (--timeout) or check `cloudtrain logs`")
             time.sleep(poll)
+
+    # -- what every provider's plan shares ---------------------------------------------------------------
+    @property
+    def declaration(self) -> registry.Declaration:
+        return registry.declaration(self.name)
+
+    def contract(self, spec: JobSpec) -> registry.Declaration:
+        """The provider whose node contract this job's nodes run under: this one's (local: the emulated one's)."""
+        return self.declaration
+
+    @staticmethod
+    def processes(spec: JobSpec, gpus: int | None) -> int | None:
+        """Processes per node, resolved once from the machine: the spec's number, else one per GPU of the node's
+        machine (``gpus``; 0: a CPU machine, one process), else None: only the node knows (a cluster whose machines
+        the plan cannot see), and it starts one per GPU it has."""
+        if isinstance(spec.procs_per_node, int):
+            return spec.procs_per_node
+        if gpus is None:
+            return spec.gpus_per_node or None
+        return gpus or 1
+
+    def node_commands(self, spec: JobSpec, *, job_id: str, python: str, bootstrap: str, args: builtins.list[str],
+                      env: dict[str, str], machine_type: str = "",
+                      seen: Callable[[int], dict[str, str]] | None = None) -> builtins.list[NodeCommand]:
+        """Every node's command, sent ``env``, with the torchrun line its bootstrap derives from what the platform
+        gives node N: the contract's ``planned`` variables (``seen(N)`` where the provider knows better, e.g. a
+        local emulation's loopback rendezvous)."""
+        from cloudtrain.nodes import node_command
+
+        contract = self.contract(spec)
+        module = registry.node_contract(contract.name)
+        nodes = []
+        for rank in range(spec.nodes):
+            view = seen(rank) if seen else module.planned(spec.nodes, rank, job_id, machine_type)
+            nodes.append(node_command(rank, python, bootstrap, args, env, view, module, job_id))
+        return nodes
+
+    def follow_logs(self, handle: JobHandle, follow: bool, read: Callable[[], Iterable[str]], poll: float,
+                    rest: Callable[[], Iterable[str]] | None = None) -> Iterator[str]:
+        """The log loop every provider shares: ``read()`` yields the lines written since its last call. Without
+        ``follow``, one read. With it, read until the job has ended and a read after that found nothing more (a job
+        that ends while its last lines are being written loses none), waiting ``poll`` seconds between reads that
+        found nothing. ``rest()``: what is left at the end (an unfinished last line)."""
+        while True:
+            ended = follow and self.describe(handle).state.terminal  # checked before the read that may be the last
+            printed = False
+            for line in read():
+                printed = True
+                yield line
+            if not follow or (ended and not printed):
+                if rest is not None:
+                    yield from rest()
+                return
+            if not printed:
+                time.sleep(poll)
+
+    @staticmethod
+    def created_once(find: Callable[[], JobHandle | None], create: Callable[[], JobHandle],
+                     lost: tuple[type[BaseException], ...] = ()) -> JobHandle:
+        """Submit idempotently, as every provider does: the job this plan already created (a retried submit) if
+        ``find`` sees one, else ``create``; when the reply to a create is lost (``lost``), the job may exist all the
+        same, and it is this plan's if ``find`` sees it now. ``find`` refuses a job of the same name that is not
+        this plan's (another bundle digest)."""
+        found = find()
+        if found is not None:
+            return found
+        try:
+            return create()
+        except lost:
+            found = find()
+            if found is None:
+                raise
+            return found
 
     # -- hooks -----------------------------------------------------------------------------------------
     def _check_capabilities(self, spec: JobSpec) -> None:

@@ -34,13 +34,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from cloudtrain import checkpoints, storage
+from cloudtrain import checkpoints, contract, storage
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.runtime.data import ResumableSampler
 from cloudtrain.runtime.logs import get_logger
 from cloudtrain.runtime.rng import rng_state, set_rng_state
 
-EXIT_PREEMPTED = 143
+EXIT_PREEMPTED = contract.EXIT_PREEMPTED
 _UNKNOWN = object()  # the node restored nothing for this Checkpointer: it restores itself
 _node_restore_used = False  # the node's restore serves the first restore of this worker process only
 
@@ -78,14 +78,14 @@ class Checkpointer:
                  every_steps: int | None = None, every_seconds: float | None = None, keep: int | None = None,
                  async_save: bool = True) -> None:
         self.model, self.optimizer, self.scheduler, self.sampler = model, optimizer, scheduler, sampler
-        self.uri = uri or os.environ.get("CLOUDTRAIN_CHECKPOINT_URI") or None
-        job = os.environ.get("CLOUDTRAIN_JOB_ID", "job")
-        self.local_dir = Path(local_dir or os.environ.get("CLOUDTRAIN_CHECKPOINT_DIR")
+        self.uri = uri or os.environ.get(contract.CHECKPOINT_URI) or None
+        job = os.environ.get(contract.JOB_ID, "job")
+        self.local_dir = Path(local_dir or os.environ.get(contract.CHECKPOINT_DIR)
                               or f"/tmp/cloudtrain-checkpoints/{job}")
         self.every_steps = every_steps
         self.every_seconds = every_seconds if every_seconds is not None else \
-            _env_seconds("CLOUDTRAIN_CHECKPOINT_INTERVAL")
-        self.keep = max(2, keep or int(os.environ.get("CLOUDTRAIN_CHECKPOINT_KEEP", "2")))
+            _env_seconds(contract.CHECKPOINT_INTERVAL)
+        self.keep = contract.keep_count(str(keep) if keep else os.environ.get(contract.CHECKPOINT_KEEP))
         self.async_save = async_save
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -261,7 +261,7 @@ class Checkpointer:
         """Load the newest complete checkpoint (resharding if the world size changed); return its step, or 0.
 
         Where this node's bootstrap restored the same store into the same folder before the workers started
-        (``checkpoints.RESTORED_ENV``), the first restore of each worker loads that step: the store is not listed,
+        (``contract.RESTORED_STEP``), the first restore of each worker loads that step: the store is not listed,
         nor anything downloaded, a second time."""
         restored = self._restored_by_node()
         if self.uri and self.local_rank == 0 and restored is _UNKNOWN:
@@ -296,10 +296,10 @@ class Checkpointer:
     def _restored_by_node(self) -> Any:
         """The step the bootstrap restored for this Checkpointer (None: nothing to restore), or _UNKNOWN."""
         global _node_restore_used
-        value, env = os.environ.get(checkpoints.RESTORED_ENV), os.environ
-        if _node_restore_used or value is None or self.uri != env.get("CLOUDTRAIN_CHECKPOINT_URI") or \
-                not env.get("CLOUDTRAIN_CHECKPOINT_DIR") or \
-                Path(env["CLOUDTRAIN_CHECKPOINT_DIR"]).resolve() != self.local_dir.resolve():
+        value, env = os.environ.get(contract.RESTORED_STEP), os.environ
+        if _node_restore_used or value is None or self.uri != env.get(contract.CHECKPOINT_URI) or \
+                not env.get(contract.CHECKPOINT_DIR) or \
+                Path(env[contract.CHECKPOINT_DIR]).resolve() != self.local_dir.resolve():
             return _UNKNOWN
         _node_restore_used = True  # a later restore in this process (after saves) looks at the store again
         if value == "none":
@@ -323,11 +323,11 @@ class Checkpointer:
 def save_final_model(model: torch.nn.Module, uri: str | None = None, name: str = "model.pt") -> str | None:
     """Gather the full model state (a collective for FSDP) and write it from rank 0 to ``uri/name``
     (default: the job's output URI). Returns the URI written, on rank 0."""
-    uri = uri or os.environ.get("CLOUDTRAIN_OUTPUT_URI")
+    uri = uri or os.environ.get(contract.OUTPUT_URI)
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() != 0 or not uri:
         return None
-    local = Path(os.environ.get("CLOUDTRAIN_CHECKPOINT_DIR", "/tmp")) / f".final-{name}"
+    local = Path(os.environ.get(contract.CHECKPOINT_DIR, "/tmp")) / f".final-{name}"
     local.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, local)
     target = storage.join(uri, name)

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from cloudtrain import contract
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -23,7 +25,7 @@ class DistContext:
 def pick_backend_and_device(local_rank: int) -> tuple[str, Any]:
     import torch
 
-    if torch.cuda.is_available() and os.environ.get("CLOUDTRAIN_FORCE_CPU") != "1":
+    if torch.cuda.is_available() and os.environ.get(contract.FORCE_CPU) != "1":
         torch.cuda.set_device(local_rank)
         return "nccl", torch.device("cuda", local_rank)
     return "gloo", torch.device("cpu")

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cloudtrain import contract
 from cloudtrain.runtime.distributed import DistContext
 
 
@@ -28,7 +29,7 @@ def fsdp2_api() -> tuple[Any, Any]:
 
 def wrap_model(model: nn.Module, ctx: DistContext, strategy: str | None = None, *, bf16: bool = False,
                blocks: list[nn.Module] | None = None) -> nn.Module:
-    strategy = strategy or os.environ.get("CLOUDTRAIN_STRATEGY", "ddp")
+    strategy = strategy or os.environ.get(contract.STRATEGY, "ddp")
     model = model.to(ctx.device)
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP

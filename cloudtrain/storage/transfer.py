@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cloudtrain import contract
 from cloudtrain.errors import CloudtrainError
 
 THREADS = 8  # streams at once per process: what the clients' connection pools are sized for
@@ -38,7 +39,7 @@ ATTEMPTS = 5
 
 
 def threads() -> int:
-    return max(1, int(os.environ.get("CLOUDTRAIN_TRANSFER_THREADS") or THREADS))
+    return max(1, int(os.environ.get(contract.TRANSFER_THREADS) or THREADS))
 
 
 @dataclass

@@ -7,19 +7,16 @@ PyTorch image; the bootstrap reads SageMaker's resourceconfig.json and starts to
 from __future__ import annotations
 
 import builtins
-import json
 import os
-import time
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
-from cloudtrain import catalog
+from cloudtrain import catalog, registry
 from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
-from cloudtrain.nodes import bootstrap_args, launcher_note, node_command
+from cloudtrain.nodes import bootstrap_args, launcher_note
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
 from cloudtrain.providers.aws import request as rq
@@ -32,6 +29,10 @@ from cloudtrain.spec import JobSpec, project_options
 from cloudtrain.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+
+
+class _Exists(Exception):
+    """CreateTrainingJob said the name is taken: the retry of a create whose answer was lost, if the job is ours."""
 
 
 class SageMakerProvider(Provider):
@@ -73,23 +74,19 @@ class SageMakerProvider(Provider):
         notes += located
         prefix = bundle_prefix(home, package)
         machine = catalog.machine_of("aws", target.instance_type, spec.accelerator_model, spec.gpus_per_node)
-        gpus = machine.gpus
-        nproc = str(spec.procs_per_node) if isinstance(spec.procs_per_node, int) else str(gpus) if gpus else "auto"
+        known = machine.vcpus is not None or machine.gpus  # an explicit type cloudtrain has no data for: unknown
+        nproc = self.processes(spec, machine.gpus if known else None)
         args = bootstrap_args(spec, bundle=f"{rq.CHANNEL_DIR}/{BUNDLE_NAME}", digest=package.digest,
-                              workdir=rq.WORKDIR, job_id=job_name, nproc=nproc)
+                              workdir=rq.WORKDIR, job_id=job_name, contract=self.declaration.node_path(), nproc=nproc)
         request, more_notes = rq.create_training_job(spec, job_name=job_name, target=target, bundle_prefix=prefix,
                                                      digest=package.digest, container_args=args, output_path=output)
         check_request("sagemaker", "CreateTrainingJob", request)
-        hosts = [f"algo-{i + 1}" for i in range(spec.nodes)]
-        nodes = []
-        for rank, host in enumerate(hosts):
-            # derive each node's torchrun line under the variables SageMaker's hosts see (GPUs included)
-            seen = {**request["Environment"], "SM_HOSTS": json.dumps(hosts), "SM_CURRENT_HOST": host,
-                    "SM_CURRENT_INSTANCE_TYPE": target.instance_type, "SM_NETWORK_INTERFACE_NAME": "<the host's>",
-                    "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
-            command = node_command(rank, rq.PYTHON, f"{rq.CHANNEL_DIR}/{BOOTSTRAP_NAME}", args, seen, job_name)
-            nodes.append(replace(command, env=request["Environment"]))
-        if note := launcher_note("aws", seen):
+        env = request["Environment"]
+        nodes = self.node_commands(spec, job_id=job_name, python=rq.PYTHON, args=args, env=env,
+                                   bootstrap=f"{rq.CHANNEL_DIR}/{BOOTSTRAP_NAME}", machine_type=target.instance_type)
+        contract = registry.node_contract(self.name)
+        if note := launcher_note("aws", contract, {**env, **contract.planned(spec.nodes, 0, job_name,
+                                                                             target.instance_type)}, machine.gpus):
             notes.append(note)
         return Plan(provider=self.name, job_id=job_name, spec=spec, package=package, request=request, nodes=nodes,
                     staging={"prefix": prefix, "bundle": f"{prefix}/{BUNDLE_NAME}", "region": target.region},
@@ -97,39 +94,36 @@ class SageMakerProvider(Provider):
 
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:
-        request = plan.request
-        for value, field in ((request["RoleArn"], "providers.aws.role"),
-                             (request["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"],
-                              "providers.aws.bucket")):
-            if rq.PLACEHOLDER_ROLE in value or rq.PLACEHOLDER_BUCKET in value:
-                raise UserError("is not set: the plan holds a placeholder", field=field,
-                                remedy=f"set {field} in the spec (or --set {field}=...), or "
-                                       f"CLOUDTRAIN_AWS_{field.rsplit('.', 1)[1].upper()}")
+        request = plan.request  # a placeholder left in it was refused by Provider.submit
         region = plan.staging["region"]
         handle = JobHandle(self.name, plan.job_id, (region,))
         with aws_errors(f"staging the bundle under {plan.staging['prefix']}"):
             stage_bundle(plan.package, plan.staging["prefix"])
         sm = self._client("sagemaker", region)
         digest = plan.package.digest
-        if self._created_by(sm, plan.job_id, digest):  # this plan was submitted already (a retried submit)
-            return handle
         from botocore.exceptions import ClientError
 
-        try:
+        def create() -> JobHandle:
             with aws_errors(f"creating training job {plan.job_id}"):
                 try:
                     sm.create_training_job(**request)
-                except ClientError as exc:
-                    # botocore retried a create whose first answer was lost: the job exists, and it is ours
-                    if "already exists" in str(exc) and self._created_by(sm, plan.job_id, digest):
-                        return handle
+                except ClientError as exc:  # botocore retried a create whose first answer was lost
+                    if "already exists" in str(exc):
+                        raise _Exists from None
                     raise
+            return handle
+
+        try:
+            return self.created_once(lambda: handle if self._created_by(sm, plan.job_id, digest) else None, create,
+                                     lost=(_Exists,))
+        except _Exists:
+            raise UserError(f"a training job named {plan.job_id} already exists and is not this plan's",
+                            remedy="plan the job again (it gets a new name)") from None
         except UserError as exc:
             if exc.remedy:
                 raise
             raise UserError(exc.message, remedy="check the plan (`cloudtrain plan --provider aws -o json`) "
                                                 "against the message") from None
-        return handle
 
     def _created_by(self, sm: Any, job_name: str, digest: str) -> bool:
         from botocore.exceptions import ClientError
@@ -221,9 +215,8 @@ class SageMakerProvider(Provider):
         """Every node's CloudWatch stream (``<job>/algo-<n>-<epoch>``), each line prefixed with its host."""
         logs = self._client("logs", self._region(handle))
         tokens: dict[str, str] = {}
-        while True:
-            ended = follow and self._describe(handle).state.terminal  # read once more after the end, then stop
-            printed = False
+
+        def read() -> Iterator[str]:
             for stream in self._streams(logs, handle.job_id):
                 host = stream.split("/", 1)[1].rsplit("-", 1)[0]
                 while True:
@@ -232,16 +225,12 @@ class SageMakerProvider(Provider):
                         kwargs["nextToken"] = tokens[stream]
                     with aws_errors(f"reading logs of {handle}"):
                         page = logs.get_log_events(**kwargs)
-                    for event in page.get("events", []):
-                        printed = True
-                        yield f"[{host}] {event['message']}"
+                    yield from (f"[{host}] {event['message']}" for event in page.get("events", []))
                     previous, tokens[stream] = tokens.get(stream), page.get("nextForwardToken", "")
                     if not page.get("events") or previous == tokens[stream]:
                         break
-            if not follow or (ended and not printed):
-                return
-            if not printed:
-                time.sleep(self.log_poll)
+
+        return self.follow_logs(handle, follow, read, self.log_poll)
 
     @staticmethod
     def _streams(logs: Any, job_name: str) -> builtins.list[str]:

@@ -11,6 +11,7 @@ mirror local deletes (the Checkpointer prunes its local copies) into the bucket.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from cloudtrain import __version__
 from cloudtrain.errors import SpecError
 from cloudtrain.naming import platform_tags
 from cloudtrain.nodes import input_env, job_env
+from cloudtrain.providers.aws import PROVIDER
 from cloudtrain.spec import JobSpec
 
 CHANNEL = "cloudtrain"
@@ -25,8 +27,8 @@ CHANNEL_DIR = f"/opt/ml/input/data/{CHANNEL}"
 WORKDIR = "/opt/ml/cloudtrain"
 PYTHON = "python3"
 MAX_SECONDS = 28 * 24 * 3600  # SageMaker's ceiling for MaxRuntimeInSeconds and MaxWaitTimeInSeconds
-PLACEHOLDER_ROLE = "arn:aws:iam::000000000000:role/SET-providers.aws.role"
-PLACEHOLDER_BUCKET = "set-providers-aws-bucket"
+PLACEHOLDER_ROLE = PROVIDER.placeholders["role"]  # what a plan shows while unset
+PLACEHOLDER_BUCKET = PROVIDER.placeholders["bucket"]  # what a plan shows while unset
 MANAGED_TAG = "cloudtrain:managed"  # how `list` finds cloudtrain's jobs among all of an account's
 DIGEST_TAG = "cloudtrain:bundle"  # how a retried submit recognises the job it already created
 
@@ -81,8 +83,29 @@ def stopping_condition(spec: JobSpec) -> tuple[dict[str, int], list[str]]:
     return condition, notes
 
 
+# SageMaker tags: keys 1-128, values 0-256 characters of Unicode letters, digits, separators (not tabs or newlines)
+# and _.:/=+-@ ; the prefix 'aws:' is reserved.
+_AWS_EXTRA = set("_.:/=+-@")
+
+
+def _clean(text: str) -> str:
+    return "".join(ch if ch in _AWS_EXTRA or unicodedata.category(ch)[0] in "LNZ" else "_" for ch in text)
+
+
+def tag_rule(key: str, value: str) -> tuple[str, str]:
+    if key.lower().startswith("aws:"):
+        raise SpecError(f"tag {key!r} uses the prefix 'aws:', which AWS reserves", field=f"tags.{key}",
+                        remedy="choose another key")
+    return _clean(key)[:128] or "_", _clean(value)[:256]
+
+
+def user_tags(tags: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The spec's tags as SageMaker accepts them, and a note for each that changed."""
+    return platform_tags("aws", tags, tag_rule)
+
+
 def tags(spec: JobSpec, digest: str) -> tuple[list[dict[str, str]], list[str]]:
-    user, notes = platform_tags("aws", spec.tags)
+    user, notes = user_tags(spec.tags)
     ours = {MANAGED_TAG: "true", "cloudtrain:job": str(spec.name), DIGEST_TAG: digest,
             "cloudtrain:version": __version__}
     return [{"Key": k, "Value": v} for k, v in {**user, **ours}.items()], notes

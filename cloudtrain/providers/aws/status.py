@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cloudtrain import contract
 from cloudtrain.providers.base import JobState
 
 _STARTING = {"Starting", "Pending", "LaunchingMLInstances", "PreparingTrainingStack", "Downloading",
@@ -49,7 +50,7 @@ def describe_details(job: dict[str, Any]) -> dict[str, Any]:
         "instance_count": (job.get("ResourceConfig") or {}).get("InstanceCount"),
         "spot": bool(job.get("EnableManagedSpotTraining")),
         "spot_interruptions": sum(1 for t in transitions if t.get("Status") == "Interrupted"),
-        "output_uri": (job.get("Environment") or {}).get("CLOUDTRAIN_OUTPUT_URI")
+        "output_uri": (job.get("Environment") or {}).get(contract.OUTPUT_URI)
         or (job.get("OutputDataConfig") or {}).get("S3OutputPath"),
     }
     for key, name in (("TrainingTimeInSeconds", "training_seconds"), ("BillableTimeInSeconds", "billable_seconds"),

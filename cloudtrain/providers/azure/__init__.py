@@ -1,1 +1,13 @@
-"""Azure Machine Learning command jobs. azure-ai-ml is imported inside calls only (about 1.5 s)."""
+"""Azure Machine Learning command jobs. azure-ai-ml is imported inside calls only (about 1.5 s).
+
+This folder is the whole provider; ``PROVIDER`` says where each part is (see cloudtrain/registry.py)."""
+
+from cloudtrain.registry import Declaration
+
+PROVIDER = Declaration(
+    name="azure", summary="Azure Machine Learning command jobs", package=__name__,
+    provider="provider:AzureMLProvider", title="Azure ML", extra="azure", requires=("azure.ai.ml",),
+    options="options:AzureOptions", settings="settings:platform_setting", doctor="doctor:checks", node="node",
+    platform="azureml", catalog="catalog.json", instance_option="providers.azure.instance_type",
+    images="images.json", torch_minors="images:offered_minors", export="export",
+)

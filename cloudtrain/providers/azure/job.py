@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from cloudtrain import catalog, images
+from cloudtrain import catalog, contract, images
 from cloudtrain.errors import SpecError
 from cloudtrain.images import Runtime
 from cloudtrain.nodes import input_env, job_env
@@ -74,6 +74,18 @@ def inputs(spec: JobSpec) -> dict[str, dict[str, str]]:
     return found
 
 
+def without_local_checkpoints(spec: JobSpec) -> tuple[JobSpec, list[str]]:
+    """A ``file://`` checkpoint URI is on this computer, which no Azure node reaches (and Azure has no bucket option
+    to derive a default from, unlike S3 and GCS): the job is sent, and planned, without one, loudly."""
+    uri = spec.checkpoint.uri
+    if not uri or not uri.startswith("file://"):
+        return spec, []
+    note = (f"azure: CHECKPOINTS OFF: checkpoint.uri {uri} is on this computer, which the nodes cannot reach, so "
+            "the job is sent without one; set checkpoint.uri to az://ACCOUNT/CONTAINER/PATH to resume after "
+            "preemption")
+    return spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"uri": None})}), [note]
+
+
 def command_job(spec: JobSpec, *, job_name: str, digest: str,
                 bootstrap: list[str]) -> tuple[dict[str, Any], Runtime, list[str]]:
     """The job YAML as a dict, the runtime its nodes run, and notes for the plan's reader. ``bootstrap``: the
@@ -86,11 +98,6 @@ def command_job(spec: JobSpec, *, job_name: str, digest: str,
                         + (" on spot (low-priority) nodes" if spec.spot else ""), field="max_runtime",
                         remedy=f"use at most {limit // 86400}d and let the job resume from its checkpoints")
     runtime, notes = environment(spec)
-    if spec.checkpoint.uri and spec.checkpoint.uri.startswith("file://"):
-        notes.append(f"azure: CHECKPOINTS OFF: checkpoint.uri {spec.checkpoint.uri} is on this computer, which the "
-                     "nodes cannot reach, so the job is sent without one; set checkpoint.uri to "
-                     "az://ACCOUNT/CONTAINER/PATH to resume after preemption")
-        spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"uri": None})})
     inline = spec.image.uri and not options.environment  # an image, not an environment asset: inline environment
     env_ref: str | dict[str, str] = {"image": runtime.image} if inline else runtime.image
     job_inputs = inputs(spec)
@@ -109,7 +116,7 @@ def command_job(spec: JobSpec, *, job_name: str, digest: str,
         "code": CODE_DIR,
         "command": command,
         "environment": env_ref,
-        "environment_variables": {**job_env(spec), "CLOUDTRAIN_NNODES": str(spec.nodes)},
+        "environment_variables": {**job_env(spec), contract.NNODES: str(spec.nodes)},
         "distribution": {"type": "pytorch", "process_count_per_instance": 1},
         "resources": resources,
         "limits": {"timeout": spec.max_runtime},

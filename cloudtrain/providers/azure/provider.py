@@ -9,17 +9,15 @@ import builtins
 import io
 import logging
 import os
-import time
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import yaml
 
-from cloudtrain import catalog
+from cloudtrain import catalog, contract
 from cloudtrain.errors import HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
-from cloudtrain.nodes import bootstrap_args, node_command
+from cloudtrain.nodes import bootstrap_args
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
 from cloudtrain.providers.azure import job as aj
@@ -34,8 +32,6 @@ from cloudtrain.staging import new_job_id
 # knowingly, and a plan's stderr should hold what the user must act on
 for _name in ("azure.ai.ml._utils._experimental", "azure.ai.ml._schema.core.fields"):
     logging.getLogger(_name).setLevel(logging.ERROR)
-
-AZURE_MASTER_PORT = "6105"  # what Azure ML's PyTorch distribution sets; shown in the plan's derived torchrun lines
 
 
 def load_validated(job: dict[str, Any], code: str) -> Any:
@@ -65,7 +61,7 @@ class AzureMLProvider(Provider):
     def _client(self, scope: tuple[str, ...], options: Any = None) -> Any:
         if scope not in self._clients:
             if options is None:
-                from cloudtrain.spec import AzureOptions
+                from cloudtrain.providers.azure.options import AzureOptions
 
                 options = AzureOptions(subscription_id=scope[0], resource_group=scope[1], workspace=scope[2])
             self._clients[scope] = ml_client(options, self.credential, self.transport)
@@ -74,27 +70,22 @@ class AzureMLProvider(Provider):
     # -- plan (offline) --------------------------------------------------------------------------------
     def _plan(self, spec: JobSpec, package: Package) -> Plan:
         job_name = new_job_id(str(spec.name))
+        spec, checkpoint_notes = aj.without_local_checkpoints(spec)
         options = spec.providers.azure
         instance = None if options.compute else catalog.instance_for(
             "azure", spec.accelerator_model, spec.gpus_per_node, options.instance_type)
         machine = catalog.machine_of("azure", instance, spec.accelerator_model, spec.gpus_per_node) if instance \
             else None  # a named cluster: its VM size is the workspace's, unseen offline
-        gpus = machine.gpus if machine else spec.gpus_per_node
-        nproc = str(spec.procs_per_node) if isinstance(spec.procs_per_node, int) else str(gpus) if gpus else "auto"
+        nproc = self.processes(spec, machine.gpus if machine else None)
         args = bootstrap_args(spec, bundle=BUNDLE_NAME, digest=package.digest, workdir=aj.WORKDIR, job_id=job_name,
-                              nproc=nproc)
+                              contract=self.declaration.node_path(), nproc=nproc)
         job, runtime, notes = aj.command_job(spec, job_name=job_name, digest=package.digest, bootstrap=args)
+        notes[:0] = checkpoint_notes
         schema.check_job(job, aj.SPEC_FIELDS)  # what load_job would reject, from the snapshot: no SDK import
         body = rest.body(job)  # codeId: the code folder, which submit uploads and replaces with its asset id
-        nodes = []
-        for rank in range(spec.nodes):  # what each node's bootstrap derives from the variables Azure ML sets
-            seen = {**job["environment_variables"], "AZUREML_RUN_ID": job_name, "MASTER_ADDR": "<node 0>",
-                    "MASTER_PORT": AZURE_MASTER_PORT, "NODE_RANK": str(rank), "WORLD_SIZE": str(spec.nodes),
-                    "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
-            command = node_command(rank, "python", BOOTSTRAP_NAME, args, seen, job_name, gpus_known=bool(machine)
-                                   or bool(spec.gpus_per_node))
-            nodes.append(replace(command, env=job["environment_variables"]))
-        if nproc == "auto" and not machine and not spec.gpus_per_node:
+        nodes = self.node_commands(spec, job_id=job_name, python="python", bootstrap=BOOTSTRAP_NAME, args=args,
+                                   env=job["environment_variables"])
+        if nproc is None:
             notes.append(f"azure: the VM size of cluster {options.compute!r} is not known offline: each node starts "
                          "one process per GPU it has (1 without GPUs); set accelerator or procs_per_node to fix it")
         staging = {"code": aj.CODE_DIR, "upload": "the workspace's default datastore, by content hash, at submit"}
@@ -115,16 +106,25 @@ class AzureMLProvider(Provider):
         scope = workspace_of(options)
         handle = JobHandle(self.name, plan.job_id, scope)
         ml = self._client(scope, options)
-        existing = self._get(ml, plan.job_id)
-        if existing is not None:  # this plan was submitted already (a retried submit)
+
+        def find() -> JobHandle | None:  # the job this plan created already (a retried submit), if any
+            existing = self._get(ml, plan.job_id)
+            if existing is None:
+                return None
             if (existing.tags or {}).get(aj.DIGEST_TAG) != plan.package.digest:
                 raise UserError(f"an Azure ML job named {plan.job_id} already exists and is not this plan's",
                                 remedy="plan the job again (it gets a new name)")
             return handle
-        entity = load_validated(plan.request["job"], str(plan.package.staging_folder()))
-        with azure_errors(f"creating Azure ML job {plan.job_id}"):
-            ml.jobs.create_or_update(entity)  # uploads the code folder unless its content hash is known
-        return handle
+
+        def create() -> JobHandle:
+            entity = load_validated(plan.request["job"], str(plan.package.staging_folder()))
+            with azure_errors(f"creating Azure ML job {plan.job_id}"):
+                ml.jobs.create_or_update(entity)  # uploads the code folder unless its content hash is known
+            return handle
+
+        from azure.core.exceptions import ServiceRequestError, ServiceResponseError
+
+        return self.created_once(find, create, lost=(ServiceRequestError, ServiceResponseError))
 
     @staticmethod
     def _get(ml: Any, name: str) -> Any:
@@ -180,7 +180,7 @@ class AzureMLProvider(Provider):
         details = {"azure_status": status, "max_restarts": int(tags.get(aj.RESTARTS_TAG, "0") or 0),
                    "restart_of": tags.get(aj.RESTART_OF_TAG), "compute": job.compute,
                    "experiment": job.experiment_name, "studio_url": getattr(job, "studio_url", None),
-                   "output_uri": (getattr(job, "environment_variables", None) or {}).get("CLOUDTRAIN_OUTPUT_URI")}
+                   "output_uri": (getattr(job, "environment_variables", None) or {}).get(contract.OUTPUT_URI)}
         return JobStatus(handle=handle, name=job.display_name or job.name, state=state, message=message,
                          created_at=float(created.timestamp()) if hasattr(created, "timestamp") else None,
                          details={k: v for k, v in details.items() if v is not None})
@@ -199,7 +199,8 @@ class AzureMLProvider(Provider):
             ml.jobs.begin_cancel(handle.job_id)  # the service stops it; describe shows the progress
 
     def _list(self, limit: int) -> builtins.list[JobStatus]:
-        from cloudtrain.spec import AzureOptions, project_options
+        from cloudtrain.providers.azure.options import AzureOptions
+        from cloudtrain.spec import project_options
 
         # the workspace of the project here (cloudtrain.yaml), else the profile's, else the standard config.json
         known = project_options("azure")
@@ -221,25 +222,20 @@ class AzureMLProvider(Provider):
         ml = self._client(self._scope(handle))
         offsets: dict[str, int] = {}
         partial: dict[str, str] = {}
-        while True:
-            ended = follow and self._describe(handle).state.terminal
-            printed = False
+
+        def node(name: str) -> str:
+            return name.rsplit("_", 1)[-1].removesuffix(".txt")
+
+        def read() -> Iterator[str]:
             files = getattr(self._run_details(ml, handle.job_id), "log_files", None) or {}
             for name in sorted(n for n in files if n.startswith("user_logs/std_log")):
-                node = name.rsplit("_", 1)[-1].removesuffix(".txt")
-                text = partial.pop(name, "") + self._read_from(files[name], offsets, name)
-                lines = text.split("\n")
+                lines = (partial.pop(name, "") + self._read_from(files[name], offsets, name)).split("\n")
                 if lines[-1]:
                     partial[name] = lines[-1]  # an unfinished line waits for the rest
-                for line in lines[:-1]:
-                    printed = True
-                    yield f"[node {node}] {line}"
-            if not follow or (ended and not printed):
-                for name, rest in partial.items():
-                    yield f"[node {name.rsplit('_', 1)[-1].removesuffix('.txt')}] {rest}"
-                return
-            if not printed:
-                time.sleep(self.log_poll)
+                yield from (f"[node {node(name)}] {line}" for line in lines[:-1])
+
+        return self.follow_logs(handle, follow, read, self.log_poll,
+                                rest=lambda: (f"[node {node(name)}] {text}" for name, text in partial.items()))
 
     @staticmethod
     def _read_from(url: str, offsets: dict[str, int], name: str) -> str:

@@ -1,7 +1,7 @@
 """The prebuilt Vertex AI PyTorch training container for a spec and region.
 
 google-cloud-aiplatform ships lists of prediction and Ray images but none of training images, so the table in
-``cloudtrain/data/images.json`` follows Google's "Prebuilt containers for custom training" page. Vertex accepts these
+``images.json`` in this folder follows Google's "Prebuilt containers for custom training" page. Vertex accepts these
 images only by their ``:latest`` tag, and each follows one torch minor: the plan says so. The GPU build is used on CPU
 machines too (a CUDA build of torch runs on CPU), so one image serves a job whatever its machines.
 """
@@ -37,3 +37,8 @@ def runtime_for(spec: JobSpec, region: str) -> tuple[Runtime, list[str]]:
     uri = f"{registry_for(region)}/vertex-ai/training/{entry['tag']}:latest"
     return Runtime(image=uri, torch=entry["torch"], python=entry["python"], pinned=False,
                    source=f"Vertex's prebuilt training containers page, as of {images.data()['gcp']['as_of']}"), notes
+
+
+def offered_minors() -> list[str]:
+    """The torch minors a prebuilt container is known for."""
+    return list(images.data()["gcp"]["containers"])

@@ -11,9 +11,7 @@ from __future__ import annotations
 import builtins
 import json
 import os
-import time
 from collections.abc import Iterator
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -22,7 +20,7 @@ from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
-from cloudtrain.nodes import bootstrap_args, node_command
+from cloudtrain.nodes import bootstrap_args
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
 from cloudtrain.providers.base import JobStatus, Provider
@@ -104,11 +102,10 @@ class VertexProvider(Provider):
         spec, output, located = cloud_locations(spec, home, "gcp", job_id)
         notes += located
         prefix = bundle_prefix(home, package)
-        gpus = target.machine.accelerator_count
-        nproc = str(spec.procs_per_node) if isinstance(spec.procs_per_node, int) else str(gpus) if gpus else "auto"
+        nproc = self.processes(spec, target.machine.accelerator_count)
         mounted = rq.gcs_path(prefix)
         args = bootstrap_args(spec, bundle=f"{mounted}/{BUNDLE_NAME}", digest=package.digest, workdir=rq.WORKDIR,
-                              job_id=job_id, nproc=nproc)
+                              job_id=job_id, contract=self.declaration.node_path(), nproc=nproc)
         command = [rq.PYTHON, f"{mounted}/{BOOTSTRAP_NAME}"]
         options = spec.providers.gcp
         request, more_notes = rq.custom_job(spec, job_id=job_id, target=target, digest=package.digest,
@@ -116,18 +113,8 @@ class VertexProvider(Provider):
                                             strategy=options.capacity.upper() if options.capacity else None,
                                             max_wait=options.flex_start_max_wait)
         check_request(request["customJob"])
-        env = rq.node_environment(spec)
-        hosts = {"workerpool0": [f"workerpool0-0:{rq.CLUSTER_PORT}"]}
-        if spec.nodes > 1:
-            hosts["workerpool1"] = [f"workerpool1-{i}:{rq.CLUSTER_PORT}" for i in range(spec.nodes - 1)]
-        nodes = []
-        for rank in range(spec.nodes):
-            # each node's torchrun line, derived under the CLUSTER_SPEC Vertex gives that replica (GPUs included)
-            task = {"type": "workerpool0", "index": 0} if rank == 0 else {"type": "workerpool1", "index": rank - 1}
-            seen = {**env, "CLUSTER_SPEC": json.dumps({"cluster": hosts, "task": task, "environment": "cloud"}),
-                    "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
-            node = node_command(rank, rq.PYTHON, command[1], args, seen, job_id)
-            nodes.append(replace(node, env=env))
+        nodes = self.node_commands(spec, job_id=job_id, python=rq.PYTHON, bootstrap=command[1], args=args,
+                                   env=rq.node_environment(spec))
         chosen = target.machine
         machine = catalog.machine_of("gcp", chosen.machine_type, spec.accelerator_model, chosen.accelerator_count,
                                      chosen.accelerator_type)
@@ -145,33 +132,27 @@ class VertexProvider(Provider):
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:
         project, region = plan.staging["project"], plan.staging["region"]
-        for value, placeholder, field in ((project, rq.PLACEHOLDER_PROJECT, "project"),
-                                          (plan.staging["prefix"], rq.PLACEHOLDER_BUCKET, "bucket")):
-            if placeholder in value:
-                raise UserError("is not set: the plan holds a placeholder", field=f"providers.gcp.{field}",
-                                remedy=f"set providers.gcp.{field} in the spec (or --set providers.gcp.{field}=...), "
-                                       f"or CLOUDTRAIN_GCP_{field.upper()}")
         job = self._proto(plan.request["customJob"])  # the SDK's own parser: the last check before sending
         parent = plan.request["parent"]
         with gcp_errors(f"staging the bundle under {plan.staging['prefix']}"):
             stage_bundle(plan.package, plan.staging["prefix"])
         client = self._client(region)
         digest = plan.package.digest.split(":", 1)[-1][:63]
-        found = self._find(client, parent, plan.job_id, digest)
-        if found:  # this plan was submitted already (a retried submit)
-            return JobHandle(self.name, found, (project, region))
         from google.api_core import exceptions as api
 
+        def find() -> JobHandle | None:  # the job this plan created (it carries the plan's label), if any
+            found = self._find(client, parent, plan.job_id, digest)
+            return JobHandle(self.name, found, (project, region)) if found else None
+
+        lost = (api.DeadlineExceeded, api.ServiceUnavailable, api.InternalServerError, OSError)
+
+        def create() -> JobHandle:
+            created = client.create_custom_job(parent=parent, custom_job=job, timeout=self.create_timeout)
+            return JobHandle(self.name, created.name.rsplit("/", 1)[1], (project, region))
+
+        # a lost answer (timeout, 5xx): the job may exist, and it is ours if it carries this plan's label
         with gcp_errors(f"creating custom job {plan.job_id}"):
-            try:
-                created = client.create_custom_job(parent=parent, custom_job=job, timeout=self.create_timeout)
-            except (api.DeadlineExceeded, api.ServiceUnavailable, api.InternalServerError, OSError):
-                # the answer was lost: the job may exist, and it is ours if it carries this plan's label
-                found = self._find(client, parent, plan.job_id, digest)
-                if found:
-                    return JobHandle(self.name, found, (project, region))
-                raise
-        return JobHandle(self.name, created.name.rsplit("/", 1)[1], (project, region))
+            return self.created_once(find, create, lost=lost)
 
     @staticmethod
     def _proto(body: dict[str, Any]) -> Any:
@@ -288,9 +269,9 @@ class VertexProvider(Provider):
         session = http_session(credentials_for(endpoint, self.credentials))
         base = f'resource.type="ml_job" AND resource.labels.job_id="{handle.job_id}"'
         since, seen = "", set[str]()  # entries at the newest timestamp read, so a re-read prints nothing twice
-        while True:
-            ended = follow and self._describe(handle).state.terminal  # read once more after the end, then stop
-            printed = False
+
+        def read() -> Iterator[str]:
+            nonlocal since, seen
             query = f'{base} AND timestamp>="{since}"' if since else base
             for entry in self._entries(session, endpoint, project, query, handle):
                 key = entry.get("insertId") or json.dumps(entry, sort_keys=True)
@@ -299,18 +280,14 @@ class VertexProvider(Provider):
                 if entry.get("timestamp", "") > since:
                     since, seen = entry["timestamp"], set()
                 seen.add(key)
-                printed = True
                 task = (entry.get("resource", {}).get("labels", {}).get("task_name") or
                         entry.get("labels", {}).get("ml.googleapis.com/task_name") or "job")
                 text = entry.get("textPayload")
                 if text is None:
                     text = (entry.get("jsonPayload") or {}).get("message", "")
-                for line in str(text).rstrip("\n").split("\n"):
-                    yield f"[{task}] {line}"
-            if not follow or (ended and not printed):
-                return
-            if not printed:
-                time.sleep(self.log_poll)
+                yield from (f"[{task}] {line}" for line in str(text).rstrip("\n").split("\n"))
+
+        return self.follow_logs(handle, follow, read, self.log_poll)
 
     @staticmethod
     def _entries(session: Any, endpoint: str, project: str, query: str, handle: JobHandle) -> Iterator[dict[str, Any]]:

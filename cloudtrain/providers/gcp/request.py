@@ -10,6 +10,7 @@ Worker pool 0 is the primary (one replica), pool 1 the other N-1 nodes: the boot
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,15 +18,15 @@ from cloudtrain import __version__
 from cloudtrain.errors import SpecError
 from cloudtrain.naming import platform_tags
 from cloudtrain.nodes import input_env, job_env
+from cloudtrain.providers.gcp import PROVIDER
 from cloudtrain.providers.gcp.machines import Machine
 from cloudtrain.spec import JobSpec
 
 PYTHON = "python"
 WORKDIR = "/tmp/cloudtrain"
 GCS_MOUNT = "/gcs"
-CLUSTER_PORT = 2222  # the port Vertex writes into CLUSTER_SPEC
-PLACEHOLDER_PROJECT = "set-providers-gcp-project"
-PLACEHOLDER_BUCKET = "set-providers-gcp-bucket"
+PLACEHOLDER_PROJECT = PROVIDER.placeholders["project"]  # what a plan shows while unset
+PLACEHOLDER_BUCKET = PROVIDER.placeholders["bucket"]  # what a plan shows while unset
 # Labels: how `list` finds cloudtrain's jobs, how a retried submit or resubmission finds the job it already made,
 # and what the recovery loop reads back (max_restarts) on a machine that never saw the spec.
 MANAGED_LABEL = "cloudtrain-managed"
@@ -65,8 +66,24 @@ def node_environment(spec: JobSpec) -> dict[str, str]:
     return env
 
 
+# Vertex labels: lowercase letters, digits, '_' and '-'; keys start with a letter; both at most 63 characters.
+_BAD = re.compile(r"[^a-z0-9_-]")
+
+
+def label_rule(key: str, value: str) -> tuple[str, str]:
+    key = _BAD.sub("_", key.lower())
+    if not key[:1].isalpha():
+        key = "t" + key
+    return key[:63], _BAD.sub("_", value.lower())[:63]
+
+
+def user_labels(tags: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The spec's tags as Vertex labels, and a note for each that changed."""
+    return platform_tags("gcp", tags, label_rule)
+
+
 def labels(spec: JobSpec, job_id: str, digest: str) -> tuple[dict[str, str], list[str]]:
-    user, notes = platform_tags("gcp", spec.tags)
+    user, notes = user_labels(spec.tags)
     ours = {MANAGED_LABEL: "true", "cloudtrain-job": str(spec.name), PLAN_LABEL: job_id,
             DIGEST_LABEL: digest.split(":", 1)[-1][:63], "cloudtrain-version": __version__.replace(".", "-"),
             MAX_RESTARTS_LABEL: str(spec.max_restarts)}

@@ -14,24 +14,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
-from cloudtrain import storage
+from cloudtrain import contract, registry, storage
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.home import cloudtrain_home, default_store_uri
 from cloudtrain.nodes import bootstrap_args, job_env, node_command
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
-from cloudtrain.plan import Plan
+from cloudtrain.plan import NodeCommand, Plan
+from cloudtrain.procs import is_alive, kill_tagged, signal_group, start_ticks, tag_alive
 from cloudtrain.providers.base import JobState, JobStatus, Provider
 from cloudtrain.providers.local import outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
-from cloudtrain.providers.local.procs import is_alive, kill_tagged, signal_group, start_ticks, tag_alive
 from cloudtrain.spec import JobSpec
 from cloudtrain.staging import bundle_prefix, default_output_uri, new_job_id, stage_bundle
 
 _ACTIVE = ("pending", "running", "stopping")
+PORT_AT_SUBMIT = 0  # in a plan's node variables: the rendezvous port, which submit chooses
 START_TIMEOUT = 120.0  # seconds a submitted job may wait for a supervisor before it is declared never started
 LOST_MARGIN = 30.0  # beyond the grace period: how long nodes may take to stop after their supervisor is gone
 
@@ -42,41 +44,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def cluster_contract(emulate: str | None, nnodes: int, rank: int, port: int, node_dir: Path,
-                     job_id: str) -> tuple[dict[str, str], dict[str, str]]:
-    """The variables (and files) node ``rank`` sees: cloudtrain's local contract, or the one a cloud platform sets
-    up, so the bootstrap's platform detection runs here exactly as it runs there."""
-    if emulate == "sagemaker":
-        base = node_dir / "opt-ml"
-        hosts = [f"algo-{i + 1}" for i in range(nnodes)]
-        config = {"current_host": hosts[rank], "hosts": hosts, "network_interface_name": "lo",
-                  "current_instance_type": "local"}
-        env = {"SAGEMAKER_BASE_DIR": str(base), "CLOUDTRAIN_MASTER_OVERRIDE": f"127.0.0.1:{port}"}
-        return env, {str(base / "input" / "config" / "resourceconfig.json"): json.dumps(config)}
-    if emulate == "azureml":
-        return {"AZUREML_RUN_ID": job_id, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                "NODE_RANK": str(rank), "WORLD_SIZE": str(nnodes), "RANK": str(rank), "LOCAL_RANK": "0",
-                "CLOUDTRAIN_NNODES": str(nnodes)}, {}
-    if emulate == "vertex":
-        cluster = {"workerpool0": [f"127.0.0.1:{port}"]}
-        if nnodes > 1:
-            cluster["workerpool1"] = [f"127.0.0.1:{port}"] * (nnodes - 1)
-        task = {"type": "workerpool0", "index": 0} if rank == 0 else {"type": "workerpool1", "index": rank - 1}
-        return {"CLUSTER_SPEC": json.dumps({"cluster": cluster, "task": task, "environment": "cloud"})}, {}
-    return {"CLOUDTRAIN_NNODES": str(nnodes), "CLOUDTRAIN_NODE_RANK": str(rank), "CLOUDTRAIN_MASTER_ADDR": "127.0.0.1",
-            "CLOUDTRAIN_MASTER_PORT": str(port), "CLOUDTRAIN_RDZV": "c10d"}, {}
-
-
 class LocalProvider(Provider):
     name = "local"
     capabilities = frozenset({"multi_node", "spot", "accelerators"})
+    poll_seconds = 0.2  # a local job's status is a file read
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or cloudtrain_home()
         self.db = JobDB(self.home / "jobs.db")
 
     # -- plan ------------------------------------------------------------------------------------------
+    def contract(self, spec: JobSpec) -> registry.Declaration:
+        """cloudtrain's own node contract, or with ``emulate`` the platform's whose nodes these imitate."""
+        emulate = spec.providers.local.emulate
+        found = registry.by_platform(emulate) if emulate else None
+        return found or self.declaration
+
     def _plan(self, spec: JobSpec, package: Package) -> Plan:
+        """Pure: the rendezvous port is chosen at submit (the plan shows where), nothing is written or bound."""
         assert spec.name
         job_id = new_job_id(spec.name)
         store = spec.providers.local.store_uri or default_store_uri()
@@ -86,37 +71,37 @@ class LocalProvider(Provider):
         bundle_uri = storage.join(prefix, BUNDLE_NAME)
         bootstrap_path = str(storage.local_path(storage.join(prefix, BOOTSTRAP_NAME)))
         job_dir = self.home / "jobs" / job_id
-        port = free_port()
-        python = sys.executable
-        nodes = []
-        emulate = spec.providers.local.emulate
+        contract = self.contract(spec)
+        module = registry.node_contract(contract.name)
+        nproc = self.processes(spec, visible_gpus())  # this machine is every node's machine
         files: dict[str, dict[str, str]] = {}
+        envs: dict[int, dict[str, str]] = {}
         for rank in range(spec.nodes):
-            node_dir = job_dir / f"node-{rank}"
-            contract, node_files = cluster_contract(emulate, spec.nodes, rank, port, node_dir, job_id)
+            emulated, node_files = module.emulate(spec.nodes, rank, PORT_AT_SUBMIT, job_dir / f"node-{rank}", job_id)
             files.update({str(rank): node_files} if node_files else {})
-            env = {
-                "OMP_NUM_THREADS": "1",  # several CPU ranks share this machine's cores
-                **job_env(spec),
-                **contract,
-            }
-            args = bootstrap_args(spec, bundle=bundle_uri, digest=package.digest, workdir=str(job_dir / f"node-{rank}"),
-                                  job_id=job_id, status_file=str(job_dir / f"node-{rank}.status.json"),
-                                  nproc=str(spec.procs_per_node))
-            nodes.append(node_command(rank, python, bootstrap_path, args, env, job_id, files=node_files))
-        nproc = nodes[0].nproc_per_node  # what the nodes resolve ("auto": their GPUs, or 1)
+            envs[rank] = {"OMP_NUM_THREADS": "1", **job_env(spec), **emulated}  # several CPU ranks share the cores
+        args_of = {rank: bootstrap_args(spec, bundle=bundle_uri, digest=package.digest,
+                                        workdir=str(job_dir / f"node-{rank}"), job_id=job_id,
+                                        contract=contract.node_path(), nproc=nproc,
+                                        status_file=str(job_dir / f"node-{rank}.status.json"))
+                   for rank in range(spec.nodes)}
+        nodes = [_shown_port(node_command(rank, sys.executable, bootstrap_path, args_of[rank], envs[rank],
+                                          {**module.planned(spec.nodes, rank, job_id, ""), **envs[rank]}, module,
+                                          job_id)) for rank in range(spec.nodes)]
+        procs = nodes[0].nproc_per_node
         request = {
             "job_id": job_id,
             "name": spec.name,
             "nodes": spec.nodes,
-            "procs_per_node": nproc,
-            "world_size": spec.nodes * nproc,
+            "procs_per_node": procs or "one per GPU",
+            "world_size": spec.nodes * procs if procs else None,
             "backend": "gloo (nccl where the node has GPUs)",
-            "rendezvous": f"{'static' if emulate else 'c10d'} at 127.0.0.1:{port}",
+            "rendezvous": f"{'c10d' if contract.name == 'local' else 'static'} at 127.0.0.1, on a free port chosen "
+                          "at submit",
             "job_dir": str(job_dir),
             "grace_period": spec.providers.local.grace_period,
             "max_restarts": spec.max_restarts,
-            "emulate": emulate,
+            "emulate": None if contract.name == "local" else contract.platform_name,
             "node_files": files,
         }
         notes = []
@@ -137,17 +122,25 @@ class LocalProvider(Provider):
             for path, content in node_files.items():
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 Path(path).write_text(content)
+        # The rendezvous port, chosen now (a plan binds nothing): each node's contract variables name it.
+        port = free_port()
+        module = registry.node_contract(self.contract(plan.spec).name)
+        node_env = {str(n.rank): {**n.env, **module.emulate(plan.spec.nodes, n.rank, port,
+                                                            job_dir / f"node-{n.rank}", plan.job_id)[0]}
+                    for n in plan.nodes}
         # The record on disk is the redacted plan; the real environment reaches the supervisor through a pipe.
+        recorded = plan.to_dict()
+        recorded["request"]["rendezvous"] = recorded["request"]["rendezvous"].split(", on")[0] + f":{port}"
         record = JobRecord(id=plan.job_id, name=str(plan.spec.name), state="pending", job_dir=str(job_dir),
-                           grace_period=float(plan.request["grace_period"]), plan=plan.to_dict())
+                           grace_period=float(plan.request["grace_period"]), plan=recorded)
         if not self.db.insert(record):
             return handle
-        self._start_supervisor(plan.job_id, job_dir, {str(n.rank): n.env for n in plan.nodes})
+        self._start_supervisor(plan.job_id, job_dir, node_env)
         return handle
 
     def _start_supervisor(self, job_id: str, job_dir: Path, node_env: dict[str, dict[str, str]]) -> None:
         env = dict(os.environ)
-        env["CLOUDTRAIN_HOME"] = str(self.home)
+        env[contract.HOME] = str(self.home)
         # The supervisor imports this very cloudtrain, installed or not.
         package_parent = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
@@ -221,6 +214,8 @@ class LocalProvider(Provider):
             if node.get("outcome") is None:
                 outcome.settle_node(node, outcome.CANCEL if record.cancel_requested else None)
         reported = [n for n in record.nodes if outcome.read_status(n.get("status_file"))]
+        if not known and not reported and record.cancel_requested:  # stopped by the cancel before any node started
+            return "cancelled", "cancelled before its nodes started"
         if not known and not reported:
             return "failed", "its supervisor exited before starting the nodes" + _last_line(job_dir / "supervisor.log")
         if not reported and not record.cancel_requested:
@@ -282,47 +277,43 @@ class LocalProvider(Provider):
         ranks = [n["rank"] for n in record.plan.get("nodes", [])]
         files: dict[int, IO[str]] = {}
         pending: dict[int, str] = {r: "" for r in ranks}
-        try:
-            while True:
-                got = False
-                for rank in ranks:
-                    if rank not in files:
-                        path = job_dir / f"node-{rank}.log"
-                        if not path.exists():
-                            continue
-                        files[rank] = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
-                    chunk = files[rank].read()
-                    if not chunk:
+
+        def read() -> Iterator[str]:
+            for rank in ranks:
+                if rank not in files:
+                    path = job_dir / f"node-{rank}.log"
+                    if not path.exists():
                         continue
-                    got = True
+                    files[rank] = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
+                chunk = files[rank].read()
+                if chunk:
                     lines = (pending[rank] + chunk).split("\n")
                     pending[rank] = lines.pop()
-                    for line in lines:
-                        yield f"[node{rank}] {line}"
-                if got:
-                    continue
-                if not follow or self._record(handle).state not in _ACTIVE:
-                    # one last read after the job ended, then whatever partial lines remain
-                    if follow and self._drain_pending(files):
-                        continue
-                    for rank in ranks:
-                        if pending[rank]:
-                            yield f"[node{rank}] {pending[rank]}"
-                    return
-                time.sleep(0.2)
+                    yield from (f"[node{rank}] {line}" for line in lines)
+
+        try:
+            yield from self.follow_logs(handle, follow, read, 0.2,
+                                        rest=lambda: (f"[node{r}] {pending[r]}" for r in ranks if pending[r]))
         finally:
             for f in files.values():
                 f.close()
 
-    @staticmethod
-    def _drain_pending(files: dict[int, IO[str]]) -> bool:
-        """True if any log grew since the last read (so the loop reads once more before stopping)."""
-        for f in files.values():
-            pos = f.tell()
-            if f.read(1):
-                f.seek(pos)
-                return True
-        return False
+
+def visible_gpus() -> int:
+    """This machine's GPUs, counted as a node counts its own (the bootstrap's rule: CUDA_VISIBLE_DEVICES, else the
+    driver's device list), without importing torch."""
+    from cloudtrain.nodes import bootstrap_module
+
+    return int(bootstrap_module().visible_gpus(dict(os.environ)))
+
+
+def _shown_port(node: NodeCommand) -> NodeCommand:
+    """A plan's node line with the rendezvous port as what it is: chosen at submit."""
+    line = [a.replace(f":{PORT_AT_SUBMIT}", ":<port>") if a.endswith(f":{PORT_AT_SUBMIT}") else a
+            for a in node.torchrun]
+    if "--master-port" in line:
+        line[line.index("--master-port") + 1] = "<port>"
+    return replace(node, torchrun=line)
 
 
 def _last_line(log: Path) -> str:

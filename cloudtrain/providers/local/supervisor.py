@@ -22,9 +22,9 @@ from typing import Any
 from cloudtrain.durations import format_duration
 from cloudtrain.home import cloudtrain_home
 from cloudtrain.node_watch import GRACE_ENV, SUPERVISOR_FD
+from cloudtrain.procs import TAG_VAR, kill_tagged, signal_group, start_ticks
 from cloudtrain.providers.local import outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
-from cloudtrain.providers.local.procs import TAG_VAR, kill_tagged, signal_group, start_ticks
 
 POLL_SECONDS = 0.2
 _ACTIVE = ("pending", "running", "stopping")

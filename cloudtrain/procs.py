@@ -6,6 +6,8 @@ import os
 import signal
 from pathlib import Path
 
+from cloudtrain import contract
+
 
 def start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (Linux), or None where /proc is unavailable."""
@@ -60,7 +62,7 @@ def group_alive(pgid: int | None) -> bool:
 # torchrun starts every worker in a session of its own, so killing a node's process group misses its workers
 # once the agent is gone. Every process of a node inherits this variable; /proc finds them even after they were
 # re-parented.
-TAG_VAR = "CLOUDTRAIN_PROCESS_TAG"
+TAG_VAR = contract.PROCESS_TAG
 
 
 def tagged_pids(tag: str) -> list[int]:

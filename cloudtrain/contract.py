@@ -1,0 +1,141 @@
+"""The plan-to-node contract, in one table: every ``CLOUDTRAIN_*`` variable (what it means, who sets it, who reads
+it), the exit codes, and the defaults both sides must agree on. Code names a variable through this module (never a
+string literal: tests/test_contract.py finds any), and docs/node-contract.md is generated from it:
+
+    python -m cloudtrain.contract > docs/node-contract.md      # a test fails when the file is out of date
+
+Standard library only, Python 3.8: nodes import it (the runtime, checkpoints, node watch) from the bundle's lib/.
+The bootstrap, which runs before the bundle is unpacked, keeps its own copy of the names and codes it uses; a test
+keeps the two equal.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Variable(NamedTuple):
+    name: str  # a trailing "_" is a prefix: CLOUDTRAIN_INPUT_<NAME>
+    meaning: str
+    set_by: str
+    read_by: str
+    side: str = "node"  # "node": between a plan and its nodes; "host": the user's machine
+
+
+VARIABLES = (
+    Variable("CLOUDTRAIN_STRATEGY", "ddp or fsdp, as the spec says", "plan (nodes.job_env)",
+             "cloudtrain.runtime (wrap)"),
+    Variable("CLOUDTRAIN_CHECKPOINT_URI", "where checkpoints are kept (checkpoint.uri)", "plan",
+             "bootstrap (restore, plain-script sync), cloudtrain.runtime Checkpointer"),
+    Variable("CLOUDTRAIN_LINEAGE", "which job a checkpoint belongs to (name, entry point, project folder, hashed)",
+             "plan (a value in the spec's env wins)", "checkpoints (restore refuses another lineage's), Checkpointer"),
+    Variable("CLOUDTRAIN_CHECKPOINT_KEEP", "complete checkpoints to retain (>= 2)", "plan",
+             "checkpoints (sync), Checkpointer"),
+    Variable("CLOUDTRAIN_CHECKPOINT_INTERVAL", "seconds between saves / plain-script syncs", "plan",
+             "bootstrap (sync every), Checkpointer"),
+    Variable("CLOUDTRAIN_CHECKPOINT_DIR", "the local folder a script writes checkpoints to", "bootstrap (a value in "
+             "the spec's env is kept)", "your script, Checkpointer, bootstrap (sync), node watch (idle)"),
+    Variable("CLOUDTRAIN_RESTORED_STEP", "the step this node restored into CLOUDTRAIN_CHECKPOINT_DIR before its "
+             "workers started, or none: their Checkpointer's first restore loads it without listing the store again",
+             "node steps (the bootstrap's restore)", "Checkpointer"),
+    Variable("CLOUDTRAIN_OUTPUT_URI", "where the job's outputs go", "plan (bootstrap on a platform that uploads "
+             "a folder itself: Azure ML)", "bootstrap (logs, outputs), Checkpointer (final save), status"),
+    Variable("CLOUDTRAIN_OUTPUT_DIR", "the local folder copied to the output location when the node ends",
+             "bootstrap", "your script, bootstrap"),
+    Variable("CLOUDTRAIN_MAX_IDLE", "seconds without output or checkpoint before the watchdog stops the job",
+             "plan (max_idle)", "node watch"),
+    Variable("CLOUDTRAIN_INPUT_", "CLOUDTRAIN_INPUT_<NAME>: where input <name> is (a URI, or a path the platform "
+             "mounts)", "plan (the provider)", "your script"),
+    Variable("CLOUDTRAIN_NNODES", "nodes in the job", "local provider (cloudtrain's contract), Azure ML's plan; "
+             "bootstrap for the workers", "node contracts (local, Azure ML), your script"),
+    Variable("CLOUDTRAIN_NODE_RANK", "this node's rank", "local provider (cloudtrain's contract); bootstrap for the "
+             "workers", "local node contract, node watch, your script"),
+    Variable("CLOUDTRAIN_PLATFORM", "the node contract the node runs under (sagemaker, azureml, vertex, local ...)",
+             "bootstrap", "your script"),
+    Variable("CLOUDTRAIN_JOB_ID", "the job's id", "bootstrap", "Checkpointer, your script"),
+    Variable("CLOUDTRAIN_MASTER_ADDR", "node 0's address (cloudtrain's contract)", "local provider",
+             "local node contract"),
+    Variable("CLOUDTRAIN_MASTER_PORT", "the rendezvous port (cloudtrain's contract)", "local provider (at submit)",
+             "local node contract"),
+    Variable("CLOUDTRAIN_RDZV", "c10d or static rendezvous (cloudtrain's contract)", "local provider",
+             "local node contract"),
+    Variable("CLOUDTRAIN_LOCAL_ADDR", "the address this node's agent names itself by (cloudtrain's contract)",
+             "nobody by default (node 0 is 127.0.0.1, the others localhost)", "local node contract"),
+    Variable("CLOUDTRAIN_MASTER_OVERRIDE", "host:port torchrun really connects to, where the platform's own names "
+             "do not resolve (a cloud contract emulated locally)", "local provider (--emulate)", "bootstrap"),
+    Variable("CLOUDTRAIN_SUPERVISOR_FD", "a pipe the local supervisor holds open: the node stops when it closes",
+             "local supervisor", "node watch"),
+    Variable("CLOUDTRAIN_GRACE_PERIOD", "seconds between a node's own SIGTERM and SIGKILL", "local supervisor",
+             "node watch"),
+    Variable("CLOUDTRAIN_PROCESS_TAG", "marks every process of a local node, so none outlives it",
+             "local supervisor", "cloudtrain.procs"),
+    Variable("CLOUDTRAIN_RANK_REPORTS", "the folder each worker reports its process group to", "node watch",
+             "cloudtrain.rank_report (in the workers)"),
+    Variable("CLOUDTRAIN_SECRET_ARG_", "CLOUDTRAIN_SECRET_ARG_<n>: a secret script argument, kept off command lines",
+             "plan (secrets.split_args)", "the bundle's sitecustomize (workers' sys.argv)"),
+    Variable("CLOUDTRAIN_TRANSFER_THREADS", "objects transferred at once by a restore or a checkpoint upload "
+             "(default 8)", "you (the spec's env, or your shell)", "cloudtrain.storage.transfer"),
+    Variable("CLOUDTRAIN_FORCE_CPU", "1: use the CPU even where CUDA is available", "you",
+             "cloudtrain.runtime (init_distributed)"),
+    Variable("CLOUDTRAIN_HOME", "cloudtrain's own state on this machine (default ~/.cloudtrain)", "you",
+             "cloudtrain (jobs, local store, temp files)", "host"),
+    Variable("CLOUDTRAIN_CONFIG", "the settings file (profiles)", "you", "cloudtrain.config", "host"),
+    Variable("CLOUDTRAIN_PROFILE", "the profile to use (default: default)", "you", "cloudtrain.config", "host"),
+)
+NAMES = {v.name for v in VARIABLES}
+
+STRATEGY, CHECKPOINT_URI, LINEAGE, CHECKPOINT_KEEP, CHECKPOINT_INTERVAL, CHECKPOINT_DIR = (
+    "CLOUDTRAIN_STRATEGY", "CLOUDTRAIN_CHECKPOINT_URI", "CLOUDTRAIN_LINEAGE", "CLOUDTRAIN_CHECKPOINT_KEEP",
+    "CLOUDTRAIN_CHECKPOINT_INTERVAL", "CLOUDTRAIN_CHECKPOINT_DIR")
+RESTORED_STEP = "CLOUDTRAIN_RESTORED_STEP"
+OUTPUT_URI, OUTPUT_DIR, MAX_IDLE, INPUT_PREFIX, NNODES, NODE_RANK, JOB_ID = (
+    "CLOUDTRAIN_OUTPUT_URI", "CLOUDTRAIN_OUTPUT_DIR", "CLOUDTRAIN_MAX_IDLE", "CLOUDTRAIN_INPUT_", "CLOUDTRAIN_NNODES",
+    "CLOUDTRAIN_NODE_RANK", "CLOUDTRAIN_JOB_ID")
+TRANSFER_THREADS = "CLOUDTRAIN_TRANSFER_THREADS"
+SUPERVISOR_FD, GRACE_PERIOD, PROCESS_TAG, RANK_REPORTS, SECRET_ARG_PREFIX, FORCE_CPU = (
+    "CLOUDTRAIN_SUPERVISOR_FD", "CLOUDTRAIN_GRACE_PERIOD", "CLOUDTRAIN_PROCESS_TAG", "CLOUDTRAIN_RANK_REPORTS",
+    "CLOUDTRAIN_SECRET_ARG_", "CLOUDTRAIN_FORCE_CPU")
+HOME, CONFIG, PROFILE = "CLOUDTRAIN_HOME", "CLOUDTRAIN_CONFIG", "CLOUDTRAIN_PROFILE"
+
+# Exit codes: the CLI's, and a node's (the bootstrap's copy must match: tests/test_contract.py).
+EXIT_FAILED = 1
+EXIT_USAGE = 2  # bad input (the CLI), a node that cannot start (the bootstrap)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: what a container stopped by SIGTERM reports; a node that was asked to stop
+
+# Defaults both sides use.
+MIN_KEEP = 2  # complete checkpoints kept, at least (the spec refuses fewer)
+SYNC_EVERY = 60.0  # seconds between a plain script's checkpoint syncs when the spec sets no interval
+
+
+def keep_count(value: str | None) -> int:
+    """CLOUDTRAIN_CHECKPOINT_KEEP as a count: the spec's number, never below MIN_KEEP."""
+    try:
+        return max(MIN_KEEP, int(value)) if value else MIN_KEEP
+    except ValueError:
+        return MIN_KEEP
+
+
+def markdown() -> str:
+    rows = ["| variable | meaning | set by | read by |", "| --- | --- | --- | --- |"]
+    for side, title in (("node", "Between a plan and its nodes"), ("host", "On your machine")):
+        rows = rows if side == "node" else [*rows, "", f"## {title}", "", *rows[:2]]
+        rows += [f"| `{v.name}{'<...>' if v.name.endswith('_') else ''}` | {v.meaning} | {v.set_by} | {v.read_by} |"
+                 for v in VARIABLES if v.side == side]
+    codes = [("EXIT_FAILED", EXIT_FAILED, "failed"), ("EXIT_USAGE", EXIT_USAGE, "bad input / a node that cannot "
+             "start"), ("EXIT_INTERRUPTED", EXIT_INTERRUPTED, "Ctrl-C"), ("EXIT_PREEMPTED", EXIT_PREEMPTED,
+             "asked to stop (SIGTERM): preempted, resumes from its checkpoints")]
+    return "\n".join([
+        "# The node contract", "",
+        "Generated from `cloudtrain/contract.py` by `python -m cloudtrain.contract > docs/node-contract.md`; do not "
+        "edit by hand. How a node learns its place in the cluster is each platform's own contract (its provider's "
+        "`node.py`: see docs/writing-a-provider.md); these are cloudtrain's own variables.", "",
+        "## Between a plan and its nodes", "", *rows, "", "## Exit codes", "", "| name | code | meaning |",
+        "| --- | --- | --- |", *[f"| `{n}` | {c} | {m} |" for n, c, m in codes], "", "## Defaults", "",
+        f"- `CLOUDTRAIN_CHECKPOINT_KEEP`: at least {MIN_KEEP}.",
+        f"- A plain script's checkpoints are synced every {SYNC_EVERY:g} s when `CLOUDTRAIN_CHECKPOINT_INTERVAL` is "
+        "not set.", ""])
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -1,0 +1,19 @@
+"""``providers.aws`` in a job spec (and in a profile): where SageMaker runs the job and what it may touch."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from cloudtrain.spec_fields import Settings
+from cloudtrain.storage.uris import check_bucket
+
+
+class AwsOptions(Settings):
+    region: str | None = None
+    role: str | None = Field(None, description="IAM role ARN SageMaker assumes for the job")
+    bucket: str | None = Field(None, description="S3 bucket for staging the source bundle")
+    _bucket = field_validator("bucket")(lambda value: check_bucket("s3", value))
+    instance_type: str | None = Field(None, pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    volume_size_gb: int = Field(30, ge=1, le=16384)
+    subnets: list[str] = Field(default_factory=list)
+    security_group_ids: list[str] = Field(default_factory=list)

@@ -1,0 +1,75 @@
+"""The field types a job spec and every provider's options share: durations, storage URIs, one-token settings,
+and the strict base model (unknown keys are errors). Provider ``options.py`` modules build on these, so the spec and
+its providers' blocks read and fail the same way."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, ClassVar
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from cloudtrain.storage.uris import check_uri
+
+_DURATION_RE = re.compile(r"(?:(\d{1,30})d)?(?:(\d{1,30})h)?(?:(\d{1,30})m)?(?:(\d{1,30})s)?")
+# No platform runs a job for more than a few weeks (SageMaker 28 days, Azure ML 21); a year bounds every duration so
+# a typo such as 1d99999999999999999999h is refused instead of reaching a cost estimate or a platform's SDK.
+MAX_DURATION = 365 * 24 * 3600
+
+
+def parse_duration(value: Any) -> Any:
+    """Accept seconds (int) or strings such as ``90s``, ``30m``, ``2h``, ``1d12h``; return seconds."""
+    seconds: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        seconds = value
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        if text.isdecimal() and len(text) <= 30:
+            seconds = int(text)
+        elif text and (match := _DURATION_RE.fullmatch(text)):
+            days, hours, minutes, secs = (int(g) if g else 0 for g in match.groups())
+            seconds = ((days * 24 + hours) * 60 + minutes) * 60 + secs
+    if seconds is None:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        raise ValueError(f"{shown} is not a duration; use seconds or a string such as '30m', '2h', '1d12h'")
+    if seconds > MAX_DURATION:
+        raise ValueError(f"{value!r} is more than a year ({seconds:.3g} s); write the time the job may take, "
+                         "e.g. '24h' or '7d'")
+    return seconds
+
+
+Duration = Annotated[int, BeforeValidator(parse_duration, json_schema_input_type=int | str), Field(ge=1)]
+Uri = Annotated[str, Field(min_length=1, description="Object storage URI: file://, s3://, gs://, az:// or abfs://"),
+                AfterValidator(check_uri)]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+
+def one_token(value: Any, unicode_ok: bool = False) -> Any:
+    """A setting such as a region, project, bucket, ARN, machine type or workspace: one token of printable text
+    (ASCII unless ``unicode_ok``), never empty, without spaces, controls or invisible format characters."""
+    for text in value if isinstance(value, list) else [value]:
+        if not isinstance(text, str):
+            continue
+        if not text:
+            raise ValueError("must not be empty (leave the setting out, or write null)")
+        if len(text) > 1024:
+            raise ValueError(f"is {len(text)} characters long; a setting is one name or identifier")
+        if any(ch.isspace() or not ch.isprintable() or (not unicode_ok and not ch.isascii()) for ch in text):
+            raise ValueError(f"{text!r} must be one name or identifier: "
+                             + ("no spaces or control characters" if unicode_ok else
+                                "ASCII letters, digits and punctuation, no spaces"))
+    return value
+
+
+class Settings(Model):
+    """Provider settings: each string is one token (see one_token)."""
+
+    unicode_fields: ClassVar[frozenset[str]] = frozenset()  # settings whose names may be any printable text
+
+    @field_validator("*")
+    @classmethod
+    def _tokens(cls, value: Any, info: Any) -> Any:
+        return one_token(value, unicode_ok=info.field_name in cls.unicode_fields)
