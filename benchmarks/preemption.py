@@ -125,6 +125,8 @@ def phases(node_start: float, times: dict[str, float], restore: float) -> dict[s
     return {
         "restart": (times["script_start"] - node_start - restore) + (times["process_group"] - times["script_start"]),
         "restore": restore + (times["restored"] - times["checkpointer"]),
+        "restore_node": restore,  # the bootstrap's download + sha256 verify (the slower node)
+        "restore_load": times["restored"] - times["checkpointer"],  # the Checkpointer's load of what it brought
         "init": (times["checkpointer"] - times["process_group"]) + (times["first_step"] - times["restored"]),
         "total": times["first_step"] - node_start,
     }
@@ -206,8 +208,9 @@ def main() -> None:
         return f"{statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
 
     print(f"{'seconds, median (min-max)':30s} {'cold start':>20s} {'restart after preemption':>26s}")
-    for key in ("restart", "restore", "init", "total"):
-        print(f"  {key:28s} {med(colds, key):>20s} {med(restarts, key):>26s}")
+    for key in ("restart", "restore", "restore_node", "restore_load", "init", "total"):
+        label = {"restore_node": "  node: download + verify", "restore_load": "  workers: load"}.get(key, key)
+        print(f"  {label:28s} {med(colds, key):>20s} {med(restarts, key):>26s}")
     print(f"  {'submit -> first step':28s} {med(colds, 'submit_to_first_step'):>20s}")
     print(f"  {'preempt -> final ckpt':28s} {'':20s} {med(restarts, 'final_checkpoint'):>26s}")
     print(f"  {'preempt -> nodes restarted':28s} {'':20s} {med(restarts, 'stop'):>26s}")
