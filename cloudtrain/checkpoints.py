@@ -40,10 +40,11 @@ from cloudtrain.checkpoint_manifest import (
 )
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.paths import is_within
+from cloudtrain.storage import transfer
 
 __all__ = ["MANIFEST", "RUNTIME_MARKER", "UNPUBLISHED_MARKER", "Checkpoint", "CheckpointNotPublished",
-           "CorruptCheckpoint", "apply_retention", "describe_files", "download", "list_complete", "publish",
-           "restore_latest", "sha256_file", "step_dir", "sync_dir", "upload_files"]
+           "CorruptCheckpoint", "apply_retention", "describe_and_upload", "describe_files", "download",
+           "list_complete", "publish", "restore_latest", "sha256_file", "step_dir", "sync_dir", "upload_files"]
 
 # Dropped into CLOUDTRAIN_CHECKPOINT_DIR by the runtime Checkpointer, which publishes its own folders: the plain-script
 # sync then leaves that directory alone (a folder being written or pruned by the Checkpointer is never half-published).
@@ -63,11 +64,7 @@ def _print(message: str) -> None:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return transfer.sha256_of(path)
 
 
 @dataclass(frozen=True)
@@ -153,15 +150,28 @@ def describe_files(root: Path, rel_paths: list[str]) -> list[dict[str, Any]]:
     return [{"path": rel, "size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)} for rel in rel_paths]
 
 
-def upload_files(root: Path, files: list[dict[str, Any]], folder_uri: str, log: Log = _print) -> int:
-    """Upload files (as described by ``describe_files``) with retries; returns bytes uploaded."""
+def _upload_each(root: Path, rel_paths: list[str], folder_uri: str, log: Log,
+                 hash_files: bool) -> tuple[int, list[str]]:
     store = storage.store_for(folder_uri)
-    total = 0
-    for entry in files:
-        source, target = root / entry["path"], storage.join(folder_uri, entry["path"])
-        total += storage.with_retries(functools.partial(store.put_file, source, target), f"upload of {target}",
-                                      log=log)
-    return total
+
+    def upload(source: Path, target: str) -> int:
+        return storage.with_retries(functools.partial(store.put_file, source, target), f"upload of {target}", log=log)
+
+    items = [(root / rel, storage.join(folder_uri, rel)) for rel in rel_paths]
+    return transfer.upload_many(items, upload, hash_files=hash_files)
+
+
+def upload_files(root: Path, files: list[dict[str, Any]], folder_uri: str, log: Log = _print) -> int:
+    """Upload files (as described by ``describe_files``), several at once, with retries; returns bytes uploaded."""
+    return _upload_each(root, [entry["path"] for entry in files], folder_uri, log, hash_files=False)[0]
+
+
+def describe_and_upload(root: Path, rel_paths: list[str], folder_uri: str, log: Log = _print) -> list[dict[str, Any]]:
+    """``describe_files`` and ``upload_files`` at once: each file is hashed while the uploads run (from the page
+    cache: it was just written), not in a pass of its own before them."""
+    sizes = [(root / rel).stat().st_size for rel in rel_paths]
+    _, digests = _upload_each(root, rel_paths, folder_uri, log, hash_files=True)
+    return [{"path": rel, "size": size, "sha256": digest} for rel, size, digest in zip(rel_paths, sizes, digests)]
 
 
 def publish(folder_uri: str, step: int, files: list[dict[str, Any]], *, world_size: int, kind: str = "full",
@@ -249,29 +259,38 @@ def _staging_folder(target: Path) -> Path:
     return root / ".cloudtrain-incoming" / target.name
 
 
-def _fetch(store: Any, source: str, local: Path, entry: dict[str, Any]) -> bool:
-    storage.with_retries(functools.partial(store.get_file, source, local), f"download of {source}")
-    return local.stat().st_size == entry["size"] and sha256_file(local) == entry["sha256"]
+def _matches(entry: dict[str, Any], got: transfer.Fetched) -> bool:
+    return got.stored_size == entry["size"] and got.size == entry["size"] and got.sha256 == entry["sha256"]
 
 
-def download(checkpoint: Checkpoint, target: Path) -> None:
+def download(checkpoint: Checkpoint, target: Path, log: Log = _print) -> None:
     """Download and verify every file, then move the folder to ``target`` whole. Raises CorruptCheckpoint when the
     manifest is unusable or a file does not match it, CloudtrainError when the store cannot be read; either way
-    nothing is left behind and nothing is written outside ``target``."""
+    nothing is left behind and nothing is written outside ``target``. All files are fetched at once and hashed as
+    they arrive (cloudtrain.storage.transfer)."""
     files = checked_files(checkpoint.manifest, checkpoint.step)
     store = storage.store_for(checkpoint.uri)
     staged = _staging_folder(target)
     shutil.rmtree(staged, ignore_errors=True)  # a killed restore's leftovers
     try:
+        staged.mkdir()
+        inside = staged.resolve()
+        items = []
         for entry in files:
             local = staged / entry["path"]
-            if not is_within(local.resolve(), staged.resolve()):  # paths were checked; this is the last word
+            if not is_within(local.resolve(), inside):  # paths were checked; this is the last word
                 raise CorruptCheckpoint(f"{entry['path']!r} escapes the checkpoint folder")
-            source = storage.join(checkpoint.uri, entry["path"])
-            # a mismatch is confirmed by a second download: a reply cut short that the client did not notice
-            # must not condemn (and quarantine) a good checkpoint
-            if not _fetch(store, source, local, entry) and not _fetch(store, source, local, entry):
-                raise CorruptCheckpoint(f"{entry['path']} does not match its manifest (size or sha256)")
+            local.parent.mkdir(parents=True, exist_ok=True)
+            items.append((storage.join(checkpoint.uri, entry["path"]), local, int(entry["size"])))
+        fetched = transfer.download_many(store, items, log=log)
+        wrong = [i for i, got in enumerate(fetched) if not _matches(files[i], got)]
+        if wrong:
+            # a mismatch is confirmed by a second download: a reply cut short that the client did not notice must
+            # not condemn (and quarantine) a good checkpoint
+            again = transfer.download_many(store, [items[i] for i in wrong], log=log)
+            still = [files[i]["path"] for i, got in zip(wrong, again) if not _matches(files[i], got)]
+            if still:
+                raise CorruptCheckpoint(f"{still[0]} does not match its manifest (size or sha256)")
         (staged / MANIFEST).write_text(json.dumps(checkpoint.manifest, indent=1))
         shutil.rmtree(target, ignore_errors=True)
         os.replace(staged, target)
@@ -310,7 +329,7 @@ def restore_latest(uri: str, local_root: Path, log: Log = _print) -> Checkpoint 
         if _restored_already(target, checkpoint):
             return checkpoint  # already here (the bootstrap restored it before the job started)
         try:
-            download(checkpoint, target)
+            download(checkpoint, target, log=log)
         except CorruptCheckpoint as exc:
             log(f"checkpoint {checkpoint.uri} is corrupt ({exc}); falling back to the previous one")
             quarantine(checkpoint, str(exc), log=log)
@@ -389,6 +408,20 @@ def _report(result: dict[str, Any], code: int) -> int:
     return code
 
 
+def restore_report(uri: str, local: Path) -> dict[str, Any]:
+    """The node's restore, before its workers start (the bootstrap, through cloudtrain.node_steps, or
+    ``python -m cloudtrain.checkpoints restore``): ``{"step": N or None, "error": why or None}``."""
+    if _overlaps(uri, local):
+        _print(f"warning: the checkpoint URI {uri} and CLOUDTRAIN_CHECKPOINT_DIR {local} are the same folder (or "
+               "one holds the other): the store then holds the script's own folders too; give the checkpoint "
+               "URI a folder of its own")
+    try:
+        found = restore_latest(uri, local)
+    except CloudtrainError as exc:  # unreadable store, or another job's checkpoints: the node stops, saying why
+        return {"step": None, "error": f"{exc.message}; {exc.remedy}" if exc.remedy else exc.message}
+    return {"step": found.step if found else None, "error": None}
+
+
 def main(argv: list[str] | None = None) -> int:
     """What the bootstrap runs around torchrun (each prints one JSON line; ``error`` and exit 1 on failure):
 
@@ -398,17 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 3 and args[0] == "restore":
-        uri, local = args[1], Path(args[2])
-        if _overlaps(uri, local):
-            _print(f"warning: the checkpoint URI {uri} and CLOUDTRAIN_CHECKPOINT_DIR {local} are the same folder (or "
-                   "one holds the other): the store then holds the script's own folders too; give the checkpoint "
-                   "URI a folder of its own")
-        try:
-            found = restore_latest(uri, local)
-        except CloudtrainError as exc:  # unreadable store, or another job's checkpoints: the node stops, saying why
-            why = f"{exc.message}; {exc.remedy}" if exc.remedy else exc.message
-            return _report({"step": None, "error": why}, 1)
-        return _report({"step": found.step if found else None}, 0)
+        report = restore_report(args[1], Path(args[2]))
+        return _report(report, 1) if report["error"] else _report({"step": report["step"]}, 0)
     if len(args) >= 3 and args[0] == "sync":
         local, uri, rest = Path(args[1]), args[2], args[3:]
         keep = contract.keep_count(os.environ.get(contract.CHECKPOINT_KEEP))

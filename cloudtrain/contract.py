@@ -35,6 +35,9 @@ VARIABLES = (
              "bootstrap (sync every), Checkpointer"),
     Variable("CLOUDTRAIN_CHECKPOINT_DIR", "the local folder a script writes checkpoints to", "bootstrap (a value in "
              "the spec's env is kept)", "your script, Checkpointer, bootstrap (sync), node watch (idle)"),
+    Variable("CLOUDTRAIN_RESTORED_STEP", "the step this node restored into CLOUDTRAIN_CHECKPOINT_DIR before its "
+             "workers started, or none: their Checkpointer's first restore loads it without listing the store again",
+             "node steps (the bootstrap's restore)", "Checkpointer"),
     Variable("CLOUDTRAIN_OUTPUT_URI", "where the job's outputs go", "plan (bootstrap on a platform that uploads "
              "a folder itself: Azure ML)", "bootstrap (logs, outputs), Checkpointer (final save), status"),
     Variable("CLOUDTRAIN_OUTPUT_DIR", "the local folder copied to the output location when the node ends",
@@ -70,6 +73,8 @@ VARIABLES = (
              "cloudtrain.rank_report (in the workers)"),
     Variable("CLOUDTRAIN_SECRET_ARG_", "CLOUDTRAIN_SECRET_ARG_<n>: a secret script argument, kept off command lines",
              "plan (secrets.split_args)", "the bundle's sitecustomize (workers' sys.argv)"),
+    Variable("CLOUDTRAIN_TRANSFER_THREADS", "objects transferred at once by a restore or a checkpoint upload "
+             "(default 8)", "you (the spec's env, or your shell)", "cloudtrain.storage.transfer"),
     Variable("CLOUDTRAIN_FORCE_CPU", "1: use the CPU even where CUDA is available", "you",
              "cloudtrain.runtime (init_distributed)"),
     Variable("CLOUDTRAIN_HOME", "cloudtrain's own state on this machine (default ~/.cloudtrain)", "you",
@@ -82,9 +87,11 @@ NAMES = {v.name for v in VARIABLES}
 STRATEGY, CHECKPOINT_URI, LINEAGE, CHECKPOINT_KEEP, CHECKPOINT_INTERVAL, CHECKPOINT_DIR = (
     "CLOUDTRAIN_STRATEGY", "CLOUDTRAIN_CHECKPOINT_URI", "CLOUDTRAIN_LINEAGE", "CLOUDTRAIN_CHECKPOINT_KEEP",
     "CLOUDTRAIN_CHECKPOINT_INTERVAL", "CLOUDTRAIN_CHECKPOINT_DIR")
+RESTORED_STEP = "CLOUDTRAIN_RESTORED_STEP"
 OUTPUT_URI, OUTPUT_DIR, MAX_IDLE, INPUT_PREFIX, NNODES, NODE_RANK, JOB_ID = (
     "CLOUDTRAIN_OUTPUT_URI", "CLOUDTRAIN_OUTPUT_DIR", "CLOUDTRAIN_MAX_IDLE", "CLOUDTRAIN_INPUT_", "CLOUDTRAIN_NNODES",
     "CLOUDTRAIN_NODE_RANK", "CLOUDTRAIN_JOB_ID")
+TRANSFER_THREADS = "CLOUDTRAIN_TRANSFER_THREADS"
 SUPERVISOR_FD, GRACE_PERIOD, PROCESS_TAG, RANK_REPORTS, SECRET_ARG_PREFIX, FORCE_CPU = (
     "CLOUDTRAIN_SUPERVISOR_FD", "CLOUDTRAIN_GRACE_PERIOD", "CLOUDTRAIN_PROCESS_TAG", "CLOUDTRAIN_RANK_REPORTS",
     "CLOUDTRAIN_SECRET_ARG_", "CLOUDTRAIN_FORCE_CPU")

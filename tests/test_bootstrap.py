@@ -112,11 +112,25 @@ assert "cloudtrain.exit_guard" in sys.modules, sorted(m for m in sys.modules if 
 step = Path(os.environ["CLOUDTRAIN_CHECKPOINT_DIR"]) / "step-000000007"
 if rank == 0:
     restored = sorted(p.name for p in Path(os.environ["CLOUDTRAIN_CHECKPOINT_DIR"]).glob("step-*"))
-    print("restored", restored, flush=True)
+    print("restored %s" % restored, flush=True)  # one string: PYTHONUNBUFFERED writes print's pieces one by one
     step.mkdir(parents=True, exist_ok=True)
     (step / "state.txt").write_text("weights")
     (Path(os.environ["CLOUDTRAIN_OUTPUT_DIR"]) / "model.txt").write_text("final")  # a plain script's output
-print("rank", rank, "of", os.environ["WORLD_SIZE"], "on Python", sys.version_info[:2], flush=True)
+    print("node restored %s" % os.environ.get("CLOUDTRAIN_RESTORED_STEP"), flush=True)
+    if os.path.isdir("/proc"):  # the node's processes, from here: worker -> torchrun -> bootstrap
+        def parent(pid):
+            stat = Path("/proc/%d/stat" % pid).read_text()
+            return int(stat[stat.rindex(")") + 2:].split()[1])
+        bootstrap = parent(os.getppid())
+        children = []
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and parent(int(entry)) == bootstrap:
+                    children.append(Path("/proc/%s/cmdline" % entry).read_bytes().replace(b"\\0", b" ").decode())
+            except OSError:
+                continue
+        print("bootstrap children %d %s" % (len(children), [c[:80] for c in children]), flush=True)
+print("rank %d of %s on Python %s" % (rank, os.environ["WORLD_SIZE"], sys.version_info[:2]), flush=True)
 '''
 
 
@@ -168,6 +182,9 @@ def test_a_node_restores_runs_and_publishes_on_this_python(tmp_path: Path) -> No
                              "--status-file", str(status)], env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "restored ['step-000000003']" in result.stdout
+    assert "node restored 3" in result.stdout  # the workers know what their node restored (the Checkpointer's cue)
+    if sys.platform.startswith("linux"):  # the checkpoint sync runs in the bootstrap, not as a Python of its own
+        assert "bootstrap children 1 " in result.stdout, result.stdout
     assert result.stdout.count(f"on Python {tuple(sys.version_info[:2])}") == 2
     assert json.loads(status.read_text())["outcome"] == "succeeded"
     published = store / "step-000000007"

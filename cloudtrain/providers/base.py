@@ -174,11 +174,13 @@ class Provider(ABC):
         return nodes
 
     def follow_logs(self, handle: JobHandle, follow: bool, read: Callable[[], Iterable[str]], poll: float,
-                    rest: Callable[[], Iterable[str]] | None = None) -> Iterator[str]:
+                    rest: Callable[[], Iterable[str]] | None = None,
+                    pause: Callable[[float], object] = time.sleep) -> Iterator[str]:
         """The log loop every provider shares: ``read()`` yields the lines written since its last call. Without
         ``follow``, one read. With it, read until the job has ended and a read after that found nothing more (a job
         that ends while its last lines are being written loses none), waiting ``poll`` seconds between reads that
-        found nothing. ``rest()``: what is left at the end (an unfinished last line)."""
+        found nothing (``pause``: a wait that may end sooner, when the provider can tell the job changed). ``rest()``:
+        what is left at the end (an unfinished last line)."""
         while True:
             ended = follow and self.describe(handle).state.terminal  # checked before the read that may be the last
             printed = False
@@ -190,7 +192,7 @@ class Provider(ABC):
                     yield from rest()
                 return
             if not printed:
-                time.sleep(poll)
+                pause(poll)
 
     @staticmethod
     def created_once(find: Callable[[], JobHandle | None], create: Callable[[], JobHandle],

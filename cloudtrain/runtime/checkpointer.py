@@ -41,6 +41,8 @@ from cloudtrain.runtime.logs import get_logger
 from cloudtrain.runtime.rng import rng_state, set_rng_state
 
 EXIT_PREEMPTED = contract.EXIT_PREEMPTED
+_UNKNOWN = object()  # the node restored nothing for this Checkpointer: it restores itself
+_node_restore_used = False  # the node's restore serves the first restore of this worker process only
 
 
 class CheckpointNotPublished(checkpoints.CheckpointNotPublished, RuntimeError):
@@ -172,10 +174,10 @@ class Checkpointer:
         try:
             if future is not None:
                 future.result()
-            described = checkpoints.describe_files(folder, self._my_files(folder))
-            if self.uri:
+            if self.uri:  # each file hashed while the uploads run, not in a pass of its own before them
                 remote = storage.join(self.uri, checkpoints.step_dir(step))
-                checkpoints.upload_files(folder, described, remote, log=self.log.warning)
+                described = checkpoints.describe_and_upload(folder, self._my_files(folder), remote,
+                                                            log=self.log.warning)
         except BaseException as exc:  # the others must still meet us in the collectives below
             error = f"rank {self.rank}: {_reason(exc)}"
         gathered: list[Any] = [None] * self.world_size
@@ -256,13 +258,18 @@ class Checkpointer:
 
     # -- restoring -------------------------------------------------------------------------------------
     def restore(self) -> int:
-        """Load the newest complete checkpoint (resharding if the world size changed); return its step, or 0."""
-        if self.uri and self.local_rank == 0:
+        """Load the newest complete checkpoint (resharding if the world size changed); return its step, or 0.
+
+        Where this node's bootstrap restored the same store into the same folder before the workers started
+        (``contract.RESTORED_STEP``), the first restore of each worker loads that step: the store is not listed,
+        nor anything downloaded, a second time."""
+        restored = self._restored_by_node()
+        if self.uri and self.local_rank == 0 and restored is _UNKNOWN:
             checkpoints.restore_latest(self.uri, self.local_dir, log=self.log.warning)
         dist.barrier(group=self.control_group)
         choice: list[Any] = [None]
         if self.rank == 0:
-            choice[0] = self._newest_local()
+            choice[0] = self._newest_local() if restored is _UNKNOWN else restored
         dist.broadcast_object_list(choice, src=0, group=self.control_group)
         step = choice[0]
         if step is None:
@@ -285,6 +292,22 @@ class Checkpointer:
         self.last_saved_step = step
         self.log.info(f"resumed from step {step} ({folder})")
         return int(step)
+
+    def _restored_by_node(self) -> Any:
+        """The step the bootstrap restored for this Checkpointer (None: nothing to restore), or _UNKNOWN."""
+        global _node_restore_used
+        value, env = os.environ.get(contract.RESTORED_STEP), os.environ
+        if _node_restore_used or value is None or self.uri != env.get(contract.CHECKPOINT_URI) or \
+                not env.get(contract.CHECKPOINT_DIR) or \
+                Path(env[contract.CHECKPOINT_DIR]).resolve() != self.local_dir.resolve():
+            return _UNKNOWN
+        _node_restore_used = True  # a later restore in this process (after saves) looks at the store again
+        if value == "none":
+            return None
+        step = int(value)
+        if not (self.local_dir / checkpoints.step_dir(step) / checkpoints.MANIFEST).is_file():
+            return _UNKNOWN  # not where the bootstrap left it: look for ourselves
+        return step
 
     def _newest_local(self) -> int | None:
         steps = []

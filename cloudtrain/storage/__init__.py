@@ -11,7 +11,7 @@ import builtins
 import importlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -35,6 +35,9 @@ class Store(Protocol):
     def write_bytes(self, uri: str, data: bytes) -> None: ...
     def put_file(self, source: Path, uri: str, progress: Callable[[int], None] | None = None) -> int: ...
     def get_file(self, uri: str, target: Path) -> None: ...
+    # The object's size, and its bytes [start, end) (to its end if ``end`` is None) in chunks of about 1 MiB: one
+    # streamed request (cloudtrain.storage.transfer); closing the iterator early ends it.
+    def read_stream(self, uri: str, start: int = 0, end: int | None = None) -> tuple[int, Iterator[bytes]]: ...
     def list(self, prefix: str) -> builtins.list[str]: ...  # every object URI under prefix, recursively
     def delete(self, uris: builtins.list[str]) -> None: ...
 

@@ -7,12 +7,13 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlparse
 
 from cloudtrain.errors import UserError
+from cloudtrain.storage.transfer import chunked
 
 try:
     import fcntl
@@ -96,6 +97,12 @@ class LocalStore:
                 shutil.copyfileobj(src, out, 1024 * 1024)
 
         _atomic_write(target, copy)
+
+    def read_stream(self, uri: str, start: int = 0, end: int | None = None) -> tuple[int, Iterator[bytes]]:
+        source = open(local_path(uri), "rb")  # noqa: SIM115 - closed with the chunks
+        size = os.fstat(source.fileno()).st_size
+        source.seek(start)
+        return size, chunked(source.read, source.close, None if end is None else max(0, end - start))
 
     def list(self, prefix: str) -> builtins.list[str]:
         root = local_path(prefix)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import builtins
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
+
+from cloudtrain.storage.transfer import chunked, range_header, total_size
 
 
 class S3Store:
@@ -15,10 +19,18 @@ class S3Store:
     def __init__(self) -> None:
         import boto3
         from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
 
-        self.client = boto3.client("s3")
+        # Downloads are verified by sha256 against the manifest, so botocore's own CRC of each reply is a second pass
+        # over the same bytes: asked for only where cloudtrain has no sha256 (read_bytes). Connections: several
+        # transfers at once, each in parts (cloudtrain.storage.transfer).
+        self.client = boto3.client("s3", config=Config(response_checksum_validation="when_required",
+                                                       max_pool_connections=32))
         self.transfer = TransferConfig(multipart_threshold=16 * 1024 * 1024, multipart_chunksize=16 * 1024 * 1024,
-                                       max_concurrency=8)
+                                       max_concurrency=10)  # the SDK default: parts in flight, all files together
+        self._manager: Any = None
+        self._manager_pid = 0
+        self._lock = threading.Lock()
 
     @staticmethod
     def _split(uri: str) -> tuple[str, str]:
@@ -39,15 +51,29 @@ class S3Store:
 
     def read_bytes(self, uri: str) -> bytes:
         bucket, key = self._split(uri)
-        return bytes(self.client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        return bytes(self.client.get_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")["Body"].read())
 
     def write_bytes(self, uri: str, data: bytes) -> None:
         bucket, key = self._split(uri)
         self.client.put_object(Bucket=bucket, Key=key, Body=data)
 
+    def _uploads(self) -> Any:
+        """One TransferManager for every upload of this store: files uploaded at once (storage.transfer.upload_many)
+        share its pool of part uploads, as the SDK's best upload of many files does, instead of each ``upload_file``
+        starting a manager and a pool of its own (8 files x 8 threads on a 2-core machine: 0.74x the SDK's best)."""
+        with self._lock:
+            if self._manager is None or self._manager_pid != os.getpid():  # a forked child has none of its threads
+                from boto3.s3.transfer import create_transfer_manager
+
+                self._manager, self._manager_pid = create_transfer_manager(self.client, self.transfer), os.getpid()
+            return self._manager
+
     def put_file(self, source: Path, uri: str, progress: Callable[[int], None] | None = None) -> int:
+        from boto3.s3.transfer import ProgressCallbackInvoker
+
         bucket, key = self._split(uri)
-        self.client.upload_file(str(source), bucket, key, Config=self.transfer, Callback=progress)
+        subscribers = [ProgressCallbackInvoker(progress)] if progress else None
+        self._uploads().upload(str(source), bucket, key, subscribers=subscribers).result()
         return source.stat().st_size
 
     def get_file(self, uri: str, target: Path) -> None:
@@ -56,6 +82,13 @@ class S3Store:
         tmp = target.with_name(f".{target.name}.part")
         self.client.download_file(bucket, key, str(tmp), Config=self.transfer)
         os.replace(tmp, target)
+
+    def read_stream(self, uri: str, start: int = 0, end: int | None = None) -> tuple[int, Iterator[bytes]]:
+        bucket, key = self._split(uri)
+        span = range_header(start, end)
+        reply = self.client.get_object(Bucket=bucket, Key=key, **({"Range": span} if span else {}))
+        body = reply["Body"]
+        return total_size(reply.get("ContentRange"), reply.get("ContentLength")), chunked(body.read, body.close)
 
     def list(self, prefix: str) -> builtins.list[str]:
         bucket, key = self._split(prefix)

@@ -6,8 +6,10 @@ detached supervisor that launches each node as ``python bootstrap.py ...`` exact
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -291,12 +293,38 @@ class LocalProvider(Provider):
                     pending[rank] = lines.pop()
                     yield from (f"[node{rank}] {line}" for line in lines)
 
+        ended = _SupervisorExit(record)
         try:
-            yield from self.follow_logs(handle, follow, read, 0.2,
+            yield from self.follow_logs(handle, follow, read, 0.2, pause=ended.wait,
                                         rest=lambda: (f"[node{r}] {pending[r]}" for r in ranks if pending[r]))
         finally:
+            ended.close()
             for f in files.values():
                 f.close()
+
+
+class _SupervisorExit:
+    """A follower's wait between two log reads, cut short when the job's supervisor exits (it records the job's end
+    just before): a foreground local job ends with its job, not up to a poll later. A plain sleep where the OS has
+    no pidfd, for a supervisor not running (or not started yet), and once it has exited."""
+
+    def __init__(self, record: JobRecord) -> None:
+        self.fd: int | None = None
+        pid = record.supervisor_pid
+        if pid and hasattr(os, "pidfd_open") and is_alive(pid, record.supervisor_start):
+            with contextlib.suppress(OSError):
+                self.fd = os.pidfd_open(pid)
+
+    def wait(self, seconds: float) -> None:
+        if self.fd is None:
+            time.sleep(seconds)
+        elif select.select([self.fd], [], [], seconds)[0]:
+            self.close()  # it exited: readable from now on, so later waits sleep
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def visible_gpus() -> int:

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ class Supervisor:
         # Held open for our whole life and inherited by no one but the nodes (as a read end): when we die, however,
         # every node's read returns end-of-file.
         self.lifeline, self._lifeline_w = os.pipe()
+        self.exited = threading.Event()  # set by a node's waiter thread: watch() looks at once, not a poll later
 
     def request_stop(self, signum: int, _frame: Any) -> None:
         # SIGUSR1 is `cloudtrain preempt` (a rehearsed spot interruption); SIGTERM/SIGINT is a cancel.
@@ -64,10 +66,15 @@ class Supervisor:
                                         stdin=subprocess.DEVNULL, cwd=record.job_dir, start_new_session=True,
                                         pass_fds=(self.lifeline,))
             self.procs[rank] = proc
+            threading.Thread(target=self._await, args=(proc,), name=f"node-{rank}-exit", daemon=True).start()
             nodes.append({"rank": rank, "pid": proc.pid, "pgid": proc.pid, "start": start_ticks(proc.pid),
                           "log": str(log_path), "status_file": str(status_file), "exit_code": None, "outcome": None,
                           "tag": tag})
         return nodes
+
+    def _await(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.wait()  # holds the Popen's wait lock: poll() in watch() reads None until this has reaped the node
+        self.exited.set()
 
     def run(self) -> int:
         record = self.db.get(self.job_id)
@@ -139,7 +146,8 @@ class Supervisor:
                     if node["exit_code"] is None:
                         signal_group(node["pgid"], signal.SIGKILL)
                         kill_tagged(node["tag"])
-            time.sleep(POLL_SECONDS)
+            self.exited.wait(POLL_SECONDS)
+            self.exited.clear()  # before the next look at every node: an exit from now on wakes the wait after it
         for node in nodes:  # workers a node left behind never outlive the job
             signal_group(node["pgid"], signal.SIGKILL)
             kill_tagged(node["tag"])

@@ -1,0 +1,136 @@
+"""A short local job against bare torchrun running the same script, whole processes, in the same run.
+
+    python benchmarks/local_job.py [--repeat 7]
+
+The script (1 node x 2 processes, gloo, 10 DDP steps of a small model) runs as
+  bare:       python -m torch.distributed.run --standalone --nproc-per-node 2 SCRIPT
+  cloudtrain: cloudtrain submit SCRIPT --provider local --procs-per-node 2   (foreground: follows the job to its end)
+alternating (ABBA), each in a fresh cloudtrain home. Prints the median wall time of each, the ratio (target <= 1.1x)
+and where cloudtrain's extra time goes, from timestamps each side leaves: the script's first and last line, and for
+cloudtrain the supervisor's and each node's start and end (the job database and the node's status file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+SCRIPT = '''
+import json, os, sys, time
+started = time.time()
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+first_step = None
+for step in range(10):
+    opt.zero_grad()
+    model(torch.randn(32, 64)).sum().backward()
+    opt.step()
+    first_step = first_step or time.time()
+dist.destroy_process_group()
+if int(os.environ["RANK"]) == 0:
+    print("TIMES " + json.dumps({"script_start": started, "first_step": first_step, "script_end": time.time()}),
+          flush=True)
+'''
+
+
+def _times(text: str) -> dict[str, float]:
+    for line in text.splitlines():
+        if "TIMES " in line:
+            return dict(json.loads(line.split("TIMES ", 1)[1]))
+    raise SystemExit(f"no TIMES line in the output:\n{text[-3000:]}")
+
+
+def bare(script: Path, env: dict[str, str]) -> dict[str, float]:
+    started = time.time()
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             str(script)], cwd=script.parent, env=env, capture_output=True, text=True)
+    ended = time.time()
+    if result.returncode != 0:
+        raise SystemExit(f"bare torchrun failed:\n{result.stderr[-3000:]}")
+    return {"start": started, **_times(result.stdout), "exit": ended}
+
+
+def cloudtrain(script: Path, env: dict[str, str], home: Path) -> dict[str, float]:
+    shutil.rmtree(home, ignore_errors=True)
+    started = time.time()
+    result = subprocess.run([sys.executable, "-m", "cloudtrain", "submit", str(script), "--provider", "local",
+                             "--procs-per-node", "2"], cwd=script.parent, env={**env, "CLOUDTRAIN_HOME": str(home)},
+                            capture_output=True, text=True)
+    ended = time.time()
+    if result.returncode != 0:
+        raise SystemExit(f"cloudtrain submit failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    times = {"start": started, **_times(result.stdout), "exit": ended}
+    with sqlite3.connect(home / "jobs.db") as db:
+        created, job_started, job_ended, nodes = db.execute(
+            "SELECT created_at, started_at, ended_at, nodes FROM jobs").fetchone()
+    node = json.loads(nodes)[0]
+    status = json.loads(Path(node["status_file"]).read_text())
+    times.update(recorded=created, supervisor_started=job_started, node_start=status["started"],
+                 node_end=status["ended"], job_ended=job_ended)
+    return times
+
+
+PHASES_BARE = [("start -> script's first line", "start", "script_start"),
+               ("script (first line -> last line)", "script_start", "script_end"),
+               ("last line -> exit", "script_end", "exit")]
+PHASES_CT = [("CLI start -> job recorded (import, package, stage)", "start", "recorded"),
+             ("-> supervisor running, nodes started", "recorded", "supervisor_started"),
+             ("-> bootstrap running", "supervisor_started", "node_start"),
+             ("-> script's first line (unpack, torchrun, workers)", "node_start", "script_start"),
+             ("script (first line -> last line)", "script_start", "script_end"),
+             ("-> node ended (torchrun exit, syncs, logs)", "script_end", "node_end"),
+             ("-> job ended (supervisor notices)", "node_end", "job_ended"),
+             ("-> CLI exit (follower notices, status)", "job_ended", "exit")]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--repeat", type=int, default=7)
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="ct-localjob-"))
+    proj = tmp / "proj"
+    proj.mkdir()
+    script = proj / "ten_steps.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    load = os.getloadavg()
+    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} cores")
+    runs_bare, runs_ct = [], []
+    try:
+        for i in range(args.repeat):
+            pair = [lambda: runs_bare.append(bare(script, env)),
+                    lambda: runs_ct.append(cloudtrain(script, env, tmp / "home"))]
+            for run in (pair if i % 2 == 0 else pair[::-1]):
+                run()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    whole_bare = [r["exit"] - r["start"] for r in runs_bare]
+    whole_ct = [r["exit"] - r["start"] for r in runs_ct]
+    b, c = statistics.median(whole_bare), statistics.median(whole_ct)
+    print(f"bare torchrun        {b:6.2f} s  ({min(whole_bare):.2f}-{max(whole_bare):.2f})")
+    print(f"cloudtrain submit    {c:6.2f} s  ({min(whole_ct):.2f}-{max(whole_ct):.2f})   {c / b:5.2f}x  "
+          f"(paired {statistics.median(x / y for x, y in zip(whole_ct, whole_bare, strict=True)):.2f}x; "
+          "target <= 1.1x)")
+    for title, runs, phases in (("bare", runs_bare, PHASES_BARE), ("cloudtrain", runs_ct, PHASES_CT)):
+        print(f"{title}: median seconds per phase")
+        for label, a, z in phases:
+            print(f"    {label:52s} {statistics.median(r[z] - r[a] for r in runs):6.3f}")
+
+
+if __name__ == "__main__":
+    main()
