@@ -48,7 +48,8 @@ def _login(ctx: Context, login: str) -> Check:
 def _partition(ctx: Context, login: str | None) -> Check:
     done = _run(ctx, login, ["sinfo", "--noheader", "--format=%R|%a"])
     if done is None or done.returncode != 0:
-        why = done.stderr.strip()[-300:] if done else "sinfo did not answer"
+        # sinfo explains its failure over several lines; the last one says what failed
+        why = (done.stderr.strip().splitlines() or ["no message"])[-1][-300:] if done else "sinfo did not answer"
         return Check("slurm", "partition", "missing", f"the cluster does not answer: {why}",
                      "check SLURM_CONF and that slurmctld runs (`scontrol ping`)")
     available = dict(line.split("|", 1) for line in done.stdout.split() if "|" in line)
