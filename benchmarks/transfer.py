@@ -1,6 +1,7 @@
 """Checkpoint restore and upload against each storage SDK's own best transfer of the same bytes, in the same run.
 
-    python benchmarks/transfer.py [--stores s3,gs,az] [--big-mb 320] [--small 96] [--small-mb 2] [--repeat 5]
+    python benchmarks/transfer.py [--stores s3,gs,az] [--parts restore,upload] [--big-mb 320] [--small 96]
+                                  [--small-mb 2] [--repeat 5]
 
 A sharded checkpoint (one large file and many small ones, >= 500 MB by default) is published once to each emulator
 (moto's S3 server, gcp-storage-emulator, Azurite; started as tests/emulators.py starts them, on 127.0.0.1). Then, per
@@ -251,7 +252,7 @@ def ratio_text(theirs: list[float], ours: list[float]) -> str:
 
 
 def bench_store(scheme: str, root: str, source: Path, names: list[str], files: list[dict[str, Any]], tmp: Path,
-                env: dict[str, str], repeat: int) -> dict[str, float]:
+                env: dict[str, str], repeat: int, parts: list[str]) -> dict[str, float]:
     from cloudtrain import checkpoints
 
     mb = sum(f["size"] for f in files) / 1e6
@@ -275,6 +276,8 @@ def bench_store(scheme: str, root: str, source: Path, names: list[str], files: l
         shutil.rmtree(ours_dir, ignore_errors=True)
         return timed([py, "-m", "cloudtrain.checkpoints", "restore", root, str(ours_dir)], env)
 
+    if "restore" not in parts:
+        return bench_upload(scheme, root, source, files, spec, env, repeat, ratios)
     variants = {v: baseline_download(v) for v in DOWNLOADS[scheme][1]}
     best = min(variants, key=lambda v: variants[v])
     theirs, ours = interleaved(repeat, lambda _i: baseline_download(best), lambda _i: our_restore())
@@ -285,8 +288,18 @@ def bench_store(scheme: str, root: str, source: Path, names: list[str], files: l
           + ", ".join(f"{v} {s:.2f}s" for v, s in variants.items()))
     print(summary(f"SDK best ({best})", theirs, mb))
     print(summary("cloudtrain restore (incl. sha256 verify)", ours, mb) + ratio_text(theirs, ours))
+    if "upload" not in parts:
+        return ratios
+    return bench_upload(scheme, root, source, files, spec, env, repeat, ratios)
 
-    # (b) upload
+
+def bench_upload(scheme: str, root: str, source: Path, files: list[dict[str, Any]], spec: Path, env: dict[str, str],
+                 repeat: int, ratios: dict[str, float]) -> dict[str, float]:
+    """(b) upload: the SDK's best against cloudtrain's ``upload_files``, interleaved."""
+    mb = sum(f["size"] for f in files) / 1e6
+    py = sys.executable
+    me = str(Path(__file__).resolve())
+
     def baseline_upload(variant: str, i: int) -> float:
         prefix = f"baseline-up/{variant}/{i}"
         spec.write_text(json.dumps({"files": files, "source": str(source), "prefix": prefix}))
@@ -321,6 +334,7 @@ def main() -> None:
         return
     p = argparse.ArgumentParser()
     p.add_argument("--stores", default="s3,gs,az")
+    p.add_argument("--parts", default="restore,upload")
     p.add_argument("--big-mb", type=int, default=320)
     p.add_argument("--small", type=int, default=96)
     p.add_argument("--small-mb", type=int, default=2)
@@ -353,7 +367,8 @@ def main() -> None:
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
                                                                                    os.environ.get("PYTHONPATH")]))}
                 print(f"{scheme}:")
-                results[scheme] = bench_store(scheme, root, source, names, files, tmp, env, args.repeat)
+                results[scheme] = bench_store(scheme, root, source, names, files, tmp, env, args.repeat,
+                                               args.parts.split(","))
             finally:
                 emulator.stop()
                 for var in emulator.env:
@@ -361,7 +376,7 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("ratios (SDK best / cloudtrain, throughput): " + "; ".join(
-        f"{s} restore {r['restore']:.2f}x upload {r['upload']:.2f}x" for s, r in results.items()))
+        f"{s} " + " ".join(f"{k} {v:.2f}x" for k, v in r.items()) for s, r in results.items()))
 
 
 if __name__ == "__main__":
