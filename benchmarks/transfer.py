@@ -1,6 +1,7 @@
 """Checkpoint restore and upload against each storage SDK's own best transfer of the same bytes, in the same run.
 
-    python benchmarks/transfer.py [--stores s3,gs,az] [--big-mb 320] [--small 96] [--small-mb 2] [--repeat 5]
+    python benchmarks/transfer.py [--stores s3,gs,az] [--parts restore,upload] [--big-mb 320] [--small 96]
+                                  [--small-mb 2] [--repeat 5]
 
 A sharded checkpoint (one large file and many small ones, >= 500 MB by default) is published once to each emulator
 (moto's S3 server, gcp-storage-emulator, Azurite; started as tests/emulators.py starts them, on 127.0.0.1). Then, per
@@ -15,7 +16,9 @@ store, interleaved so that both sides see the same emulator state and machine lo
     upload of it, both whole processes. Target >= 1.0x. For information, ``describe_and_upload`` too (each file
     hashed while the uploads run: what the Checkpointer does once DCP has written a checkpoint).
 
-Runs alternate (ABBA) and every upload is deleted after it (an emulator slows down as it fills up). Prints the median
+Each side's line ends with the median CPU seconds of its own process and of the emulator's process during its runs:
+where the emulator is busy for most of both sides' wall time, it is the limit, not the client. Runs alternate (ABBA)
+and every upload is deleted after it (an emulator slows down as it fills up). Prints the median
 of each side, the spread (min-max), the ratio of medians and the median of the paired ratios; this machine is shared
 and noisy, so run it more than once.
 """
@@ -231,18 +234,45 @@ def make_checkpoint(folder: Path, big_mb: int, small: int, small_mb: int) -> lis
     return [*names, ".metadata", "extra/rank-0.pt"]
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
+EMULATOR_PID: list[int] = []  # the running emulator's process: its CPU seconds are read around each timed run
+CPU: dict[str, list[tuple[float, float]]] = {}  # per side: (client process CPU s, emulator CPU s) of each run
+
+
+def emulator_cpu() -> float:
+    if not EMULATOR_PID:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{EMULATOR_PID[0]}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def timed(argv: list[str], env: dict[str, str], side: str = "") -> float:
+    """Wall seconds of a whole process; with ``side``, its CPU and the emulator's meanwhile go into CPU[side]."""
+    server = emulator_cpu()
     started = time.perf_counter()
-    result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[:6])} ... failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    with tempfile.TemporaryFile() as stderr:  # a file, not a pipe: a chatty child cannot fill it and stall
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        stderr.seek(0)
+        err = stderr.read().decode(errors="replace")
+    if status != 0:
+        raise SystemExit(f"{' '.join(argv[:6])} ... failed ({proc.returncode}):\n{err[-3000:]}")
+    if side:
+        CPU.setdefault(side, []).append((usage.ru_utime + usage.ru_stime, emulator_cpu() - server))
     return seconds
 
 
-def summary(label: str, times: list[float], mb: float) -> str:
+def summary(label: str, times: list[float], mb: float, side: str = "") -> str:
     med = statistics.median(times)
-    return f"    {label:44s} {med:6.2f} s  ({min(times):.2f}-{max(times):.2f})  {mb / med:6.0f} MB/s"
+    line = f"    {label:44s} {med:6.2f} s  ({min(times):.2f}-{max(times):.2f})  {mb / med:6.0f} MB/s"
+    if CPU.get(side):  # an emulator busy the whole run on both sides is the limit, not the client
+        line += (f"  cpu: client {statistics.median(c for c, _ in CPU[side]):.2f} s, emulator "
+                 f"{statistics.median(e for _, e in CPU[side]):.2f} s")
+    return line
 
 
 def ratio_text(theirs: list[float], ours: list[float]) -> str:
@@ -251,7 +281,7 @@ def ratio_text(theirs: list[float], ours: list[float]) -> str:
 
 
 def bench_store(scheme: str, root: str, source: Path, names: list[str], files: list[dict[str, Any]], tmp: Path,
-                env: dict[str, str], repeat: int) -> dict[str, float]:
+                env: dict[str, str], repeat: int, parts: list[str]) -> dict[str, float]:
     from cloudtrain import checkpoints
 
     mb = sum(f["size"] for f in files) / 1e6
@@ -269,29 +299,42 @@ def bench_store(scheme: str, root: str, source: Path, names: list[str], files: l
 
     def baseline_download(variant: str) -> float:
         shutil.rmtree(dest, ignore_errors=True)
-        return timed([py, me, "--baseline", "download", scheme, variant, str(spec)], env)
+        return timed([py, me, "--baseline", "download", scheme, variant, str(spec)], env, f"{scheme}-restore-sdk")
 
     def our_restore() -> float:
         shutil.rmtree(ours_dir, ignore_errors=True)
-        return timed([py, "-m", "cloudtrain.checkpoints", "restore", root, str(ours_dir)], env)
+        return timed([py, "-m", "cloudtrain.checkpoints", "restore", root, str(ours_dir)], env, f"{scheme}-restore")
 
+    if "restore" not in parts:
+        return bench_upload(scheme, root, source, files, spec, env, repeat, ratios)
     variants = {v: baseline_download(v) for v in DOWNLOADS[scheme][1]}
     best = min(variants, key=lambda v: variants[v])
+    CPU.pop(f"{scheme}-restore-sdk", None)  # the figures of the best configuration's interleaved runs only
     theirs, ours = interleaved(repeat, lambda _i: baseline_download(best), lambda _i: our_restore())
     shutil.rmtree(dest, ignore_errors=True)
     shutil.rmtree(ours_dir, ignore_errors=True)
     ratios["restore"] = statistics.median(theirs) / statistics.median(ours)
     print(f"  (a) restore of {mb:.0f} MB in {len(files)} files; SDK configurations tried once: "
           + ", ".join(f"{v} {s:.2f}s" for v, s in variants.items()))
-    print(summary(f"SDK best ({best})", theirs, mb))
-    print(summary("cloudtrain restore (incl. sha256 verify)", ours, mb) + ratio_text(theirs, ours))
+    print(summary(f"SDK best ({best})", theirs, mb, f"{scheme}-restore-sdk"))
+    print(summary("cloudtrain restore (incl. sha256 verify)", ours, mb, f"{scheme}-restore") + ratio_text(theirs, ours))
+    if "upload" not in parts:
+        return ratios
+    return bench_upload(scheme, root, source, files, spec, env, repeat, ratios)
 
-    # (b) upload
+
+def bench_upload(scheme: str, root: str, source: Path, files: list[dict[str, Any]], spec: Path, env: dict[str, str],
+                 repeat: int, ratios: dict[str, float]) -> dict[str, float]:
+    """(b) upload: the SDK's best against cloudtrain's ``upload_files``, interleaved."""
+    mb = sum(f["size"] for f in files) / 1e6
+    py = sys.executable
+    me = str(Path(__file__).resolve())
+
     def baseline_upload(variant: str, i: int) -> float:
         prefix = f"baseline-up/{variant}/{i}"
         spec.write_text(json.dumps({"files": files, "source": str(source), "prefix": prefix}))
         try:
-            return timed([py, me, "--baseline", "upload", scheme, variant, str(spec)], env)
+            return timed([py, me, "--baseline", "upload", scheme, variant, str(spec)], env, f"{scheme}-upload-sdk")
         finally:
             delete_under(f"{scheme}://{BUCKET}/{prefix}")
 
@@ -299,18 +342,20 @@ def bench_store(scheme: str, root: str, source: Path, names: list[str], files: l
         remote = f"{root}/ours-up/{i}"
         spec.write_text(json.dumps({"files": files, "describe": describe}))
         try:
-            return timed([py, "-c", OUR_UPLOAD, str(source), remote, str(spec)], env)
+            side = f"{scheme}-upload" + ("-described" if describe else "")
+            return timed([py, "-c", OUR_UPLOAD, str(source), remote, str(spec)], env, side)
         finally:
             delete_under(remote)
 
     variants = {v: baseline_upload(v, -1) for v in UPLOADS[scheme][1]}
     best = min(variants, key=lambda v: variants[v])
+    CPU.pop(f"{scheme}-upload-sdk", None)
     theirs, ours = interleaved(repeat, lambda i: baseline_upload(best, i), our_upload)
     ratios["upload"] = statistics.median(theirs) / statistics.median(ours)
     described = statistics.median(our_upload(100 + i, describe=True) for i in range(max(1, repeat // 2)))
     print("  (b) upload; SDK configurations tried once: " + ", ".join(f"{v} {s:.2f}s" for v, s in variants.items()))
-    print(summary(f"SDK best ({best})", theirs, mb))
-    print(summary("cloudtrain upload_files", ours, mb) + ratio_text(theirs, ours))
+    print(summary(f"SDK best ({best})", theirs, mb, f"{scheme}-upload-sdk"))
+    print(summary("cloudtrain upload_files", ours, mb, f"{scheme}-upload") + ratio_text(theirs, ours))
     print(summary("cloudtrain describe_and_upload (+ sha256)", [described], mb))
     return ratios
 
@@ -321,6 +366,7 @@ def main() -> None:
         return
     p = argparse.ArgumentParser()
     p.add_argument("--stores", default="s3,gs,az")
+    p.add_argument("--parts", default="restore,upload")
     p.add_argument("--big-mb", type=int, default=320)
     p.add_argument("--small", type=int, default=96)
     p.add_argument("--small-mb", type=int, default=2)
@@ -342,6 +388,7 @@ def main() -> None:
     try:
         for scheme in args.stores.split(","):
             emulator = STARTERS[scheme](tmp)
+            EMULATOR_PID[:] = [emulator.proc.pid]
             try:
                 os.environ.update(emulator.env)
                 storage._store.cache_clear()
@@ -353,7 +400,8 @@ def main() -> None:
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
                                                                                    os.environ.get("PYTHONPATH")]))}
                 print(f"{scheme}:")
-                results[scheme] = bench_store(scheme, root, source, names, files, tmp, env, args.repeat)
+                results[scheme] = bench_store(scheme, root, source, names, files, tmp, env, args.repeat,
+                                               args.parts.split(","))
             finally:
                 emulator.stop()
                 for var in emulator.env:
@@ -361,7 +409,7 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("ratios (SDK best / cloudtrain, throughput): " + "; ".join(
-        f"{s} restore {r['restore']:.2f}x upload {r['upload']:.2f}x" for s, r in results.items()))
+        f"{s} " + " ".join(f"{k} {v:.2f}x" for k, v in r.items()) for s, r in results.items()))
 
 
 if __name__ == "__main__":

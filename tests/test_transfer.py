@@ -4,6 +4,7 @@ requests, hashed in order from memory and the page cache), streams that fail res
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import threading
 import time
@@ -92,6 +93,28 @@ def test_a_large_file_is_shared_by_idle_workers(store_root: str, tmp_path: Path,
     assert got.sha256 == hashlib.sha256(data).hexdigest()
     ranged = [start for _, start, _ in store.calls if start > 0]
     assert store.calls[0][1:] == (0, None) and ranged, store.calls  # one whole stream first, then parts of it
+
+
+def test_a_store_that_streams_in_ranges_has_a_large_file_split_from_the_start(
+        store_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a stream is a series of ranged requests one after another anyway (Azure Blob), a large file is fetched
+    as one segment per worker at once from the start, not split only once nothing else is left; it still lands
+    whole, hashed in order. An object of another size is still reported, not fetched."""
+    monkeypatch.setattr(transfer, "UP_FRONT_SPLIT", 1 * MIB)
+    data = os.urandom(6 * MIB + 7)
+    uri = _put(store_root, "ranges.bin", data, tmp_path)
+    store = Recorded(storage.store_for(store_root), pause=0.01)
+    store.streams_in_ranges = True  # type: ignore[attr-defined]
+    got = transfer.download_many(store, [(uri, tmp_path / "ranges.bin", len(data))], workers=4)[0]
+    assert (tmp_path / "ranges.bin").read_bytes() == data
+    assert got.sha256 == hashlib.sha256(data).hexdigest()
+    spans = sorted((start, end) for _, start, end in store.calls)
+    bounds = [len(data) * i // 4 for i in range(5)]
+    assert spans == list(itertools.pairwise(bounds)), spans  # four requests, one per segment, from the start
+
+    short = _put(store_root, "short.bin", os.urandom(2 * MIB), tmp_path)
+    got = transfer.download_many(store, [(short, tmp_path / "short.bin", 4 * MIB)], workers=4)[0]
+    assert got.stored_size == 2 * MIB and got.sha256 == ""
 
 
 def test_a_stream_cut_short_resumes_where_it_stopped(store_root: str, tmp_path: Path) -> None:

@@ -19,6 +19,10 @@ from cloudtrain.storage.transfer import total_size
 
 
 class AzureBlobStore:
+    # read_stream is a series of ranged GETs (32 MiB, then 16 MiB chunks) one after another: storage.transfer
+    # fetches a large blob's segments at once from the start, as the SDK's max_concurrency download does
+    streams_in_ranges = True
+
     def __init__(self) -> None:
         self._services: dict[str | None, Any] = {}
 

@@ -5,10 +5,13 @@ the whole object while there are files left to start (a ranged request costs the
 copy of the whole object). Once the queue is empty, an idle worker watches the streams still running and takes over
 the second half of one that, at the pace it now runs alone, would need more than ``SPLIT_AFTER`` seconds more (a
 ranged request for that half): one large file is then fetched by every worker at once on a real cloud, and not cut
-up where a single stream is fast anyway. A stream that fails resumes from the last byte written (a ranged request),
-with backoff. Bytes are written in place (``pwrite``) and hashed in order as they arrive: a chunk that continues
-the hashed prefix is hashed from memory by the thread that wrote it, and a range that arrived ahead of the prefix is
-hashed from the page cache once the prefix reaches it. No file is read twice.
+up where a single stream is fast anyway. A store whose stream is itself a series of ranged requests one after another
+(``streams_in_ranges``: Azure Blob) has its large files cut into one segment per worker from the start instead, as
+the SDK's own concurrent download does: waiting for the queue to empty would only serialise those requests. A stream
+that fails resumes from the last byte written (a ranged request), with backoff. Bytes are written in place
+(``pwrite``) and hashed in order as they arrive: a chunk that continues the hashed prefix is hashed from memory by the
+thread that wrote it, and a range that arrived ahead of the prefix is hashed from the page cache once the prefix
+reaches it. No file is read twice.
 
 Uploads (``upload_many``): a pool of threads uploads the files largest first (each store's client splits a large
 file into concurrent parts itself) while other threads hash them from the page cache.
@@ -17,6 +20,7 @@ file into concurrent parts itself) while other threads hash them from the page c
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import random
 import threading
@@ -34,6 +38,7 @@ THREADS = 8  # streams at once per process: what the clients' connection pools a
 SPLIT_AFTER = 1.0  # seconds a stream would still need on its own before an idle worker takes half of it
 WATCH_SECONDS = 0.25  # how long an idle worker measures the running streams' pace before it decides
 MIN_SPLIT = 16 * 1024 * 1024  # a stream is split only if each half keeps at least this many bytes
+UP_FRONT_SPLIT = 32 * 1024 * 1024  # the least bytes per segment of a file split before its download starts
 HASH_READ = 4 * 1024 * 1024  # page-cache reads when hashing a range that arrived ahead of the prefix
 ATTEMPTS = 5
 
@@ -92,10 +97,25 @@ class _DiskError(Exception):
     """Writing or re-reading a local file failed (disk full, ...): fatal, not retried like a store's reply."""
 
 
+def _split_up_front(f: _File, parts: int) -> list[_File | tuple[_File, _Segment]]:
+    """``f`` as one task (one stream, split later only if it turns out slow), or, for a store whose stream is a
+    series of ranged requests anyway, as up to ``parts`` segments of at least UP_FRONT_SPLIT bytes fetched at once
+    from the start (what the SDK's own concurrent download does) instead of one request after another."""
+    count = min(parts, f.size // UP_FRONT_SPLIT)
+    if count < 2:
+        return [f]
+    bounds = [f.size * i // count for i in range(count + 1)]
+    f.segments = [_Segment(a, b, a, a) for a, b in itertools.pairwise(bounds)]
+    return [(f, seg) for seg in f.segments]
+
+
 class _Downloads:
-    def __init__(self, store: Any, files: list[_File], log: Callable[[str], None] | None) -> None:
+    def __init__(self, store: Any, files: list[_File], log: Callable[[str], None] | None, workers: int) -> None:
         self.store, self.log = store, log
-        self.queue = sorted(files, key=lambda f: -f.size)
+        self.queue: list[_File | tuple[_File, _Segment]] = []
+        parts = max(1, workers) if getattr(store, "streams_in_ranges", False) else 1
+        for f in sorted(files, key=lambda f: -f.size):
+            self.queue += _split_up_front(f, parts)
         self.files = files
         self.lock = threading.Lock()
         self.active: list[tuple[_File, _Segment]] = []
@@ -117,10 +137,13 @@ class _Downloads:
         while self.error is None:
             with self.lock:
                 if self.queue:
-                    f = self.queue.pop(0)
-                    seg = _Segment(0, f.size, 0, 0)
-                    with f.lock:
-                        f.segments.append(seg)
+                    task = self.queue.pop(0)
+                    if isinstance(task, _File):
+                        f, seg = task, _Segment(0, task.size, 0, 0)
+                        with f.lock:
+                            f.segments.append(seg)
+                    else:
+                        f, seg = task
                     self.active.append((f, seg))
                     return f, seg
                 if not any(seg.end - max(seg.reserved, seg.pos) >= 2 * MIN_SPLIT for _, seg in self.active):
@@ -286,14 +309,14 @@ def download_many(store: Any, items: list[tuple[str, Path, int]], log: Callable[
             os.ftruncate(f.fd, f.size)
             if f.size == 0:  # nothing to stream, but the object must exist and be empty
                 f.segments.append(_Segment(0, 0, 0, 0))
-        run = _Downloads(store, [f for f in files if f.size > 0], log)
+        count = workers or threads()
+        run = _Downloads(store, [f for f in files if f.size > 0], log, count)
         empty = [f for f in files if f.size == 0]
         for f in empty:
             stored, chunks = store.read_stream(f.uri, 0, None)
             getattr(chunks, "close", lambda: None)()
             f.stored_size = stored
             run._finish(f, mismatch=stored != 0)
-        count = workers or threads()
         pool = [threading.Thread(target=run.worker, name=f"cloudtrain-download-{i}", daemon=True)
                 for i in range(count)]
         for t in pool:
