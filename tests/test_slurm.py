@@ -293,6 +293,15 @@ def test_the_plan_is_the_batch_script(tmp_path: Path, ct_home: Path) -> None:
         assert "#SBATCH --gres=gpu:8" in plan.request["script"]
 
 
+def test_the_starter_spec_with_spot_plans_on_slurm(tmp_path: Path, ct_home: Path) -> None:
+    """`cloudtrain init` writes spot: true: on Slurm that plans, saying what spot means on a cluster."""
+    job = Job(script="train_ddp.py", source_dir=str(ddp_project(tmp_path)), nodes=2, spot=True, max_restarts=3,
+              providers={"slurm": {"staging": "/shared/me/ct"}})
+    with plan_job(job.spec, "slurm", progress=False) as plan:
+        assert "#SBATCH --requeue" in plan.request["script"]
+        assert any("Slurm has no spot market" in note and "requeued (max_restarts 3)" in note for note in plan.notes)
+
+
 def test_the_node_contract_reads_what_srun_gives_each_task() -> None:
     env = {"SLURM_JOB_ID": "4242", "SLURM_NODEID": "2", "SLURM_NNODES": "3", "SLURM_JOB_NODELIST": "gpu[07-09]",
            "SLURMD_NODENAME": "gpu09", "SLURM_RESTART_COUNT": "1"}

@@ -44,7 +44,7 @@ class LostReply(ConnectionError):
 
 class SlurmProvider(Provider):
     name = "slurm"
-    capabilities = frozenset({"multi_node", "accelerators"})
+    capabilities = frozenset({"multi_node", "accelerators", "spot"})  # spot: the cluster's preemptible capacity
     poll_seconds = 2.0  # squeue answers in milliseconds; a shared slurmctld deserves some restraint
 
     def __init__(self, log_poll: float = 1.0) -> None:
@@ -86,6 +86,11 @@ class SlurmProvider(Provider):
         notes.append(f"slurm: --requeue: a preempted or requeued job runs again, up to max_restarts "
                      f"({spec.max_restarts}) times, each run resuming from its newest checkpoint" if spec.max_restarts
                      else "slurm: --no-requeue (max_restarts 0): a preempted job ends preempted")
+        if spec.spot:  # the starter spec says spot: true; on Slurm that is the cluster's preemptible capacity
+            notes.append("slurm: spot: Slurm has no spot market; preemptible capacity is the cluster's own (set "
+                         "providers.slurm.partition or qos to a preemptible one, if it has one), and a preempted job "
+                         + (f"is requeued (max_restarts {spec.max_restarts})" if spec.max_restarts else
+                            "ends preempted (max_restarts 0)"))
         notes.append(f"slurm: the rendezvous is the first node, port {PORT_BASE} + (job id x 7 + restarts) mod "
                      f"{PORT_SPAN}: known once Slurm gives the job its id")
         return Plan(provider=self.name, job_id=job_id, spec=spec, package=package, request=request, nodes=nodes,
