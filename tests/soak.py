@@ -79,12 +79,18 @@ def save(self, n, block=False):
     _save(self, n, block)
 
 
-_upload, _publish = checkpoints.upload_files, checkpoints.publish
+_upload, _describe_and_upload, _publish = (checkpoints.upload_files, checkpoints.describe_and_upload,
+                                           checkpoints.publish)
 
 
 def upload_files(root, files, folder_uri, log=checkpoints._print):
     event("upload", int(folder_uri.rstrip("/").rsplit("-", 1)[1]))
     return _upload(root, files, folder_uri, log=log)
+
+
+def describe_and_upload(root, rel_paths, folder_uri, log=checkpoints._print):  # the Checkpointer's upload
+    event("upload", int(folder_uri.rstrip("/").rsplit("-", 1)[1]))
+    return _describe_and_upload(root, rel_paths, folder_uri, log=log)
 
 
 def publish(folder_uri, step, files, **kwargs):
@@ -105,7 +111,8 @@ def slow_atomic_write(target, writer):
 
 
 Checkpointer.restore, Checkpointer.step, Checkpointer.save = restore, step, save
-checkpoints.upload_files, checkpoints.publish = upload_files, publish
+checkpoints.upload_files, checkpoints.describe_and_upload, checkpoints.publish = (upload_files, describe_and_upload,
+                                                                             publish)
 local_store._atomic_write = slow_atomic_write
 
 import train_fsdp  # noqa: E402 - after the patches

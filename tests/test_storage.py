@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import checkpoints, storage
+from cloudtrain import checkpoints, contract, storage
 
 
 def test_object_operations(store_root: str, tmp_path: Path) -> None:
@@ -147,10 +147,11 @@ def test_upload_killed_mid_checkpoint_falls_back_to_the_previous(store_root: str
     _write_checkpoint(tmp_path / "local", store_root, 10)
     big = tmp_path / "local" / checkpoints.step_dir(20)
     big.mkdir(parents=True)
-    for i in range(200):  # uploads run several at once: enough files that the kill lands half-way
+    for i in range(200):  # enough files, uploaded one at a time, that the kill lands half-way on every store
         (big / f"__{i}_0.distcp").write_bytes(os.urandom(1 << 18))
     remote = storage.join(store_root, checkpoints.step_dir(20))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # several at once, the whole checkpoint can reach a fast store between two listings (it did, on GCS)
+    env = {**os.environ, "PYTHONPATH": str(REPO), contract.TRANSFER_THREADS: "1"}
     proc = subprocess.Popen([sys.executable, "-c", UPLOADER, str(big), remote], env=env)
     store = storage.store_for(store_root)
     try:
