@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
@@ -126,8 +125,8 @@ def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
         *([row("where", where)] if (where := _where(plan.staging)) else []),
         row("instance", instance),
         row("image", plan.image or "this machine's Python and torch"),
-        row("each node", plan.runtime.summary() if plan.runtime else
-            _local_runtime() if plan.provider == "local" else "the torch and Python the nodes have (only known there)"),
+        row("each node", plan.runtime.summary() if plan.runtime else "the torch and Python the nodes have (only known "
+                                                                     "there)"),
         row("spot", _spot(plan)),
         row("max runtime", format_duration(spec.max_runtime)
             + (f", stopped if idle for {format_duration(spec.max_idle)}" if spec.max_idle else "")),
@@ -149,17 +148,6 @@ def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
     if request:
         lines += ["", paint("request:", "bold", colour), json.dumps(plan.to_dict()["request"], indent=2)]  # redacted
     return "\n".join(lines)
-
-
-def _local_runtime() -> str:
-    """This machine's Python and torch, read without importing torch."""
-    from importlib import metadata
-
-    try:
-        torch = f"torch {metadata.version('torch')}"
-    except metadata.PackageNotFoundError:
-        torch = "no torch installed"
-    return f"{torch}, Python {sys.version_info.major}.{sys.version_info.minor} (this machine)"
 
 
 def _spot(plan: Plan) -> str:

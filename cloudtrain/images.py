@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,9 @@ class Runtime:
     pinned: bool  # the reference fixes the torch release (False: a moving tag, or a custom image)
 
     def summary(self) -> str:
+        if self.source == THIS_MACHINE:
+            torch = f"torch {self.torch}" if self.torch else "no torch installed"
+            return f"{torch}, Python {self.python} (this machine)"
         if self.torch is None:
             return "torch and Python of your image (only known on the node)"
         moving = "" if self.pinned or self.torch.count(".") > 1 else ".x (the image follows this minor's patches)"
@@ -46,6 +50,22 @@ class Runtime:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+THIS_MACHINE = "this machine"
+
+
+def this_machine() -> Runtime:
+    """What a job that runs here runs: this Python and the torch installed beside it, read without importing torch."""
+    from importlib import metadata
+
+    try:
+        torch: str | None = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = None
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return Runtime(image="this machine's Python and torch", torch=torch, python=python, source=THIS_MACHINE,
+                   pinned=True)
 
 
 @functools.cache

@@ -24,6 +24,7 @@ from cloudtrain import contract, registry, storage
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.home import cloudtrain_home, default_store_uri
+from cloudtrain.images import this_machine
 from cloudtrain.nodes import bootstrap_args, job_env, node_command
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import NodeCommand, Plan
@@ -110,7 +111,8 @@ class LocalProvider(Provider):
         if spec.spot:
             notes.append("local: spot is emulated; a preempted job is restarted up to max_restarts times")
         return Plan(provider=self.name, job_id=job_id, spec=spec, package=package, request=request, nodes=nodes,
-                    staging={"prefix": prefix, "bundle": bundle_uri, "store": store}, notes=notes)
+                    staging={"prefix": prefix, "bundle": bundle_uri, "store": store}, notes=notes,
+                    runtime=this_machine())
 
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:
