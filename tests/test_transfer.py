@@ -3,6 +3,7 @@ requests, hashed in order from memory and the page cache), streams that fail res
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import os
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from cloudtrain import storage
+from cloudtrain.errors import CloudtrainError
 from cloudtrain.storage import transfer
 
 MIB = 1 << 20
@@ -95,16 +97,16 @@ def test_a_large_file_is_shared_by_idle_workers(store_root: str, tmp_path: Path,
     assert store.calls[0][1:] == (0, None) and ranged, store.calls  # one whole stream first, then parts of it
 
 
-def test_a_store_that_streams_in_ranges_has_a_large_file_split_from_the_start(
+def test_a_store_that_asks_for_ranges_from_the_start_has_a_large_file_split_from_the_start(
         store_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where a stream is a series of ranged requests one after another anyway (Azure Blob), a large file is fetched
+    """Where one stream is slower than several ranged ones (Azure Blob), a large file is fetched
     as one segment per worker at once from the start, not split only once nothing else is left; it still lands
     whole, hashed in order. An object of another size is still reported, not fetched."""
     monkeypatch.setattr(transfer, "UP_FRONT_SPLIT", 1 * MIB)
     data = os.urandom(6 * MIB + 7)
     uri = _put(store_root, "ranges.bin", data, tmp_path)
     store = Recorded(storage.store_for(store_root), pause=0.01)
-    store.streams_in_ranges = True  # type: ignore[attr-defined]
+    store.ranges_from_start = True  # type: ignore[attr-defined]
     got = transfer.download_many(store, [(uri, tmp_path / "ranges.bin", len(data))], workers=4)[0]
     assert (tmp_path / "ranges.bin").read_bytes() == data
     assert got.sha256 == hashlib.sha256(data).hexdigest()
@@ -140,7 +142,6 @@ def test_an_object_of_another_size_is_reported_not_fetched(store_root: str, tmp_
 
 def test_a_missing_object_fails_after_the_retries(store_root: str, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from cloudtrain.errors import CloudtrainError
 
     monkeypatch.setattr(transfer, "ATTEMPTS", 2)
     with pytest.raises(CloudtrainError, match="failed after 2 attempts"):
@@ -159,3 +160,29 @@ def test_uploads_run_at_once_and_hash_what_they_send(store_root: str, tmp_path: 
     assert digests == [hashlib.sha256(d).hexdigest() for d in files.values()]
     for name, data in files.items():
         assert store.read_bytes(storage.join(store_root, "up", name)) == data
+
+
+@pytest.mark.parametrize("call", ["pwrite", "pread"])
+def test_a_local_disk_error_stops_the_download_at_once(call: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full or failing disk is not the store's fault: no retries, whether the write (a stream's thread) or the
+    read-back of a range that arrived ahead of the hashed prefix (a hashing thread) fails; the error is the disk's."""
+    root = f"file://{tmp_path / 'store'}"
+    monkeypatch.setattr(transfer, "UP_FRONT_SPLIT", 1 * MIB)
+    data = os.urandom(6 * MIB)
+    uri = _put(root, "disk.bin", data, tmp_path)
+    store = Recorded(storage.store_for(root), pause=0.01)
+    store.ranges_from_start = True  # type: ignore[attr-defined]  # segments ahead of the prefix: read back later
+    real = getattr(os, call)
+
+    def failing(*args: Any) -> Any:
+        if getattr(os, call) is failing and len(store.calls) >= 2:
+            raise OSError(errno.ENOSPC if call == "pwrite" else errno.EIO, "injected")
+        return real(*args)
+
+    monkeypatch.setattr(transfer.os, call, failing)
+    started = time.monotonic()
+    with pytest.raises(CloudtrainError, match=r"download failed: .*injected"):
+        transfer.download_many(store, [(uri, tmp_path / "disk.bin", len(data))], workers=4)
+    assert time.monotonic() - started < 5  # no retry backoff
+    assert len(store.calls) == 4, store.calls  # one request per segment: the failure was not retried

@@ -5,13 +5,13 @@ the whole object while there are files left to start (a ranged request costs the
 copy of the whole object). Once the queue is empty, an idle worker watches the streams still running and takes over
 the second half of one that, at the pace it now runs alone, would need more than ``SPLIT_AFTER`` seconds more (a
 ranged request for that half): one large file is then fetched by every worker at once on a real cloud, and not cut
-up where a single stream is fast anyway. A store whose stream is itself a series of ranged requests one after another
-(``streams_in_ranges``: Azure Blob) has its large files cut into one segment per worker from the start instead, as
-the SDK's own concurrent download does: waiting for the queue to empty would only serialise those requests. A stream
-that fails resumes from the last byte written (a ranged request), with backoff. Bytes are written in place
-(``pwrite``) and hashed in order as they arrive: a chunk that continues the hashed prefix is hashed from memory by the
-thread that wrote it, and a range that arrived ahead of the prefix is hashed from the page cache once the prefix
-reaches it. No file is read twice.
+up where a single stream is fast anyway. A store whose single stream is known to be slower than parallel ranges
+(``ranges_from_start``: Azure Blob) has its large files cut into one segment per worker from the start instead, as
+the SDK's own concurrent download does. A stream that fails resumes from the last byte written (a ranged request),
+with backoff. Bytes are written in place (``pwrite``) and hashed in order beside the streams, by a few hashing
+threads (one per file at a time): a chunk that continues the hashed prefix is hashed from memory, what was written
+meanwhile (or arrived ahead of the prefix) from the page cache once the prefix reaches it. A stream never waits
+for sha256, and nothing is read back from disk.
 
 Uploads (``upload_many``): a pool of threads uploads the files largest first (each store's client splits a large
 file into concurrent parts itself) while other threads hash them from the page cache.
@@ -98,8 +98,8 @@ class _DiskError(Exception):
 
 
 def _split_up_front(f: _File, parts: int) -> list[_File | tuple[_File, _Segment]]:
-    """``f`` as one task (one stream, split later only if it turns out slow), or, for a store whose stream is a
-    series of ranged requests anyway, as up to ``parts`` segments of at least UP_FRONT_SPLIT bytes fetched at once
+    """``f`` as one task (one stream, split later only if it turns out slow), or, for a store whose single stream is
+    slower than parallel ranges, as up to ``parts`` segments of at least UP_FRONT_SPLIT bytes fetched at once
     from the start (what the SDK's own concurrent download does) instead of one request after another."""
     count = min(parts, f.size // UP_FRONT_SPLIT)
     if count < 2:
@@ -113,13 +113,15 @@ class _Downloads:
     def __init__(self, store: Any, files: list[_File], log: Callable[[str], None] | None, workers: int) -> None:
         self.store, self.log = store, log
         self.queue: list[_File | tuple[_File, _Segment]] = []
-        parts = max(1, workers) if getattr(store, "streams_in_ranges", False) else 1
+        parts = max(1, workers) if getattr(store, "ranges_from_start", False) else 1
         for f in sorted(files, key=lambda f: -f.size):
             self.queue += _split_up_front(f, parts)
         self.files = files
         self.lock = threading.Lock()
         self.active: list[tuple[_File, _Segment]] = []
         self.error: BaseException | None = None
+        self.hashing = ThreadPoolExecutor(max(1, min(workers, os.cpu_count() or 1)),
+                                          thread_name_prefix="cloudtrain-hash")
 
     # -- scheduling ----------------------------------------------------------------------------------------
     def worker(self) -> None:
@@ -248,44 +250,48 @@ class _Downloads:
             raise _DiskError from exc
         with f.lock:
             seg.pos = at + n
-            inline = not f.hashing and f.hashed == at
-            if inline:
+            take = not f.hashing  # nobody hashes this file now: a hashing thread takes it on from here
+            if take:
                 f.hashing = True
+            inline = take and f.hashed == at
             done = seg.pos >= seg.end
-        if inline:
-            f.hasher.update(data)
-            self._catch_up(f, at + n)
-        else:
-            self._catch_up(f, None)
+        if take:
+            self.hashing.submit(self._hash, f, data if inline else None)
         return not done
 
-    def _catch_up(self, f: _File, hashed: int | None) -> None:
-        """Hash what is written past the hashed prefix (from the page cache), as the one thread that hashes this
-        file; ``hashed``: this thread holds that role and has hashed up to there."""
-        while True:
-            with f.lock:
-                if hashed is not None:
-                    f.hashed = hashed
-                elif f.hashing:
-                    return  # another thread hashes; it reads on to whatever is written when it gets there
-                else:
-                    f.hashing = True
-                upto = min(f.frontier(), f.hashed + HASH_READ)
-                if upto <= f.hashed:
-                    f.hashing = False
-                    complete = f.hashed >= f.size
-                    break
-                at = f.hashed
-            try:
-                data = os.pread(f.fd, upto - at, at)
-            except OSError as exc:
-                raise _DiskError from exc
-            if not data:
-                raise _DiskError from OSError(f"{f.path} ends at byte {at}, before what was written to it")
-            f.hasher.update(data)
-            hashed = at + len(data)
-        if complete:
-            self._finish(f, mismatch=False)
+    def _hash(self, f: _File, data: memoryview | None) -> None:
+        """In a hashing thread, as the one thread that hashes this file (``f.hashing``): ``data`` (the chunk that
+        continues the hashed prefix, from memory), then whatever is written past the prefix by now (from the page
+        cache), until the prefix reaches what is not written yet; then the role is given up. sha256 runs beside the
+        streams, not in them: a stream's next read never waits for it (0.25 s of a 537 MB restore's 1.1 s)."""
+        try:
+            hashed = None
+            if data is not None:
+                f.hasher.update(data)
+                hashed = f.hashed + len(data)
+            while True:
+                with f.lock:
+                    if hashed is not None:
+                        f.hashed = hashed
+                    upto = min(f.frontier(), f.hashed + HASH_READ)
+                    if upto <= f.hashed:
+                        f.hashing = False
+                        complete = f.hashed >= f.size
+                        break
+                    at = f.hashed
+                try:
+                    chunk = os.pread(f.fd, upto - at, at)
+                except OSError as exc:
+                    raise _DiskError from exc
+                if not chunk:
+                    raise _DiskError from OSError(f"{f.path} ends at byte {at}, before what was written to it")
+                f.hasher.update(chunk)
+                hashed = at + len(chunk)
+            if complete:
+                self._finish(f, mismatch=False)
+        except BaseException as exc:  # a disk error is fatal: every stream stops and download_many raises it
+            with self.lock:
+                self.error = self.error or (exc.__cause__ or exc if isinstance(exc, _DiskError) else exc)
 
     def _finish(self, f: _File, mismatch: bool) -> None:
         with f.lock:
@@ -303,6 +309,7 @@ def download_many(store: Any, items: list[tuple[str, Path, int]], log: Callable[
     was written for each, in order. An object whose stored size is not the expected one is not fetched on (its
     ``stored_size`` says so, its sha256 is empty). Raises CloudtrainError when a stream fails ``ATTEMPTS`` times."""
     files = [_File(uri, path, size) for uri, path, size in items]
+    run: _Downloads | None = None
     try:
         for f in files:
             f.fd = os.open(f.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -323,11 +330,14 @@ def download_many(store: Any, items: list[tuple[str, Path, int]], log: Callable[
             t.start()
         for t in pool:
             t.join()
+        run.hashing.shutdown(wait=True)  # the files' last bytes may still be hashing
         if run.error is not None:
             if isinstance(run.error, CloudtrainError):
                 raise run.error
             raise CloudtrainError(f"download failed: {run.error}") from run.error
     finally:
+        if run is not None:
+            run.hashing.shutdown(wait=True)  # before the files it reads are closed
         for f in files:
             if f.fd >= 0:
                 os.close(f.fd)
