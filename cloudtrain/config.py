@@ -75,9 +75,6 @@ def _options_model(provider: str) -> Any:
 def read_config(path: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     """Every profile in the file, each provider block checked against the spec's own option models (so a typo is
     an error naming the profile and key, not a silently ignored setting). A missing file is an empty config."""
-    import yaml
-    from pydantic import ValidationError
-
     path = path or config_path()
     try:
         text = path.read_text(encoding="utf-8")
@@ -86,6 +83,9 @@ def read_config(path: Path | None = None) -> dict[str, dict[str, dict[str, Any]]
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}", field=CONFIG_ENV,
                         remedy="fix the file's permissions, or point CLOUDTRAIN_CONFIG elsewhere") from None
+    import yaml  # only once there is a file to read: most runs have none
+    from pydantic import ValidationError
+
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:

@@ -3,18 +3,21 @@
 Strict where plain ``yaml.safe_load`` is lenient, so hostile or mistaken input fails here, with the line to fix,
 rather than later with a traceback or a silently different job: a key given twice is an error (YAML lets the last
 one win), and nesting, alias expansion and file size are bounded (20,000 nested ``[`` overflow the parser's
-recursion; a "billion laughs" document of aliases would take pydantic hours to walk). Imports only yaml, so
-``cloudtrain doctor`` can read the project's spec without the cost of the spec models.
+recursion; a "billion laughs" document of aliases would take pydantic hours to walk). Imports nothing heavy (yaml only
+once there is YAML to read), so ``cloudtrain doctor`` can read the project's spec without the cost of the spec models,
+and a command with no spec file never loads yaml.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import SpecError
+
+if TYPE_CHECKING:
+    import yaml
 
 SPEC_FILENAME = "cloudtrain.yaml"
 MAX_SPEC_BYTES = 1024 * 1024  # a spec is a few KB; a megabyte is a mistake (or an attack)
@@ -22,25 +25,27 @@ MAX_DEPTH = 32  # the deepest real spec is 4 levels (providers.aws.subnets[0])
 MAX_NODES = 100_000  # values in the document with every alias expanded
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a mapping key given twice."""
+@functools.cache
+def _strict_loader() -> type[yaml.SafeLoader]:
+    """SafeLoader that refuses a mapping key given twice (built on first use: yaml is imported only to read YAML)."""
+    import yaml
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, Any] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                first = seen.setdefault(key, key_node.start_mark)
-            except TypeError:  # an unhashable key ([a, b]: x): the base class explains it
-                break
-            if first is not key_node.start_mark:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice (first at line {first.line + 1}); "
-                    "YAML would keep only the last one", key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key ([a, b]: x): the base class explains it
+                    break
+                if first is not key_node.start_mark:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice (first at line {first.line + 1}); "
+                        "YAML would keep only the last one", key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
 
-
-_SYNTAX_ERRORS = (yaml.scanner.ScannerError, yaml.parser.ParserError, yaml.reader.ReaderError)
+    return StrictLoader
 
 
 def _check_shape(data: Any, where: str) -> None:
@@ -66,10 +71,13 @@ def parse_yaml(text: str, where: str, text_if_not_yaml: bool = False) -> Any:
     """``text`` as YAML, strictly (see the module's docstring); a SpecError naming ``where`` and the line.
     ``text_if_not_yaml``: text that is not YAML syntax at all (``%s``, ``@home``) is returned as the string itself,
     as a ``--set`` value is meant; a key given twice or nesting too deep are still errors."""
+    import yaml
+
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
+        data = yaml.load(text, Loader=_strict_loader())  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as exc:
-        if text_if_not_yaml and isinstance(exc, _SYNTAX_ERRORS):
+        if text_if_not_yaml and isinstance(exc, (yaml.scanner.ScannerError, yaml.parser.ParserError,
+                                                 yaml.reader.ReaderError)):  # not YAML syntax at all
             return text
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
