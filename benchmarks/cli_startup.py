@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from installed import compile_bytecode
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -28,10 +30,16 @@ def timings(argv: list[str], repeat: int) -> list[float]:
     return times
 
 
+def median_seconds(argv: list[str], repeat: int) -> float:
+    """The median wall time of ``repeat`` runs of a whole command (plan_aws.py and plan_gcp.py use it too)."""
+    return statistics.median(timings(argv, repeat))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args()
+    compile_bytecode()  # timed as installed: with bytecode (benchmarks/installed.py)
     py = sys.executable
     trainer = str(REPO / "entrypoints" / "train_ddp.py")
     cases = {

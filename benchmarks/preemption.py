@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from installed import compile_bytecode
+
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = '''
@@ -187,6 +189,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=6, help="Linear(2048, 2048) layers: ~50 MB of state each")
     p.add_argument("--store", default="file", choices=["file", "s3", "gs", "az"])
     args = p.parse_args()
+    compile_bytecode()  # timed as installed: with bytecode (benchmarks/installed.py)
     load = os.getloadavg()
     print(f"state {args.layers * 2048 * 2048 * 4 * 3 / 1e6:.0f} MB (params + Adam moments); store {args.store}; "
           f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} cores")
