@@ -11,7 +11,7 @@ the SDK's own concurrent download does. A stream that fails resumes from the las
 with backoff. Bytes are written in place (``pwrite``) and hashed in order beside the streams, by a few hashing
 threads (one per file at a time): a chunk that continues the hashed prefix is hashed from memory, what was written
 meanwhile (or arrived ahead of the prefix) from the page cache once the prefix reaches it. A stream never waits
-for sha256, and nothing is read back from disk.
+for sha256, and each byte is hashed once.
 
 Uploads (``upload_many``): a pool of threads uploads the files largest first (each store's client splits a large
 file into concurrent parts itself) while other threads hash them from the page cache.
