@@ -33,8 +33,9 @@ class AzureBlobStore:
             # the SDK's default first retry waits ~15 s: too long inside a preemption grace period; cloudtrain's own
             # with_retries backs off around these quicker client retries
             policy = ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=3)
-            # each ranged GET after the first 32 MiB costs a request and the SDK's per-chunk work (4 MiB by
-            # default): 16 MiB chunks spend about half the client CPU per byte (benchmarks/transfer.py)
+            # where the SDK's own downloader runs (get_file, read_bytes; restores use read_stream): each ranged GET
+            # after the first 32 MiB costs a request and per-chunk work, and 16 MiB chunks (4 MiB by default) halve
+            # its client CPU per byte
             options: dict[str, Any] = {"retry_policy": policy, "max_chunk_get_size": 16 * 1024 * 1024}
             conn = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
             if conn and (account is None or f"AccountName={account};" in conn + ";"):
