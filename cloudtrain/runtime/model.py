@@ -28,7 +28,7 @@ def fsdp2_api() -> tuple[Any, Any]:
     return fully_shard, MixedPrecisionPolicy
 
 
-@functools.cache
+@functools.lru_cache(maxsize=None)  # not functools.cache: workers may run Python 3.8 (Azure's torch 2.1)
 def ddp_class() -> type:
     """DDP whose reducer lists the parameters last one first, the order their gradients usually arrive in, so that
     buckets laid out in the reducer's order are reduced while the backward pass still runs."""

@@ -20,7 +20,6 @@ file into concurrent parts itself) while other threads hash them from the page c
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 import random
 import threading
@@ -105,7 +104,7 @@ def _split_up_front(f: _File, parts: int) -> list[_File | tuple[_File, _Segment]
     if count < 2:
         return [f]
     bounds = [f.size * i // count for i in range(count + 1)]
-    f.segments = [_Segment(a, b, a, a) for a, b in itertools.pairwise(bounds)]
+    f.segments = [_Segment(a, b, a, a) for a, b in zip(bounds, bounds[1:])]  # not pairwise: nodes run 3.8
     return [(f, seg) for seg in f.segments]
 
 
