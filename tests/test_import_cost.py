@@ -12,10 +12,11 @@ from tests.conftest import REPO
 HEAVY = ("torch", "boto3", "botocore", "sagemaker", "azure", "google", "pydantic", "yaml")
 
 
-def imported_modules(code: str) -> set[str]:
+def imported_modules(code: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> set[str]:
+    """Every module a fresh interpreter imports to run ``code``."""
     result = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
-                            cwd=REPO, timeout=60)
-    assert result.returncode == 0, result.stderr
+                            cwd=cwd, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
     names = set()
     for line in result.stderr.splitlines():
         if line.startswith("import time:") and "|" in line:
@@ -48,10 +49,6 @@ def test_a_plan_with_no_yaml_to_read_does_not_load_yaml(tmp_path: Path) -> None:
     env = {**os.environ, "CLOUDTRAIN_HOME": str(tmp_path / "home"), "CLOUDTRAIN_CONFIG": str(tmp_path / "none.yaml"),
            "PYTHONPATH": str(REPO)}
     code = "from cloudtrain.cli.main import main\nraise SystemExit(main(['plan', 'train.py', '--provider', 'local']))"
-    result = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
-                            cwd=tmp_path, env=env, timeout=60)
-    assert result.returncode == 0, result.stderr[-2000:]
-    names = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
-             if line.startswith("import time:") and "|" in line}
+    names = imported_modules(code, cwd=tmp_path, env=env)
     assert "cloudtrain.spec" in names  # the plan really ran
     assert not [n for n in names if n.split(".")[0] == "yaml"]
