@@ -9,11 +9,20 @@ without an active exception" (SIGABRT) *after* training finished: torchrun then 
 group. An exit handler runs while the interpreter is whole: it releases the GIL until no gloo worker is still
 running, so the pending frees complete first. Only the standard library is imported here; nodes load it from the
 bundle's ``sitecustomize`` into every worker (unmodified scripts too), and ``cloudtrain.runtime`` installs it too.
+
+The same handler then spares a process that imported torch the slowest part of its shutdown: finalization runs
+several full garbage collections over torch's ~280,000 objects while it tears the modules down (0.45 s for ``import
+torch`` alone, 0.85 s after a gloo DDP step, here), and each worker and torchrun itself pay it after the job's last
+line. One collection now, while the interpreter is whole, finalizes whatever garbage there is, as the first of those
+would; ``gc.freeze()`` then leaves the surviving objects out of the rest (0.28 s in all after a DDP step). Objects
+still alive are released as modules are cleared, as before; only a reference cycle that first becomes garbage during
+shutdown is no longer collected (CPython never promised to finalize those).
 """
 
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import sys
 import time
@@ -58,9 +67,22 @@ def settle(timeout: float = 2.0, interval: float = 0.01) -> None:
         time.sleep(interval)
 
 
+def skip_final_collections() -> None:
+    """In a process that imported torch: collect now, then freeze what survives (the module docstring says why)."""
+    if "torch" not in sys.modules:
+        return
+    gc.collect()
+    gc.freeze()
+
+
+def at_exit() -> None:
+    settle()
+    skip_final_collections()
+
+
 def install() -> None:
-    """Register :func:`settle` to run at exit (once). Registered early, it runs after the script's own handlers."""
+    """Register :func:`at_exit` to run at exit (once). Registered early, it runs after the script's own handlers."""
     global _installed
     if not _installed:
-        atexit.register(settle)
+        atexit.register(at_exit)
         _installed = True
