@@ -150,13 +150,14 @@ def torchrun_argv(cluster: ClusterInfo, target: list[str], job_id: str, python: 
                   workdir: str | None = None) -> list[str]:
     """The torchrun command line for this node. ``target`` is ``[script, *args]`` or ``['-m', module, *args]``.
 
-    With a ``workdir``, each worker's output goes to its own file there and is echoed line by line with a
-    ``[rank-on-node]:`` prefix, so the lines of several processes never run into each other.
+    With a ``workdir``, each worker's output goes to its own file there, which the bootstrap echoes line by line
+    with a ``[default<local rank>]:`` prefix (cloudtrain/worker_echo.py), so the lines of several processes never run
+    into each other.
     """
     argv = [python, "-m", "torch.distributed.run", "--nnodes", str(cluster.nnodes),
             "--nproc-per-node", str(cluster.nproc_per_node), "--max-restarts", "0"]
     if workdir:
-        argv += ["--tee", "3", "--log-dir", f"{workdir}/worker-logs"]
+        argv += ["--redirects", "3", "--log-dir", f"{workdir}/worker-logs"]  # not --tee: see worker_echo.py
     if cluster.rdzv == "static":
         argv += ["--node-rank", str(cluster.node_rank), "--master-addr", cluster.master_addr,
                  "--master-port", str(cluster.master_port)]
@@ -337,6 +338,14 @@ def node_watch(lib: Path, env: dict[str, str], workdir: Path, on_force: Any) -> 
     return NodeWatch(env, workdir, on_force)
 
 
+def worker_echo(lib: Path, workdir: Path) -> Any:
+    """cloudtrain/worker_echo.py from the bundle's lib/: the workers' log files, echoed into this node's output."""
+    sys.path.insert(0, str(lib))
+    from cloudtrain.worker_echo import WorkerEcho
+
+    return WorkerEcho(workdir / "worker-logs")
+
+
 def write_status(path: str | None, status: dict[str, object]) -> None:
     if not path:
         return
@@ -410,8 +419,11 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
         log(f"node {cluster.node_rank}/{cluster.nnodes} on {cluster.platform}: {cluster.nproc_per_node} processes, "
             f"rendezvous {cluster.rdzv} at {cluster.master_addr}:{cluster.master_port}")
 
+        echo = worker_echo(unpacked / "lib", workdir)  # runs of an earlier attempt in workdir are not echoed again
+
         def forced(reason: str) -> None:  # the node ends now (os._exit): say why, and let the last lines out
             write_status(args.status_file, {**status, "outcome": "failed", "reason": reason, "ended": time.time()})
+            echo.finish()
             masking.close()
 
         watch = node_watch(unpacked / "lib", env, workdir, forced)
@@ -448,7 +460,11 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
             log("torchrun: " + " ".join(argv_[1:]))
             syncer = steps.start_checkpoint_sync(env, src, cluster.node_rank)
             extra = watch.torchrun_started() if watch else {}
-            code, stopped = run_torchrun(argv_, src, {**env, **extra}, early_stop)
+            echo.start()
+            try:
+                code, stopped = run_torchrun(argv_, src, {**env, **extra}, early_stop)
+            finally:
+                echo.finish()  # at once: what the workers wrote last, before anything the node says after
             if watch:
                 watch.torchrun_ended()
             sync_error = steps.finish_checkpoint_sync(syncer, env, src)

@@ -57,6 +57,15 @@ def test_static_rendezvous_honours_node_rank_and_module_target() -> None:
     assert argv[-3:] == ["--module", "pkg.train", "x"]
 
 
+def test_workers_write_to_files_the_bootstrap_echoes() -> None:
+    """torchrun redirects each worker's output to its own files (cloudtrain/worker_echo.py echoes them): its own
+    --tee waits up to 0.1 s per file at exit for threads that poll them."""
+    cluster = boot.detect_cluster(LOCAL, {"CLOUDTRAIN_NNODES": "1", "CUDA_VISIBLE_DEVICES": ""}, "2")
+    argv = boot.torchrun_argv(cluster, ["train.py"], "j", workdir="/w")
+    assert argv[argv.index("--redirects") + 1] == "3" and argv[argv.index("--log-dir") + 1] == "/w/worker-logs"
+    assert "--tee" not in argv
+
+
 
 def test_slurm_contract_under_the_nodes_python() -> None:
     """What an srun task of a Slurm job sees (its GPUs as Slurm's --gpus-per-node gives them), read by Slurm's

@@ -1,0 +1,83 @@
+"""cloudtrain/worker_echo.py: the workers' log files, echoed into the node's output as torchrun's --tee did."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cloudtrain.worker_echo import PARTIAL_LINE_POLLS, WorkerEcho
+
+
+def rank_logs(log_dir: Path, run: str, rank: int) -> Path:
+    folder = log_dir / run / "attempt_0" / str(rank)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+class Outs:
+    """Two files standing in for the node's stdout and stderr."""
+
+    def __init__(self, root: Path) -> None:
+        self.paths = {name: root / f"node-{name}" for name in ("stdout.log", "stderr.log")}
+        self.fds = {name: os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND) for name, path in self.paths.items()}
+
+    def read(self, name: str) -> bytes:
+        return self.paths[name].read_bytes()
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+
+
+def test_each_workers_lines_are_prefixed_with_its_local_rank_on_its_own_stream(tmp_path: Path) -> None:
+    logs = tmp_path / "worker-logs"
+    (rank_logs(logs, "earlier_run", 0) / "stdout.log").write_bytes(b"from an earlier attempt\n")
+    outs = Outs(tmp_path)
+    echo = WorkerEcho(logs, outs=outs.fds)  # made before torchrun starts: the earlier run is not this one's
+    for rank in (0, 1):
+        folder = rank_logs(logs, "job_x1", rank)
+        (folder / "stdout.log").write_bytes(f"step 1 rank {rank}\nwindows\r\nprogress 50%\rprogress 100%\n".encode()
+                                            + b"\xff not utf-8\nno end" * (rank == 1))
+        (folder / "stderr.log").write_bytes(f"warning from {rank}\n".encode())
+        (folder / "error.json").write_text("{}")  # torchrun's error file: not an output stream
+    echo.finish()
+    outs.close()
+    assert outs.read("stdout.log") == (
+        b"[default0]:step 1 rank 0\n[default0]:windows\n[default0]:progress 50%\n[default0]:progress 100%\n"
+        b"[default1]:step 1 rank 1\n[default1]:windows\n[default1]:progress 50%\n[default1]:progress 100%\n"
+        b"[default1]:\xff not utf-8\n[default1]:no end\n")  # bytes passed on as they are; the last line ended
+    assert outs.read("stderr.log") == b"[default0]:warning from 0\n[default1]:warning from 1\n"
+
+
+def test_a_partial_line_waits_for_its_end_then_shows_after_a_quiet_spell(tmp_path: Path) -> None:
+    logs = tmp_path / "worker-logs"
+    outs = Outs(tmp_path)
+    echo = WorkerEcho(logs, outs=outs.fds)
+    out = rank_logs(logs, "run", 0) / "stdout.log"
+
+    def written(data: bytes) -> bytes:
+        with open(out, "ab") as f:
+            f.write(data)
+        echo._poll(final=False)  # one poll of the echo's thread
+        return outs.read("stdout.log")
+
+    assert written(b"loss 0.5") == b""  # its end may come with the next write
+    assert written(b"1\n") == b"[default0]:loss 0.51\n"
+    assert written(b"Password: \r") == b"[default0]:loss 0.51\n"  # a \r held: it may be half of \r\n
+    for _ in range(PARTIAL_LINE_POLLS - 1):
+        assert written(b"") == b"[default0]:loss 0.51\n"
+    assert written(b"") == b"[default0]:loss 0.51\n[default0]:Password: \n"  # quiet long enough: shown
+    assert written(b"\nnext\n") == b"[default0]:loss 0.51\n[default0]:Password: \n[default0]:next\n"  # its \n
+    echo.finish()
+    outs.close()
+
+
+def test_finish_reads_what_is_left_without_waiting_for_a_poll(tmp_path: Path) -> None:
+    logs = tmp_path / "worker-logs"
+    outs = Outs(tmp_path)
+    echo = WorkerEcho(logs, interval=3600, outs=outs.fds).start()  # the thread would not poll for an hour
+    (rank_logs(logs, "run", 0) / "stdout.log").write_bytes(b"last words\n" * 3)
+    echo.finish()
+    echo.finish()  # idempotent: the node's forced end and its normal end may both call it
+    outs.close()
+    assert outs.read("stdout.log") == b"[default0]:last words\n" * 3
