@@ -5,9 +5,11 @@
 The script (1 node x 2 processes, gloo, 10 DDP steps of a small model) runs as
   bare:       python -m torch.distributed.run --standalone --nproc-per-node 2 SCRIPT
   cloudtrain: cloudtrain submit SCRIPT --provider local --procs-per-node 2   (foreground: follows the job to its end)
-alternating (ABBA), each in a fresh cloudtrain home. Prints the median wall time of each, the ratio (target <= 1.1x)
-and where cloudtrain's extra time goes, from timestamps each side leaves: the script's first and last line, and for
-cloudtrain the supervisor's and each node's start and end (the job database and the node's status file).
+  bare, cloudtrain's exit: bare, with cloudtrain's exit guard in every process (a sitecustomize, as a node has):
+              what the job costs beyond torchrun once both end their processes as quickly
+rotating the order, each cloudtrain run in a fresh home. Prints the median wall time of each, the ratios (target <=
+1.1x bare) and where cloudtrain's time goes, from timestamps each side leaves: the script's first and last line,
+and for cloudtrain the supervisor's and each node's start and end (the job database and the node's status file).
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ def bare(script: Path, env: dict[str, str]) -> dict[str, float]:
         ABORTED_AT_EXIT[0] += 1  # gloo's exit race, which cloudtrain's nodes guard against: measured again
 
 
+GUARD = "from cloudtrain.exit_guard import install\ninstall()\n"  # what a node's sitecustomize does at exit
+
+
 def cloudtrain(script: Path, env: dict[str, str], home: Path) -> dict[str, float]:
     shutil.rmtree(home, ignore_errors=True)
     started = time.time()
@@ -119,26 +124,35 @@ def main() -> None:
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     load = os.getloadavg()
     print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} cores")
-    runs_bare, runs_ct = [], []
+    guarded = tmp / "guard"
+    guarded.mkdir()
+    (guarded / "sitecustomize.py").write_text(GUARD)
+    env_guarded = {**env, "PYTHONPATH": os.pathsep.join([str(guarded), env["PYTHONPATH"]])}
+    runs_bare, runs_ct, runs_guarded = [], [], []
     try:
         for i in range(args.repeat):
-            pair = [lambda: runs_bare.append(bare(script, env)),
-                    lambda: runs_ct.append(cloudtrain(script, env, tmp / "home"))]
-            for run in (pair if i % 2 == 0 else pair[::-1]):
+            three = [lambda: runs_bare.append(bare(script, env)),
+                     lambda: runs_ct.append(cloudtrain(script, env, tmp / "home")),
+                     lambda: runs_guarded.append(bare(script, env_guarded))]
+            for run in three[i % 3:] + three[:i % 3]:
                 run()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    whole_bare = [r["exit"] - r["start"] for r in runs_bare]
-    whole_ct = [r["exit"] - r["start"] for r in runs_ct]
-    b, c = statistics.median(whole_bare), statistics.median(whole_ct)
-    print(f"bare torchrun        {b:6.2f} s  ({min(whole_bare):.2f}-{max(whole_bare):.2f})")
-    print(f"cloudtrain submit    {c:6.2f} s  ({min(whole_ct):.2f}-{max(whole_ct):.2f})   {c / b:5.2f}x  "
+    whole_bare, whole_ct, whole_guarded = ([r["exit"] - r["start"] for r in runs]
+                                           for runs in (runs_bare, runs_ct, runs_guarded))
+    b, c, g = (statistics.median(w) for w in (whole_bare, whole_ct, whole_guarded))
+    print(f"bare torchrun            {b:6.2f} s  ({min(whole_bare):.2f}-{max(whole_bare):.2f})")
+    print(f"cloudtrain submit        {c:6.2f} s  ({min(whole_ct):.2f}-{max(whole_ct):.2f})   {c / b:5.2f}x  "
           f"(paired {statistics.median(x / y for x, y in zip(whole_ct, whole_bare, strict=True)):.2f}x; "
           "target <= 1.1x)")
+    print(f"bare, cloudtrain's exit  {g:6.2f} s  ({min(whole_guarded):.2f}-{max(whole_guarded):.2f})   cloudtrain "
+          f"{c / g:5.2f}x this (paired "
+          f"{statistics.median(x / y for x, y in zip(whole_ct, whole_guarded, strict=True)):.2f}x)")
     if ABORTED_AT_EXIT[0]:
         print(f"bare torchrun: {ABORTED_AT_EXIT[0]} run(s) trained, then aborted at exit (SIGABRT, gloo's exit race: "
               "a failed job for torchrun); run again, not counted")
-    for title, runs, phases in (("bare", runs_bare, PHASES_BARE), ("cloudtrain", runs_ct, PHASES_CT)):
+    for title, runs, phases in (("bare", runs_bare, PHASES_BARE), ("bare, cloudtrain's exit", runs_guarded,
+                                                                    PHASES_BARE), ("cloudtrain", runs_ct, PHASES_CT)):
         print(f"{title}: median seconds per phase")
         for label, a, z in phases:
             print(f"    {label:52s} {statistics.median(r[z] - r[a] for r in runs):6.3f}")
