@@ -21,6 +21,7 @@ from pathlib import Path
 ROLE = "default"  # torchrun's worker role: its prefix is [<role><local rank>]:
 STREAMS = {"stdout.log": 1, "stderr.log": 2}  # each file is echoed to the node's own stream of that name
 PARTIAL_LINE_POLLS = 2  # polls without new bytes before a partial line is let through
+MAX_LINE = 1 << 20  # bytes without a line end that are let through as a piece of one
 READ_SIZE, READS_PER_POLL = 1 << 20, 8  # a chatty worker cannot hold up the others for long, nor fill memory
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _PIPE_BUF = 4096  # writes up to this size reach a pipe whole: no line of ours is cut by another writer's
@@ -120,8 +121,8 @@ class WorkerEcho:
         hold = b"\r" if buf.endswith(b"\r") and not last else b""  # its \n may be the next read's first byte
         lines = _LINE_END.split(buf[:len(buf) - len(hold)])
         f.pending = lines.pop() + hold  # what follows the last line end: b"" or the start of a line
-        if last:
-            f.after_cr = buf.endswith(b"\r")
+        if last or len(f.pending) > MAX_LINE:  # a line never ended (binary output) is let through in pieces
+            f.after_cr = last and buf.endswith(b"\r")
             if f.pending:
                 lines.append(f.pending)
                 f.pending = b""

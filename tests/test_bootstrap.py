@@ -195,6 +195,8 @@ def test_a_node_restores_runs_and_publishes_on_this_python(tmp_path: Path) -> No
     if sys.platform.startswith("linux"):  # the checkpoint sync runs in the bootstrap, not as a Python of its own
         assert "bootstrap children 1 " in result.stdout, result.stdout
     assert result.stdout.count(f"on Python {tuple(sys.version_info[:2])}") == 2
+    for rank in (0, 1):  # each worker's lines, from its own file, echoed with its local rank (worker_echo.py)
+        assert f"[default{rank}]:rank {rank} of 2 on Python" in result.stdout, result.stdout
     assert json.loads(status.read_text())["outcome"] == "succeeded"
     published = store / "step-000000007"
     assert (published / "state.txt").read_text() == "weights" and (published / "manifest.json").is_file()
