@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cloudtrain.worker_echo import PARTIAL_LINE_POLLS, WorkerEcho
+from cloudtrain.worker_echo import MAX_LINE, PARTIAL_LINE_POLLS, WorkerEcho
 
 
 def rank_logs(log_dir: Path, run: str, rank: int) -> Path:
@@ -81,3 +81,15 @@ def test_finish_reads_what_is_left_without_waiting_for_a_poll(tmp_path: Path) ->
     echo.finish()  # idempotent: the node's forced end and its normal end may both call it
     outs.close()
     assert outs.read("stdout.log") == b"[default0]:last words\n" * 3
+
+
+def test_output_without_line_ends_is_let_through_in_pieces(tmp_path: Path) -> None:
+    """A worker writing bytes with no line end (binary output) does not grow the echo's memory without bound."""
+    logs = tmp_path / "worker-logs"
+    outs = Outs(tmp_path)
+    echo = WorkerEcho(logs, outs=outs.fds)
+    (rank_logs(logs, "run", 0) / "stdout.log").write_bytes(b"x" * (MAX_LINE + 10))
+    echo._poll(final=False)  # one poll: no quiet spell yet, and still no line end
+    assert outs.read("stdout.log") == b"[default0]:" + b"x" * (MAX_LINE + 10) + b"\n"
+    echo.finish()
+    outs.close()
