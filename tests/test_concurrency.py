@@ -12,10 +12,31 @@ import pytest
 
 from cloudtrain import Job
 from cloudtrain.handles import JobHandle
+from cloudtrain.providers.local.jobdb import JobDB
 from cloudtrain.providers.local.provider import LocalProvider
 from tests.conftest import REPO, SCRIPTS, cli_env
 
 pytestmark = pytest.mark.slow
+
+
+def test_processes_opening_a_new_database_at_once_all_get_in(tmp_path: Path) -> None:
+    """The first submits on a machine race to put the new job database in WAL mode; SQLite answered the losers
+    "database is locked" at once (3 rounds in 60 here), and that submit failed."""
+    errors: list[BaseException] = []
+
+    def open_db(path: Path) -> None:
+        try:
+            JobDB(path).list()
+        except BaseException as exc:
+            errors.append(exc)
+
+    for round_ in range(150):
+        threads = [threading.Thread(target=open_db, args=(tmp_path / f"db-{round_}" / "jobs.db",)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
 
 
 def test_the_same_plan_submitted_concurrently_is_one_job(ct_home: Path, tmp_path: Path) -> None:

@@ -60,6 +60,25 @@ class JobRecord:
 _COLUMNS = [f.name for f in fields(JobRecord)]
 
 
+BUSY_SECONDS = 30  # how long a statement waits for another process's lock
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """WAL mode (it stays with the file once set). Several processes opening a new database at once race to switch
+    it, and SQLite answers the loser "database is locked" at once rather than through the busy timeout (it would
+    deadlock waiting): it tries again until the file is in WAL mode."""
+    deadline = time.monotonic() + BUSY_SECONDS
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 class JobDB:
     """Short transactions in WAL mode: many CLI processes read and write at once without corrupting anything."""
 
@@ -70,10 +89,10 @@ class JobDB:
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        conn = sqlite3.connect(self.path, timeout=BUSY_SECONDS, isolation_level=None)
         try:
-            conn.execute("PRAGMA busy_timeout = 30000")
-            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_SECONDS * 1000}")
+            _use_wal(conn)
             conn.executescript(_SCHEMA)
             if not self._migrated:
                 have = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
