@@ -148,7 +148,7 @@ class MaskedOutput:
     def _pump(self, read_end: int, out: int) -> None:
         with contextlib.suppress(OSError):
             for block in self.masker.blocks(_chunks(read_end)):
-                _write_all(out, block)
+                write_all(out, block)
         os.close(read_end)
 
 
@@ -169,7 +169,8 @@ def _chunks(fd: int) -> Iterator[bytes]:
             time.sleep(_GATHER_SECONDS)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (os.write may take only part of it)."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]

@@ -18,6 +18,8 @@ import re
 import threading
 from pathlib import Path
 
+from cloudtrain.log_masking import write_all
+
 ROLE = "default"  # torchrun's worker role: its prefix is [<role><local rank>]:
 STREAMS = {"stdout.log": 1, "stderr.log": 2}  # each file is echoed to the node's own stream of that name
 PARTIAL_LINE_POLLS = 2  # polls without new bytes before a partial line is let through
@@ -135,14 +137,8 @@ def _write_lines(fd: int, lines: list[bytes]) -> None:
     block = b""
     for line in lines:
         if block and len(block) + len(line) > _PIPE_BUF:
-            _write_all(fd, block)
+            write_all(fd, block)
             block = b""
         block += line
     if block:
-        _write_all(fd, block)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+        write_all(fd, block)

@@ -9,9 +9,9 @@ install the job's requirements, run ``torchrun`` with the derived arguments, for
 outcome (succeeded, failed or preempted) as an exit code, a last log line and, when asked, a JSON status file.
 
 It stays one file a node runs with ``python3 bootstrap.py`` before anything is installed; what it runs after the
-bundle is unpacked comes from the bundle's lib/ (node contract, log masking, node watch, node steps). Its first half
-is pure (no I/O but reading a contract's inputs): the planner loads this file and calls it, so a plan's torchrun
-lines are the nodes'. The second half runs the node.
+bundle is unpacked comes from the bundle's lib/ (node contract, log masking, node watch, worker echo, node steps),
+put on sys.path once. Its first half is pure (no I/O but reading a contract's inputs): the planner loads this file
+and calls it, so a plan's torchrun lines are the nodes'. The second half runs the node.
 """
 
 from __future__ import annotations
@@ -270,10 +270,9 @@ def install_requirements(src: Path, site: Path, file: str | None, specs: list[st
         raise BootstrapError(f"pip install failed with exit code {result.returncode}")
 
 
-def mask_output(lib: Path, env: dict[str, str]) -> Any:
+def mask_output(env: dict[str, str]) -> Any:
     """From here on, everything this node prints, and everything the processes it starts print, reaches the node's
     log with secrets masked (cloudtrain/log_masking.py, stdlib only, loaded from the bundle just unpacked)."""
-    sys.path.insert(0, str(lib))
     from cloudtrain.log_masking import MaskedOutput, Masker
 
     return MaskedOutput(Masker.from_env(env))
@@ -319,18 +318,16 @@ def run_torchrun(argv: list[str], cwd: Path, env: dict[str, str], early: list[in
     return code, stopping["signal"] is not None
 
 
-def node_steps(lib: Path) -> Any:
+def node_steps() -> Any:
     """cloudtrain/node_steps.py from the bundle's lib/: checkpoints restored and published, logs and outputs copied."""
-    sys.path.insert(0, str(lib))
     import cloudtrain.node_steps as steps
 
     return steps
 
 
-def node_watch(lib: Path, env: dict[str, str], workdir: Path, on_force: Any) -> Any:
+def node_watch(env: dict[str, str], workdir: Path, on_force: Any) -> Any:
     """cloudtrain's node watch from the bundle's lib/ (cloudtrain/node_watch.py: the supervisor, the max_idle
     watchdog, rank reports, why workers failed). None for a hand-made bundle without it: the node runs unwatched."""
-    sys.path.insert(0, str(lib))
     try:
         from cloudtrain.node_watch import NodeWatch
     except ImportError:
@@ -338,9 +335,8 @@ def node_watch(lib: Path, env: dict[str, str], workdir: Path, on_force: Any) -> 
     return NodeWatch(env, workdir, on_force)
 
 
-def worker_echo(lib: Path, workdir: Path) -> Any:
+def worker_echo(workdir: Path) -> Any:
     """cloudtrain/worker_echo.py from the bundle's lib/: the workers' log files, echoed into this node's output."""
-    sys.path.insert(0, str(lib))
     from cloudtrain.worker_echo import WorkerEcho
 
     return WorkerEcho(workdir / "worker-logs")
@@ -409,7 +405,8 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
         if unpacked.exists():
             shutil.rmtree(unpacked)
         safe_extract(bundle, unpacked)
-        masking = output.enter_context(mask_output(unpacked / "lib", env))
+        sys.path.insert(0, str(unpacked / "lib"))  # cloudtrain's node-side modules, imported below from the bundle
+        masking = output.enter_context(mask_output(env))
         contract = load_contract(unpacked / "lib" / args.node_contract)
         cluster = detect_cluster(contract, env, args.nproc_per_node)
         target = [args.script, *user_args] if args.script else ["-m", args.module, *user_args]
@@ -419,14 +416,14 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
         log(f"node {cluster.node_rank}/{cluster.nnodes} on {cluster.platform}: {cluster.nproc_per_node} processes, "
             f"rendezvous {cluster.rdzv} at {cluster.master_addr}:{cluster.master_port}")
 
-        echo = worker_echo(unpacked / "lib", workdir)  # runs of an earlier attempt in workdir are not echoed again
+        echo = worker_echo(workdir)  # runs of an earlier attempt in workdir are not echoed again
 
         def forced(reason: str) -> None:  # the node ends now (os._exit): say why, and let the last lines out
             write_status(args.status_file, {**status, "outcome": "failed", "reason": reason, "ended": time.time()})
             echo.finish()
             masking.close()
 
-        watch = node_watch(unpacked / "lib", env, workdir, forced)
+        watch = node_watch(env, workdir, forced)
         src, site = unpacked / "src", workdir / "site-packages"
         install_requirements(src, site, args.requirements_file, args.requirement)
         python_path = [str(unpacked / "lib"), str(src), str(site)]
@@ -450,7 +447,7 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
             if not (src / "outputs").exists():
                 (src / "outputs").symlink_to(outputs.resolve())  # a script's own ./outputs is that folder
         env.update(launcher_env(contract, cluster, env))
-        steps = node_steps(unpacked / "lib")
+        steps = node_steps()
         failed = steps.restore_checkpoint(env, src)
         if failed:
             raise BootstrapError(failed)
