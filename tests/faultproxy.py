@@ -9,7 +9,9 @@ any retry budget.
 Kinds: ``reset_before`` (RST before the request reaches the emulator), ``reset_mid`` (the emulator applied it, then
 RST halfway through the response), ``http_500``, ``http_503`` (S3: SlowDown; Azure: ServerBusy), ``slow`` (delay),
 ``truncate`` (full Content-Length, half the body, then close; an empty-bodied response is cut inside its headers).
-``flip`` (only through ``fail_matching``): one bit of the body inverted in transit, a reply no length check notices.
+Only through ``fail_matching``: ``flip``, one bit of the reply's body inverted in transit, a reply no length check
+notices; ``flip_request``, the same done to the request's body on its way to the emulator; ``cut_request``, the
+connection dropped half-way through an upload: the emulator reads half the body (then end of file), the client an RST.
 An emulator that drops a connection without answering gets a 502, as from a load balancer (in ``trace``, not counted).
 """
 
@@ -158,6 +160,12 @@ def _send_unless_answered(upstream: socket.socket, data: bytes) -> None:
             return  # whatever the server said before closing is still read; no answer at all fails the read
 
 
+def _flipped(body: bytes) -> bytes:
+    """``body`` with one bit of its middle byte inverted: the length stays right, the content does not."""
+    middle = len(body) // 2
+    return body[:middle] + bytes([body[middle] ^ 1]) + body[middle + 1:]
+
+
 def _reset(sock: socket.socket) -> None:
     """Close with RST (SO_LINGER 0), what a crashed load balancer or a dropped NAT entry looks like."""
     try:
@@ -292,6 +300,15 @@ class FaultProxy:
                 self._answer_error(sock, int(kind[5:]), method)
                 continue
 
+            if kind == "flip_request" and body:
+                self._count(kind, request)
+                body = _flipped(body)
+            if kind == "cut_request":
+                self._count(kind, request)
+                with suppress(OSError):  # whatever the emulator answers to half a body, the client never sees it
+                    self._forward(method, target, header_list, body[:len(body) // 2], cut=True)
+                _reset(sock)
+                return
             try:
                 status_line, reply_headers, reply_body, close_delimited = self._forward(method, target, header_list,
                                                                                         body)
@@ -305,8 +322,7 @@ class FaultProxy:
                 time.sleep(self.plan.delay)
             if kind == "flip" and reply_body:
                 self._count(kind, request)
-                middle = len(reply_body) // 2
-                reply_body = reply_body[:middle] + bytes([reply_body[middle] ^ 1]) + reply_body[middle + 1:]
+                reply_body = _flipped(reply_body)
             keep = keep_alive and not close_delimited
             lines = [status_line] + [f"{k}: {v}" for k, v in reply_headers if k.lower() not in _HOP_BY_HOP]
             if not keep:
@@ -328,14 +344,17 @@ class FaultProxy:
             if not keep:
                 return
 
-    def _forward(self, method: str, target: str, header_list: list[tuple[str, str]],
-                 body: bytes) -> tuple[str, list[tuple[str, str]], bytes, bool]:
-        """One request on a fresh upstream connection (``Connection: close``), response read whole."""
+    def _forward(self, method: str, target: str, header_list: list[tuple[str, str]], body: bytes,
+                 cut: bool = False) -> tuple[str, list[tuple[str, str]], bytes, bool]:
+        """One request on a fresh upstream connection (``Connection: close``), response read whole. With ``cut``,
+        ``body`` is less than the headers announce and the request ends (write side closed) after it."""
         lines = [f"{method} {target} HTTP/1.1"] + [f"{k}: {v}" for k, v in header_list
                                                    if k.lower() not in _HOP_BY_HOP]
         lines.append("Connection: close")
         with socket.create_connection(("127.0.0.1", self.upstream_port), timeout=120) as upstream:
             _send_unless_answered(upstream, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+            if cut:
+                upstream.shutdown(socket.SHUT_WR)
             stream = _Stream(upstream)
             while True:
                 head = stream.read_until(b"\r\n\r\n")
