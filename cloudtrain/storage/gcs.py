@@ -122,14 +122,16 @@ class GCSStore:
         sent = checksum.finish()
         if created.get("crc32c", sent) != sent:
             raise OSError(f"{uri}: the stored object's crc32c {created['crc32c']} is not the {sent} of the bytes "
-                          "sent (spoilt in transit, or the file changed while it was read): the object there is not the file")
+                          "sent (spoilt in transit, or the file changed while it was read)")
 
     def _request(self, method: str, url: str, *, ok: tuple[int, ...] = (200, 201), **kwargs: Any) -> Any:
         from google.api_core.exceptions import from_http_response
 
         reply = self.client._http.request(method, url, timeout=TIMEOUT, allow_redirects=False, **kwargs)
         if reply.status_code not in ok:
-            raise from_http_response(reply)
+            error = from_http_response(reply)  # reads the (small) error body, even of a streamed reply
+            reply.close()
+            raise error
         return reply
 
     def _upload_url(self, uri: str) -> str:
@@ -188,15 +190,9 @@ class GCSStore:
         """One GET of the object's media through the client's own authorised session, read in 1 MiB pieces: the
         client's download loop reads 8 KiB at a time and checksums them, which costs more CPU than the transfer
         (cloudtrain verifies sha256 itself)."""
-        from google.api_core.exceptions import from_http_response
-
-        blob = self._blob(uri)
         span = range_header(start, end)
-        url = f"{self.client.api_endpoint}/download/storage/v1{blob.path}?alt=media"
-        reply = self.client._http.get(url, headers={"Range": span} if span else {}, stream=True, timeout=TIMEOUT)
-        if reply.status_code >= 400:
-            reply.close()
-            raise from_http_response(reply)
+        url = f"{self.client.api_endpoint}/download/storage/v1{self._blob(uri).path}?alt=media"
+        reply = self._request("GET", url, ok=(200, 206), headers={"Range": span} if span else {}, stream=True)
         size = total_size(reply.headers.get("Content-Range"), reply.headers.get("Content-Length"))
         return size, chunked(lambda n: reply.raw.read(n, decode_content=False), reply.close)
 
