@@ -94,6 +94,7 @@ def status_json(cli: Callable[..., subprocess.CompletedProcess[str]], handle: st
 
 
 from tests.emulators import emulators, ensure, root_uri  # noqa: E402,F401 - fixtures
+from tests.faulty import faulty  # noqa: E402,F401 - fixture
 
 BACKENDS = ["file", "s3", "gs", "az"]
 

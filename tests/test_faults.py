@@ -12,13 +12,10 @@ never removes the newest complete one; no acknowledged checkpoint is lost.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import random
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,108 +23,16 @@ import pytest
 
 from cloudtrain import checkpoints, storage
 from cloudtrain.errors import CloudtrainError
-from tests.emulators import Emulator, ensure, root_uri
+from tests.emulators import Emulator, ensure
 from tests.faultproxy import KINDS, FaultPlan, FaultProxy, Request
+from tests.faulty import MIB, PLAN, Faulty
 
-ENDPOINT_ENV = {"s3": "AWS_ENDPOINT_URL_S3", "gs": "STORAGE_EMULATOR_HOST", "az": "AZURE_STORAGE_CONNECTION_STRING"}
-MIB = 1 << 20
 # One file per checkpoint above the size at which each client switches to its multi-request upload: the store's own
-# 16 MiB S3 multipart threshold, GCS's 8 MiB resumable threshold, the 4 MiB single-put limit set for Azure below.
+# 16 MiB S3 multipart threshold, GCS's 8 MiB resumable threshold, the 4 MiB single-put limit set for Azure (see
+# tests/faulty.py).
 SHARD_BYTES = {"s3": 17 * MIB, "gs": 9 * MIB, "az": 9 * MIB}
-# Seed 9 draws 9 faults in the first 30 requests at this rate: every kind is hit even on the shortest run.
-PLAN = FaultPlan(rate=0.25, seed=9, delay=0.3)
 KEEP = 2
 REPORT: dict[str, dict[str, Any]] = {}
-
-
-@dataclass
-class Faulty:
-    scheme: str
-    proxy: FaultProxy
-    root: str
-    client_retries: _Tally  # retries the cloud client made on its own
-
-
-class _Tally:
-    """A counter bumped from the clients' worker threads (TransferManager, Azure's parallel block upload)."""
-
-    def __init__(self) -> None:
-        self._lock, self.value = threading.Lock(), 0
-
-    def add(self, n: int = 1) -> None:
-        with self._lock:
-            self.value += n
-
-
-class _RetryLog(logging.Handler):
-    """google-api-core logs each retry it sleeps before ("Retrying due to ..."); that is the count GCS exposes."""
-
-    def __init__(self, tally: _Tally) -> None:
-        super().__init__(logging.DEBUG)
-        self.tally = tally
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().startswith("Retrying due to"):
-            self.tally.add()
-
-
-def _instrument(scheme: str, root: str, conn: str) -> tuple[_Tally, Callable[[], None]]:
-    """Count the client's own retries; returns (tally, undo)."""
-    store: Any = storage.store_for(root)
-    tally = _Tally()
-    if scheme == "s3":
-        def after_call(parsed: dict[str, Any], **_: Any) -> None:
-            tally.add(int(parsed.get("ResponseMetadata", {}).get("RetryAttempts", 0)))
-
-        store.client.meta.events.register("after-call.s3", after_call)
-        return tally, lambda: None
-    if scheme == "gs":
-        handler, logger = _RetryLog(tally), logging.getLogger("google.api_core.retry")
-        level = logger.level
-        logger.setLevel(logging.DEBUG)
-        logger.addHandler(handler)
-
-        def undo() -> None:
-            logger.removeHandler(handler)
-            logger.setLevel(level)
-
-        return tally, undo
-    from azure.storage.blob import BlobServiceClient, LinearRetry
-
-    class CountingRetry(LinearRetry):
-        def sleep(self, settings: Any, transport: Any) -> None:
-            tally.add()
-            super().sleep(settings, transport)
-
-    # The SDK's default ExponentialRetry waits 15-21 s before its first retry; same client, shorter waits. A 4 MiB
-    # single-put limit sends the few-MB shard as Put Block + Put Block List, the path above 64 MiB by default.
-    store._services[None] = BlobServiceClient.from_connection_string(
-        conn, max_single_put_size=4 * MIB, max_block_size=4 * MIB,
-        retry_policy=CountingRetry(backoff=0, random_jitter_range=1, retry_total=3))
-    return tally, lambda: None
-
-
-@pytest.fixture
-def faulty(request: pytest.FixtureRequest, emulators: dict[str, Emulator | str],
-           tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faulty]:
-    """The emulator for ``request.param`` behind a fresh FaultProxy; the client env points at the proxy."""
-    scheme = request.param
-    tmp = tmp_path_factory.getbasetemp()
-    ensure(scheme, emulators, tmp)
-    emulator = emulators[scheme]
-    assert isinstance(emulator, Emulator)
-    proxy = FaultProxy(emulator.port, flavor=scheme, plan=PLAN).start()
-    name = ENDPOINT_ENV[scheme]
-    conn = os.environ[name].replace(f"127.0.0.1:{emulator.port}", f"127.0.0.1:{proxy.port}")
-    monkeypatch.setenv(name, conn)
-    storage._store.cache_clear()  # stores are cached per scheme with the client built from the env of the day
-    count, undo = _instrument(scheme, root_uri(scheme, tmp), conn)
-    try:
-        yield Faulty(scheme, proxy, root_uri(scheme, tmp), count)
-    finally:
-        undo()
-        proxy.stop()
-        storage._store.cache_clear()  # later tests get clients for the emulator itself again
 
 
 def _make_checkpoint(local: Path, step: int, shard_bytes: int) -> tuple[Path, list[dict[str, Any]]]:
@@ -329,102 +234,6 @@ def test_a_bit_flipped_in_transit_does_not_condemn_a_good_checkpoint(faulty: Fau
         assert not [n for n in names if "quarantine" in n]
     restored = tmp_path / "restore" / checkpoints.step_dir(20) / "__0_0.distcp"
     assert restored.read_bytes() == (tmp_path / "local" / checkpoints.step_dir(20) / "__0_0.distcp").read_bytes()
-
-
-# -- GCS uploads (cloudtrain/storage/gcs.py): one streamed request per file, resumed where the session stopped ------
-
-
-def _random_file(path: Path, size: int) -> Path:
-    path.write_bytes(random.Random(size).randbytes(size))
-    return path
-
-
-@pytest.mark.parametrize("faulty", ["gs"], indirect=True)
-def test_gcs_upload_cut_off_midway_resumes_where_the_session_stopped(faulty: Faulty, tmp_path: Path) -> None:
-    """The connection drops half-way through a large file's one PUT: the session is asked what it has, and only the
-    rest is sent again. The object is whole, its crc32c agrees, and progress counted every byte once."""
-    size = 12 * MIB
-    source = _random_file(tmp_path / "shard.bin", size)
-    bodies: list[int] = []  # the size of each request body sent to the upload session
-
-    def first_put_to_the_session(request: Request) -> bool:
-        if request.method == "PUT" and "upload_id=" in request.target:
-            bodies.append(len(request.body))
-            return len(bodies) == 1
-        return False
-
-    uri, progress = storage.join(faulty.root, "resumed/shard.bin"), []
-    with faulty.proxy.calm(), faulty.proxy.fail_matching(first_put_to_the_session, kind="cut_request"):
-        assert storage.store_for(uri).put_file(source, uri, progress.append) == size
-        assert faulty.proxy.injected["cut_request"] == 1
-        assert bodies == [size, 0, size - size // 2]  # everything; the status query; the half it did not get
-        assert sum(progress) == size
-        assert storage.read_bytes(uri) == source.read_bytes()
-
-
-@pytest.mark.parametrize("faulty", ["gs"], indirect=True)
-@pytest.mark.parametrize("size", [64 * 1024, 12 * MIB], ids=["single-request", "resumable"])
-def test_gcs_upload_spoilt_in_transit_is_caught_and_sent_again(faulty: Faulty, size: int, tmp_path: Path) -> None:
-    """One bit of the body flipped on the way, which no length check notices: the crc32c of the object the service
-    made is not that of the bytes sent, so the upload fails (and ``upload_files`` retries it whole)."""
-    folder = tmp_path / "step"
-    folder.mkdir()
-    source = _random_file(folder / "shard.bin", size)
-    remote = storage.join(faulty.root, f"spoilt-{size}")
-    uri = storage.join(remote, "shard.bin")
-
-    def carries_the_file(request: Request) -> bool:
-        return request.method in ("POST", "PUT") and len(request.body) == size
-
-    with faulty.proxy.calm():
-        with faulty.proxy.fail_matching(carries_the_file, kind="flip_request", times=1), \
-                pytest.raises(OSError, match="crc32c"):
-            storage.store_for(uri).put_file(source, uri)
-        messages: list[str] = []
-        with faulty.proxy.fail_matching(carries_the_file, kind="flip_request", times=1):
-            checkpoints.upload_files(folder, checkpoints.describe_files(folder, ["shard.bin"]), remote,
-                                     log=messages.append)
-        assert faulty.proxy.injected["flip_request"] == 2
-        assert [m for m in messages if "crc32c" in m and "retry 1/4" in m], messages
-        assert storage.read_bytes(uri) == source.read_bytes()
-
-
-@pytest.mark.parametrize("faulty", ["gs"], indirect=True)
-def test_gcs_manifest_spoilt_in_transit_is_published_again(faulty: Faulty, tmp_path: Path) -> None:
-    """The manifest (``write_bytes``) goes through the same checked upload: a spoilt one is refused, published again,
-    and never left as the checkpoint's manifest."""
-    with faulty.proxy.calm():
-        folder, files = _make_checkpoint(tmp_path / "local", 10, 64 * 1024)
-        remote = storage.join(faulty.root, checkpoints.step_dir(10))
-        checkpoints.upload_files(folder, files, remote)
-        messages: list[str] = []
-        with faulty.proxy.fail_matching(lambda r: r.method == "POST" and r.mentions(checkpoints.MANIFEST),
-                                        kind="flip_request", times=1):
-            checkpoints.publish(remote, 10, files, world_size=1, log=messages.append)
-        assert faulty.proxy.injected["flip_request"] == 1
-        assert [m for m in messages if "crc32c" in m], messages
-        assert [c.step for c in checkpoints.list_complete(faulty.root, log=messages.append)] == [10], messages
-
-
-@pytest.mark.parametrize("faulty", ["gs"], indirect=True)
-def test_gcs_upload_session_whose_start_was_cut_short_is_started_again(faulty: Faulty, tmp_path: Path) -> None:
-    """The reply that starts a session is cut inside its headers, so the session URI arrives half-written: a new
-    session is started, rather than the half URI retried until the retry deadline (120 s)."""
-    size = 9 * MIB
-    source = _random_file(tmp_path / "shard.bin", size)
-    starts: list[str] = []
-
-    def first_session_start(request: Request) -> bool:
-        if request.method == "POST" and "uploadType=resumable" in request.target:
-            starts.append(request.target)
-            return len(starts) == 1
-        return False
-
-    uri = storage.join(faulty.root, "restarted/shard.bin")
-    with faulty.proxy.calm(), faulty.proxy.fail_matching(first_session_start, kind="truncate"):
-        assert storage.store_for(uri).put_file(source, uri) == size
-        assert faulty.proxy.injected["truncate"] == 1 and len(starts) == 2
-        assert storage.read_bytes(uri) == source.read_bytes()
 
 
 def _job(cli: Callable[..., Any], proj: Path, script: str, root: str, *args: str) -> tuple[str, dict[str, Any]]:
