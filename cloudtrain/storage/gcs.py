@@ -88,9 +88,14 @@ class GCSStore:
         else:
             self.client = gcs.Client()
 
-    def _blob(self, uri: str) -> Any:
+    @staticmethod
+    def _split(uri: str) -> tuple[str, str]:
         parsed = urlparse(uri)
-        return self.client.bucket(parsed.netloc).blob(parsed.path.lstrip("/"))
+        return parsed.netloc, parsed.path.lstrip("/")
+
+    def _blob(self, uri: str) -> Any:
+        bucket, name = self._split(uri)
+        return self.client.bucket(bucket).blob(name)
 
     def exists(self, uri: str) -> bool:
         return bool(self._blob(uri).exists())
@@ -134,12 +139,15 @@ class GCSStore:
             raise error
         return reply
 
-    def _upload_url(self, uri: str) -> str:
-        return f"{self.client.api_endpoint}/upload/storage/v1/b/{urlparse(uri).netloc}/o"
+    def _upload_url(self, uri: str) -> tuple[str, str]:
+        """The JSON API's upload URL for ``uri``'s bucket, and the object's name."""
+        bucket, name = self._split(uri)
+        return f"{self.client.api_endpoint}/upload/storage/v1/b/{bucket}/o", name
 
     def _simple_upload(self, file: IO[bytes], uri: str, size: int, checksum: _Checksum) -> dict[str, Any]:
-        reply = self._request("POST", self._upload_url(uri), data=_FileBody(file, 0, size, checksum),
-                              params={"uploadType": "media", "name": urlparse(uri).path.lstrip("/")},
+        url, name = self._upload_url(uri)
+        reply = self._request("POST", url, data=_FileBody(file, 0, size, checksum),
+                              params={"uploadType": "media", "name": name},
                               headers={"Content-Type": "application/octet-stream"})
         return dict(reply.json())
 
@@ -147,10 +155,10 @@ class GCSStore:
                           retry: Any) -> dict[str, Any]:
         """Start a session, then send everything left in one PUT; after a failure, ask the session how much it
         has (``Range: bytes=0-N``; none without the header) and send the rest from there."""
-        name = urlparse(uri).path.lstrip("/")
+        url, name = self._upload_url(uri)
 
         def start_session() -> str:
-            reply = self._request("POST", self._upload_url(uri), params={"uploadType": "resumable"},
+            reply = self._request("POST", url, params={"uploadType": "resumable"},
                                   json={"name": name}, headers={"X-Upload-Content-Type": "application/octet-stream",
                                                                 "X-Upload-Content-Length": str(size)})
             session = str(reply.headers.get("Location", ""))
@@ -197,10 +205,10 @@ class GCSStore:
         return size, chunked(lambda n: reply.raw.read(n, decode_content=False), reply.close)
 
     def list(self, prefix: str) -> builtins.list[str]:
-        parsed = urlparse(prefix)
-        key = parsed.path.lstrip("/").rstrip("/")
-        blobs = self.client.list_blobs(parsed.netloc, prefix=f"{key}/" if key else None)
-        return sorted(f"gs://{parsed.netloc}/{b.name}" for b in blobs)
+        bucket, key = self._split(prefix)
+        key = key.rstrip("/")
+        blobs = self.client.list_blobs(bucket, prefix=f"{key}/" if key else None)
+        return sorted(f"gs://{bucket}/{b.name}" for b in blobs)
 
     def delete(self, uris: builtins.list[str]) -> None:
         from google.api_core.exceptions import NotFound
