@@ -11,6 +11,9 @@ import re
 from typing import Any
 
 MANIFEST = "manifest.json"
+# A manifest whose file paths are relative to the script's checkpoint folder itself (a snapshot of a stack's own
+# layout: cloudtrain/snapshots.py), not to a step-<N> folder inside it; restored under those very names.
+LAYOUT_DIR = "dir"
 QUARANTINE_PREFIX = "quarantine-"  # step-N/quarantine-<manifest sha256>.json: a restore found that manifest corrupt
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -32,6 +35,10 @@ def step_of(name: str, canonical: bool = True) -> int | None:
         return None
     step = int(match.group(1))
     return step if not canonical or name == step_dir(step) else None
+
+
+def is_dir_layout(manifest: Any) -> bool:
+    return isinstance(manifest, dict) and manifest.get("layout") == LAYOUT_DIR
 
 
 def quarantine_name(manifest_digest: str) -> str:

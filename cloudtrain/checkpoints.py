@@ -33,6 +33,7 @@ from cloudtrain.checkpoint_manifest import (
     QUARANTINE_PREFIX,
     CorruptCheckpoint,
     checked_files,
+    is_dir_layout,
     quarantine_name,
     safe_relative,
     step_dir,
@@ -61,6 +62,9 @@ if TYPE_CHECKING:  # only in annotations: nodes may run Python 3.8, where collec
 
 def _print(message: str) -> None:
     print(f"[cloudtrain] {message}", file=sys.stderr, flush=True)
+
+
+log_line = _print  # the default log of everything that publishes or restores checkpoints
 
 
 def sha256_file(path: Path) -> str:
@@ -138,6 +142,11 @@ def _complete(uri: str, present: dict[int, set[str]], log: Log) -> list[Checkpoi
             continue
         complete.append(Checkpoint(step=step, uri=folder, manifest=manifest, digest=digest))
     return complete
+
+
+def steps_present(uri: str) -> set[int]:
+    """The step of every checkpoint folder under ``uri``, complete or not: a new checkpoint takes a higher one."""
+    return set(_steps_present(uri))
 
 
 def list_complete(uri: str, log: Log = _print) -> list[Checkpoint]:
@@ -270,7 +279,8 @@ def download(checkpoint: Checkpoint, target: Path, log: Log = _print) -> None:
     they arrive (cloudtrain.storage.transfer)."""
     files = checked_files(checkpoint.manifest, checkpoint.step)
     store = storage.store_for(checkpoint.uri)
-    staged = _staging_folder(target)
+    # a snapshot's target is the script's checkpoint folder itself: staged beside it, as a step folder is beside its
+    staged = _staging_folder(target / ".snapshot" if is_dir_layout(checkpoint.manifest) else target)
     shutil.rmtree(staged, ignore_errors=True)  # a killed restore's leftovers
     try:
         staged.mkdir()
@@ -291,13 +301,29 @@ def download(checkpoint: Checkpoint, target: Path, log: Log = _print) -> None:
             still = [files[i]["path"] for i, got in zip(wrong, again) if not _matches(files[i], got)]
             if still:
                 raise CorruptCheckpoint(f"{still[0]} does not match its manifest (size or sha256)")
-        (staged / MANIFEST).write_text(json.dumps(checkpoint.manifest, indent=1))
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(staged, target)
+        if is_dir_layout(checkpoint.manifest):  # the script's own names, in its folder, and nothing beside them
+            place(staged, target)
+        else:
+            (staged / MANIFEST).write_text(json.dumps(checkpoint.manifest, indent=1))
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(staged, target)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
         with contextlib.suppress(OSError):
             staged.parent.rmdir()  # only once empty: another restore may be using it
+
+
+def place(staged: Path, root: Path) -> None:
+    """Move a verified snapshot's entries from ``staged`` into the checkpoint folder ``root``, each replacing what
+    had its name there (a fresh node's folder is empty)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(os.listdir(staged)):
+        target = root / entry
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+        os.replace(staged / entry, target)
 
 
 def _restored_already(target: Path, checkpoint: Checkpoint) -> bool:
@@ -325,8 +351,9 @@ def restore_latest(uri: str, local_root: Path, log: Log = _print) -> Checkpoint 
     candidates = list_complete(uri, log=log)
     check_lineage(uri, candidates)
     for checkpoint in reversed(candidates):
-        target = local_root / step_dir(checkpoint.step)
-        if _restored_already(target, checkpoint):
+        snapshot = is_dir_layout(checkpoint.manifest)  # a stack's own layout: back under the names it wrote
+        target = local_root if snapshot else local_root / step_dir(checkpoint.step)
+        if not snapshot and _restored_already(target, checkpoint):
             return checkpoint  # already here (the bootstrap restored it before the job started)
         try:
             download(checkpoint, target, log=log)
@@ -419,7 +446,8 @@ def restore_report(uri: str, local: Path) -> dict[str, Any]:
         found = restore_latest(uri, local)
     except CloudtrainError as exc:  # unreadable store, or another job's checkpoints: the node stops, saying why
         return {"step": None, "error": f"{exc.message}; {exc.remedy}" if exc.remedy else exc.message}
-    return {"step": found.step if found else None, "error": None}
+    entries = found.manifest.get("entries") if found and is_dir_layout(found.manifest) else None
+    return {"step": found.step if found else None, "error": None, "entries": entries}
 
 
 def main(argv: list[str] | None = None) -> int:

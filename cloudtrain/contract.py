@@ -33,8 +33,14 @@ VARIABLES = (
              "checkpoints (sync), Checkpointer"),
     Variable("CLOUDTRAIN_CHECKPOINT_INTERVAL", "seconds between saves / plain-script syncs", "plan",
              "bootstrap (sync every), Checkpointer"),
-    Variable("CLOUDTRAIN_CHECKPOINT_DIR", "the local folder a script writes checkpoints to", "bootstrap (a value in "
-             "the spec's env is kept)", "your script, Checkpointer, bootstrap (sync), node watch (idle)"),
+    Variable("CLOUDTRAIN_CHECKPOINT_DIR", "the folder a script writes checkpoints to (absolute on the node; "
+             "checkpoint.dir, relative to the script's working folder, else one of the node's own)", "bootstrap, "
+             "from the plan's checkpoint.dir (a value in the spec's env is kept)",
+             "your script (also as ${CLOUDTRAIN_CHECKPOINT_DIR} in args), Checkpointer, bootstrap (restore, sync), "
+             "node watch (idle)"),
+    Variable("CLOUDTRAIN_CHECKPOINT_QUIET", "seconds a checkpoint folder's snapshot must stay unchanged before it "
+             "is published, where no file format says it is complete (default 2)", "you (the spec's env)",
+             "bootstrap (sync: cloudtrain.snapshots)"),
     Variable("CLOUDTRAIN_RESTORED_STEP", "the step this node restored into CLOUDTRAIN_CHECKPOINT_DIR before its "
              "workers started, or none: their Checkpointer's first restore loads it without listing the store again",
              "node steps (the bootstrap's restore)", "Checkpointer"),
@@ -87,7 +93,7 @@ NAMES = {v.name for v in VARIABLES}
 STRATEGY, CHECKPOINT_URI, LINEAGE, CHECKPOINT_KEEP, CHECKPOINT_INTERVAL, CHECKPOINT_DIR = (
     "CLOUDTRAIN_STRATEGY", "CLOUDTRAIN_CHECKPOINT_URI", "CLOUDTRAIN_LINEAGE", "CLOUDTRAIN_CHECKPOINT_KEEP",
     "CLOUDTRAIN_CHECKPOINT_INTERVAL", "CLOUDTRAIN_CHECKPOINT_DIR")
-RESTORED_STEP = "CLOUDTRAIN_RESTORED_STEP"
+RESTORED_STEP, CHECKPOINT_QUIET = "CLOUDTRAIN_RESTORED_STEP", "CLOUDTRAIN_CHECKPOINT_QUIET"
 OUTPUT_URI, OUTPUT_DIR, MAX_IDLE, INPUT_PREFIX, NNODES, NODE_RANK, JOB_ID = (
     "CLOUDTRAIN_OUTPUT_URI", "CLOUDTRAIN_OUTPUT_DIR", "CLOUDTRAIN_MAX_IDLE", "CLOUDTRAIN_INPUT_", "CLOUDTRAIN_NNODES",
     "CLOUDTRAIN_NODE_RANK", "CLOUDTRAIN_JOB_ID")
@@ -96,6 +102,13 @@ SUPERVISOR_FD, GRACE_PERIOD, PROCESS_TAG, RANK_REPORTS, SECRET_ARG_PREFIX, FORCE
     "CLOUDTRAIN_SUPERVISOR_FD", "CLOUDTRAIN_GRACE_PERIOD", "CLOUDTRAIN_PROCESS_TAG", "CLOUDTRAIN_RANK_REPORTS",
     "CLOUDTRAIN_SECRET_ARG_", "CLOUDTRAIN_FORCE_CPU")
 HOME, CONFIG, PROFILE = "CLOUDTRAIN_HOME", "CLOUDTRAIN_CONFIG", "CLOUDTRAIN_PROFILE"
+
+# cloudtrain's node variables a script's args (and resume_args) may name as ${NAME}: the node replaces each with its
+# value before torchrun starts (no shell involved; $${NAME} stands for the text ${NAME}), and a plan refuses any
+# other ${NAME} (INPUT_PREFIX: one for each input the spec declares). The bootstrap keeps a copy of the pattern.
+ARG_VARIABLE = r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)\}"
+ARG_VARIABLES = (CHECKPOINT_DIR, OUTPUT_DIR, CHECKPOINT_URI, OUTPUT_URI, NODE_RANK, NNODES, JOB_ID,
+                 "CLOUDTRAIN_PLATFORM", STRATEGY)
 
 # Exit codes: the CLI's, and a node's (the bootstrap's copy must match: tests/test_contract.py).
 EXIT_FAILED = 1

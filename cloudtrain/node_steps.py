@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import sys
 import threading
 import time
@@ -40,6 +41,53 @@ def _local(env: dict[str, str], cwd: Path) -> Path:
     return cwd / env[contract.CHECKPOINT_DIR]  # a relative folder is relative to the job's source folder
 
 
+def fresh_checkpoint_folder(env: dict[str, str], workdir: Path) -> None:
+    """A node starts with an empty checkpoint folder, as a new cloud VM does, so what it resumes from is what the
+    store holds, never what an earlier run left on this machine (a local or Slurm restart reuses the node's folder).
+    What was there is moved to ``<workdir>/previous-run/`` (the one before that is dropped), and the log says so."""
+    folder = Path(env[contract.CHECKPOINT_DIR])
+    try:
+        if not folder.is_dir() or not any(folder.iterdir()):
+            return
+        kept = workdir / "previous-run" / "checkpoints"
+        if kept.exists():
+            shutil.rmtree(kept)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(folder, kept)
+    except OSError as exc:  # another file system, no permission: the restore still puts the store's newest there
+        log(f"warning: the checkpoint folder {folder} holds files of an earlier run and could not be set aside "
+            f"({exc}); the restore writes over them")
+        return
+    log(f"checkpoint: what an earlier run left in {folder} is set aside in {kept}: this run starts from what the "
+        "store holds, as a new machine would")
+
+
+def working_files(src: Path) -> set[str]:
+    """The files in the script's working folder (the unpacked source), by relative path."""
+    found = set()
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        rel = os.path.relpath(dirpath, src)
+        found.update(name if rel == "." else os.path.join(rel, name) for name in filenames)
+    return found
+
+
+def stray_files(before: set[str], env: dict[str, str], src: Path) -> list[str]:
+    """Files the script wrote into its working folder outside the checkpoint folder: a restarted node, a new
+    machine, starts without them, so a checkpoint written there (the PyTorch DDP tutorial's snapshot.pt) would be
+    lost without a word. Said in the log and returned for the node's status."""
+    checkpoint_dir = Path(env[contract.CHECKPOINT_DIR]).resolve()
+    new = [rel for rel in sorted(working_files(src) - before)
+           if checkpoint_dir not in (src / rel).resolve().parents]
+    if not new:
+        return []
+    shown = ", ".join(new[:5]) + (f" and {len(new) - 5} more" if len(new) > 5 else "")
+    line = (f"the script wrote {len(new)} file(s) into its working folder ({shown}): a restarted node starts without "
+            "them; to resume from a checkpoint there, write it under checkpoint.dir (--checkpoint-dir DIR)")
+    log(f"warning: {line}")
+    return [line]
+
+
 def restore_checkpoint(env: dict[str, str], cwd: Path) -> str | None:
     """Bring the newest complete checkpoint into CLOUDTRAIN_CHECKPOINT_DIR before any worker starts, and tell the
     workers which step that is (``env[CLOUDTRAIN_RESTORED_STEP]``). Returns why it could not (which stops the node),
@@ -57,35 +105,56 @@ def restore_checkpoint(env: dict[str, str], cwd: Path) -> str | None:
         return f"restoring checkpoints from {uri} failed: {exc!r}"
     if report["error"]:
         return f"restoring checkpoints from {uri} failed: {report['error']}"
-    step = report["step"]
+    step, took = report["step"], time.monotonic() - started
     env[contract.RESTORED_STEP] = "none" if step is None else str(step)
-    log(f"checkpoint: resuming from step {step} ({time.monotonic() - started:.1f}s)" if step is not None
-        else f"checkpoint: none yet under {uri}")
+    if step is None:
+        log(f"checkpoint: none yet under {uri}")
+    elif report.get("entries"):  # a snapshot of the script's own layout, back under the names it wrote
+        log(f"checkpoint: restored {', '.join(map(str, report['entries']))} into {_local(env, cwd)} from "
+            f"{uri} (checkpoint {step}, {took:.1f}s)")
+    else:
+        log(f"checkpoint: resuming from step {step} ({took:.1f}s)")
     return None
 
 
 class PlainSync:
-    """Node 0 publishes the complete ``step-<N>`` folders a plain script writes (checkpoints.sync_dir) every
-    CLOUDTRAIN_CHECKPOINT_INTERVAL seconds while it runs, from a thread of the bootstrap."""
+    """Node 0 publishes what a plain script writes into its checkpoint folder while it runs, from a thread of the
+    bootstrap: cloudtrain's own ``step-<N>`` folders one by one (checkpoints.sync_dir, every
+    CLOUDTRAIN_CHECKPOINT_INTERVAL seconds) and any other layout as snapshots (cloudtrain.snapshots, looked at
+    every second: taking one needs two looks a quiet period apart)."""
+
+    LOOK_EVERY = 1.0
 
     def __init__(self, env: dict[str, str], cwd: Path) -> None:
         _adopt(env)
-        from cloudtrain import checkpoints
+        from cloudtrain import checkpoints, snapshots
 
         self.checkpoints = checkpoints
         self.local, self.uri = _local(env, cwd), env[contract.CHECKPOINT_URI]
         self.keep = contract.keep_count(env.get(contract.CHECKPOINT_KEEP))
         self.every = float(env.get(contract.CHECKPOINT_INTERVAL) or contract.SYNC_EVERY)
+        self.snapshots = snapshots.Snapshotter(self.local, self.uri, self.keep, snapshots.quiet_period(env))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cloudtrain-checkpoint-sync", daemon=True)
         self._thread.start()
 
+    def _pass(self, final: bool) -> None:
+        if (self.local / self.checkpoints.RUNTIME_MARKER).exists():
+            return  # the Checkpointer publishes its own folders
+        self.checkpoints.sync_dir(self.local, self.uri, final=final, keep=self.keep)
+        self.snapshots.poll(final=final)
+
     def _run(self) -> None:
-        while not self._stop.wait(self.every):  # the first pass after one interval, as the sync process did
+        next_sync = time.monotonic() + self.every  # step folders: the first pass after one interval, as before
+        while not self._stop.wait(min(self.every, self.LOOK_EVERY)):
             try:
-                self.checkpoints.sync_dir(self.local, self.uri, final=False, keep=self.keep)
+                if time.monotonic() >= next_sync:
+                    next_sync = time.monotonic() + self.every
+                    self.checkpoints.sync_dir(self.local, self.uri, final=False, keep=self.keep)
+                if not (self.local / self.checkpoints.RUNTIME_MARKER).exists():
+                    self.snapshots.poll()
             except Exception as exc:  # the final sync tries again and decides the job's outcome
-                print(f"[cloudtrain] warning: {exc}; trying again in {self.every:g}s", file=sys.stderr, flush=True)
+                print(f"[cloudtrain] warning: {exc}; trying again", file=sys.stderr, flush=True)
 
     def finish(self) -> str | None:
         """After the workers exited (also after SIGTERM): everything they left is final; publish it. Returns why the
@@ -95,7 +164,7 @@ class PlainSync:
         self._stop.set()
         self._thread.join()  # a pass under way finishes what the final one would do anyway
         try:
-            self.checkpoints.sync_dir(self.local, self.uri, final=True, keep=self.keep)
+            self._pass(final=True)
         except CloudtrainError as exc:
             return str(exc)
         except Exception as exc:
@@ -103,6 +172,11 @@ class PlainSync:
         if (self.local / self.checkpoints.RUNTIME_MARKER).exists():
             return self.checkpoints.runtime_unpublished(self.local)
         return None
+
+    def unpublished(self) -> list[str]:
+        """After ``finish``: what the checkpoint folder holds that is not in the store (torn, or still being written
+        when the workers ended), each with why."""
+        return list(self.snapshots.unpublished)
 
 
 def start_checkpoint_sync(env: dict[str, str], cwd: Path, node_rank: int) -> PlainSync | None:
@@ -114,8 +188,18 @@ def start_checkpoint_sync(env: dict[str, str], cwd: Path, node_rank: int) -> Pla
 
 def finish_checkpoint_sync(syncer: PlainSync | None, env: dict[str, str], cwd: Path) -> str | None:
     """After the workers exited (also after SIGTERM): everything they left is final; publish it. Returns why the
-    job's checkpoints are not all in the store (which fails the node), or None."""
-    return None if syncer is None else syncer.finish()
+    job's checkpoints are not all in the store (which fails the node), or None. What stays unpublished (a torn
+    file) is said in the log and kept for the node's status (``unpublished_checkpoints``)."""
+    if syncer is None:
+        return None
+    error = syncer.finish()
+    for line in syncer.unpublished():
+        log(f"warning: not published (it stays on this node only): {line}")
+    return error
+
+
+def unpublished_checkpoints(syncer: PlainSync | None) -> list[str]:
+    return syncer.unpublished() if syncer is not None else []
 
 
 def _why(exc: Exception) -> str:

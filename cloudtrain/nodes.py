@@ -46,15 +46,23 @@ def bootstrap_args(spec: JobSpec, *, bundle: str, digest: str, workdir: str, job
             args += ["--requirement", req]
     if status_file:
         args += ["--status-file", status_file]
-    shown, _ = split_args(spec.args, spec.env)  # secret values travel in job_env, not on command lines (ps)
-    return [*args, "--", *shown]
+    shown, _ = split_args(script_args(spec), spec.env)  # secret values travel in job_env, not on command lines (ps)
+    args += [f"--resume-arg={arg}" for arg in shown[len(spec.args):]]  # added by the node once it restored one
+    return [*args, "--", *shown[:len(spec.args)]]
+
+
+def script_args(spec: JobSpec) -> list[str]:
+    """Every argument the script may get: ``args``, then ``resume_args`` (the node adds those after a restore)."""
+    return [*spec.args, *spec.resume_args]
 
 
 def job_env(spec: JobSpec) -> dict[str, str]:
     """Variables every node of every provider sees (the user's env plus cloudtrain's own)."""
     env = dict(spec.env)
-    env.update(split_args(spec.args, spec.env)[1])  # the script's secret arguments (see bootstrap_args)
+    env.update(split_args(script_args(spec), spec.env)[1])  # the script's secret arguments (see bootstrap_args)
     env[contract.STRATEGY] = spec.strategy
+    if spec.checkpoint.dir:  # the node makes it absolute, under the script's working folder
+        env[contract.CHECKPOINT_DIR] = spec.checkpoint.dir
     if spec.checkpoint.uri:
         from cloudtrain.staging import lineage_id
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
@@ -79,6 +79,18 @@ class ImageSpec(_Model):
 
 class CheckpointSpec(_Model):
     uri: Uri | None = Field(None, description="Where checkpoints are kept; restored from on (re)start")
+    dir: str | None = Field(
+        None, description="The folder your script writes its checkpoints to, relative to its working folder (or "
+                          "absolute): restored into before the script starts, under the names it wrote, and published "
+                          "as it writes them, in any layout; default: a folder of the node's own, "
+                          "$CLOUDTRAIN_CHECKPOINT_DIR")
+
+    @field_validator("dir")
+    @classmethod
+    def _dir(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_checkpoint_dir(value, {})
+        return value
     interval: Duration | None = Field(None, description="Save at least this often (seconds or '10m')")
     keep: int = Field(contract.MIN_KEEP, ge=contract.MIN_KEEP, le=1000,
                       description=f"How many complete checkpoints to retain (>= {contract.MIN_KEEP})")
@@ -109,7 +121,11 @@ class JobSpec(_Model):
     source_dir: str = Field(".", description="Folder packaged and shipped to every node (relative to the spec file)")
     script: str | None = Field(None, description="Training script, relative to source_dir")
     module: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*$", description="Or: a module run as 'python -m'")
-    args: list[str] = Field(default_factory=list, description="Arguments passed to the script")
+    args: list[str] = Field(default_factory=list, description="Arguments passed to the script; ${CLOUDTRAIN_...} "
+                            "node variables in them are replaced on each node (e.g. --out_dir=${CLOUDTRAIN_CHECKPOINT_DIR})")
+    resume_args: list[str] = Field(
+        default_factory=list, description="Arguments added after args only when a checkpoint was restored, e.g. "
+                                          "--init_from=resume")
     strategy: Literal["ddp", "fsdp"] = "ddp"
     nodes: int = Field(1, ge=1, le=512)
     procs_per_node: int | Literal["auto"] = Field(
@@ -184,6 +200,9 @@ class JobSpec(_Model):
                 raise ValueError(
                     f"max_wait ({self.max_wait}s) must be >= max_runtime ({self.max_runtime}s): it covers the run"
                 )
+        check_arg_variables(self)
+        if self.checkpoint.dir is not None and self.env.get(contract.OUTPUT_DIR):
+            check_checkpoint_dir(self.checkpoint.dir, self.env)
         if self.name is None:
             # Derive a valid name from the script or module; bypass assignment validation for this one field.
             object.__setattr__(self, "name", derive_name(self.script or self.module or "job"))
@@ -211,6 +230,48 @@ class JobSpec(_Model):
     @property
     def world_size(self) -> int:
         return self.nodes * self.nproc_per_node
+
+
+def check_arg_variables(spec: JobSpec) -> None:
+    """Only cloudtrain's node variables (contract.ARG_VARIABLES, and an input's) may stand in args as ${NAME}."""
+    known = {*contract.ARG_VARIABLES, *(f"{contract.INPUT_PREFIX}{name.upper()}" for name in spec.inputs)}
+    for field, values in (("args", spec.args), ("resume_args", spec.resume_args)):
+        for index, arg in enumerate(values):
+            for escaped, name in re.findall(contract.ARG_VARIABLE, arg):
+                if not escaped and name not in known:
+                    raise ValueError(
+                        f"{field}[{index}] names ${{{name}}}, which no node sets: the variables args may name are "
+                        f"{', '.join(sorted(known))} (write $${{{name}}} for the text ${{{name}}} itself)")
+
+
+def check_checkpoint_dir(value: str, env: dict[str, str]) -> None:
+    """checkpoint.dir must be a folder of its own: not the source folder the bundle unpacks to, not above it, not
+    the outputs folder (a platform uploads ./outputs itself), and relative paths stay inside the working folder."""
+    text = value.strip()
+    if not text:
+        raise ValueError("must name a folder, e.g. checkpoints (relative to the script's working folder)")
+    path = PurePosixPath(text)
+    if path.is_absolute():
+        parts = path.parts[1:]
+        if not parts:
+            raise ValueError("cannot be / : give a folder of its own, e.g. checkpoints")
+    else:
+        parts = tuple(p for p in path.parts if p != ".")
+        if ".." in parts:
+            raise ValueError(f"{value!r} leads out of the script's working folder (the source folder "
+                             "on the node): give a folder inside it, e.g. checkpoints, or an absolute path")
+        if not parts:
+            raise ValueError("is the source folder itself, which the node unpacks anew at every start: "
+                             "give your checkpoints a folder of their own inside it, e.g. checkpoints")
+        if parts[0] == "outputs":
+            raise ValueError("overlaps ./outputs, the job's output folder on platforms that upload it "
+                             "(Azure ML): give checkpoints a folder of their own, e.g. checkpoints")
+    output = env.get(contract.OUTPUT_DIR)
+    if output and path.is_absolute():
+        mine, theirs = PurePosixPath(text), PurePosixPath(output)
+        if mine == theirs or theirs in mine.parents or mine in theirs.parents:
+            raise ValueError(f"checkpoint.dir {value!r} overlaps env {contract.OUTPUT_DIR} {output!r}: give "
+                             "checkpoints a folder of their own")
 
 
 def derive_name(entry: str) -> str:

@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -42,6 +43,8 @@ NNODES, NODE_RANK, PLATFORM, JOB_ID = "CLOUDTRAIN_NNODES", "CLOUDTRAIN_NODE_RANK
     "CLOUDTRAIN_JOB_ID"
 CHECKPOINT_DIR, OUTPUT_DIR, OUTPUT_URI = "CLOUDTRAIN_CHECKPOINT_DIR", "CLOUDTRAIN_OUTPUT_DIR", "CLOUDTRAIN_OUTPUT_URI"
 MASTER_OVERRIDE = "CLOUDTRAIN_MASTER_OVERRIDE"
+RESTORED_STEP = "CLOUDTRAIN_RESTORED_STEP"
+ARG_VARIABLE = re.compile(r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)\}")  # contract.ARG_VARIABLE
 MAX_MEMBER_BYTES = 8 * 1024**3
 MAX_TOTAL_BYTES = 32 * 1024**3
 PLAIN_CONTRACT = "cloudtrain/providers/local/node.py"  # cloudtrain's own node contract, under the bundle's lib/
@@ -144,6 +147,17 @@ def reachable(cluster: ClusterInfo, env: dict[str, str]) -> ClusterInfo:
         return cluster
     host, _, port = override.rpartition(":")
     return replace(cluster, master_addr=host, master_port=int(port), local_addr=host)
+
+
+def expand_args(args: list[str], env: dict[str, str]) -> list[str]:
+    """cloudtrain's node variables named in the script's arguments (``--out_dir=${CLOUDTRAIN_CHECKPOINT_DIR}``),
+    replaced by their values on this node, without a shell; ``$${NAME}`` is the text ``${NAME}``. The plan refused
+    any name that is not cloudtrain's (contract.ARG_VARIABLES)."""
+    def value(match: Any) -> str:
+        name = match.group(2)
+        return "${" + name + "}" if match.group(1) else env.get(name, match.group(0))
+
+    return [ARG_VARIABLE.sub(value, arg) for arg in args]
 
 
 def torchrun_argv(cluster: ClusterInfo, target: list[str], job_id: str, python: str = "python3",
@@ -368,6 +382,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--job-id", default="cloudtrain")
     p.add_argument("--requirements-file")
     p.add_argument("--requirement", action="append", default=[])
+    p.add_argument("--resume-arg", action="append", default=[], metavar="ARG",
+                   help="added to the script's arguments when a checkpoint was restored (write --resume-arg=--x)")
     p.add_argument("--status-file", help="write the node's outcome here as JSON")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="export to the workers; for values only the platform's command line can resolve "
@@ -409,9 +425,6 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
         masking = output.enter_context(mask_output(env))
         contract = load_contract(unpacked / "lib" / args.node_contract)
         cluster = detect_cluster(contract, env, args.nproc_per_node)
-        target = [args.script, *user_args] if args.script else ["-m", args.module, *user_args]
-        argv_ = torchrun_argv(reachable(cluster, env), target, args.job_id, python=sys.executable,
-                              workdir=str(workdir))
         status["cluster"] = asdict(cluster)
         log(f"node {cluster.node_rank}/{cluster.nnodes} on {cluster.platform}: {cluster.nproc_per_node} processes, "
             f"rendezvous {cluster.rdzv} at {cluster.master_addr}:{cluster.master_port}")
@@ -437,7 +450,8 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
             NODE_RANK: str(cluster.node_rank),
             PLATFORM: cluster.platform,
             JOB_ID: args.job_id,
-            CHECKPOINT_DIR: env.get(CHECKPOINT_DIR) or str(workdir / "checkpoints"),
+            # checkpoint.dir is relative to the script's working folder
+            CHECKPOINT_DIR: str(src / (env.get(CHECKPOINT_DIR) or workdir / "checkpoints")),
             OUTPUT_DIR: env.get(OUTPUT_DIR) or str(uploaded or workdir / "outputs"),
         })
         outputs = Path(env[OUTPUT_DIR])
@@ -448,9 +462,17 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
                 (src / "outputs").symlink_to(outputs.resolve())  # a script's own ./outputs is that folder
         env.update(launcher_env(contract, cluster, env))
         steps = node_steps()
+        steps.fresh_checkpoint_folder(env, workdir)
         failed = steps.restore_checkpoint(env, src)
         if failed:
             raise BootstrapError(failed)
+        if env.get(RESTORED_STEP, "none") != "none":
+            user_args += args.resume_arg
+        user_args = expand_args(user_args, env)
+        target = [args.script, *user_args] if args.script else ["-m", args.module, *user_args]
+        argv_ = torchrun_argv(reachable(cluster, env), target, args.job_id, python=sys.executable,
+                              workdir=str(workdir))
+        started_files = steps.working_files(src)
         if early_stop:
             code, stopped = EXIT_PREEMPTED, True
         else:
@@ -467,9 +489,13 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
             sync_error = steps.finish_checkpoint_sync(syncer, env, src)
             if sync_error:
                 status["error"] = sync_error
+            # what the node leaves behind that no restart will have: torn checkpoints, files in the working folder
+            warnings = [*steps.unpublished_checkpoints(syncer),
+                        *(steps.stray_files(started_files, env, src) if stopped else [])]
             log_warning = steps.upload_logs(env, src, workdir, cluster.node_rank, masking.masker)
-            if log_warning:
-                status["warnings"] = [log_warning]
+            warnings += [log_warning] if log_warning else []
+            if warnings:
+                status["warnings"] = warnings
             steps.upload_outputs(env, src, cluster.node_rank)
     except BootstrapError as exc:
         log(f"error: {exc}")

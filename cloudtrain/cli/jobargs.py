@@ -17,7 +17,8 @@ from cloudtrain.errors import SpecError, UserError
 # Job flags and their "not given" values: with --plan, the saved plan is submitted as it is, so these are refused.
 _JOB_FLAGS: dict[str, Any] = {
     "script": None, "file": None, "no_spec": False, "module": None, "name": None, "source_dir": None, "nodes": None,
-    "procs_per_node": None, "strategy": None, "gpus": None, "checkpoint_uri": None, "output_uri": None, "image": None,
+    "procs_per_node": None, "strategy": None, "gpus": None, "checkpoint_uri": None, "checkpoint_dir": None,
+    "resume_arg": [], "output_uri": None, "image": None,
     "spot": None, "max_restarts": None, "max_runtime": None, "max_idle": None, "set_fields": [], "allow_secret": [],
     "emulate": None}
 
@@ -77,6 +78,7 @@ def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> tuple[An
     overrides: dict[str, Any] = {
         "name": args.name, "nodes": args.nodes, "procs_per_node": args.procs_per_node,
         "strategy": args.strategy, "accelerator": args.gpus, "checkpoint.uri": args.checkpoint_uri,
+        "checkpoint.dir": args.checkpoint_dir, "resume_args": args.resume_arg or None,
         "output_uri": args.output_uri, "image.uri": args.image, "spot": args.spot,
         "max_restarts": args.max_restarts, "max_runtime": args.max_runtime, "max_idle": args.max_idle,
         "providers.local.emulate": args.emulate,  # a provider's name stands for its platform's (the spec maps it)

@@ -145,6 +145,12 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", choices=["ddp", "fsdp"])
     p.add_argument("--gpus", help="accelerator per node, e.g. A100:8 (`cloudtrain catalog` lists them)")
     p.add_argument("--checkpoint-uri", help="where checkpoints are kept: s3://, gs://, az://, file://")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="the folder your script writes its checkpoints to (relative to its working folder): "
+                        "restored into before it starts, published as it writes them, in any layout")
+    p.add_argument("--resume-arg", action="append", default=[], metavar="ARG",
+                   help="an argument added to the script's only when a checkpoint was restored "
+                        "(--resume-arg=--init_from=resume); repeatable")
     p.add_argument("--output-uri", help="where the job writes its outputs (default: per job, under the staging "
                                         "bucket or the local store)")
     p.add_argument("--image", help="custom container image URI")

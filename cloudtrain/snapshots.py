@@ -1,0 +1,323 @@
+"""Checkpoints in the layouts real training stacks write, published whole and never torn (stdlib only, Python 3.8).
+
+A script writes its checkpoints into its checkpoint folder (``checkpoint.dir``, else CLOUDTRAIN_CHECKPOINT_DIR) the
+way its stack does: nanoGPT overwrites ``ckpt.pt`` in place, the HF Trainer adds ``checkpoint-<N>/`` folders,
+Lightning ``epoch=E-step=S.ckpt`` beside ``last.ckpt``, Accelerate ``checkpoints/checkpoint_<i>/``, DCP folders end
+with ``.metadata``. What node 0 publishes is a *snapshot* of that folder: each top-level entry is a unit; of the
+entries whose names differ only in their numbers (a family: ``checkpoint-500``, ``checkpoint-1000``) only the newest
+is taken; every other entry is taken as it is. A snapshot becomes checkpoint ``<uri>/step-<G>/`` with a manifest
+(``"layout": "dir"``: file paths relative to the checkpoint folder), so the checkpoint protocol's rules hold for it
+unchanged (manifest last, verified restore, quarantine, retention). ``G`` increases with every snapshot: the
+script's own step where a family's name carries one, else the next number. A restore puts its files back under the
+names the script wrote and adds nothing beside them.
+
+When is a snapshot complete? Never while a file in it is being written: a file in torch's zip format is complete
+only once its central directory (written last) is there, a safetensors file once it holds as many bytes as its
+header declares, a DCP folder once its ``.metadata`` exists, an HF Trainer folder once its ``trainer_state.json``
+does; anything else (and a folder, which may still gain files) once nothing in the snapshot has changed for a quiet
+period. After the workers exited, everything that is complete is final. A file whose bytes change while it is
+uploaded makes that snapshot void (its manifest is never written); the next one is taken when it has settled.
+
+The ``step-<N>/`` folders cloudtrain's own layout uses are published per folder as before (checkpoints.sync_dir).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import struct
+import sys
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+from cloudtrain import checkpoints, contract, storage
+from cloudtrain.checkpoint_manifest import LAYOUT_DIR, step_dir, step_of
+
+QUIET = 2.0  # seconds a snapshot must stay unchanged before it is taken for complete (CLOUDTRAIN_CHECKPOINT_QUIET)
+LIVE_AFTER = 10  # a file of no known format that changed at this many scans in a row is a log, not a checkpoint
+_TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".swp", ".lock", "~")
+_SHARD = re.compile(r"\d+-of-\d+")  # model-00001-of-00004.safetensors: parts of one thing, not a family
+_NUMBER = re.compile(r"\d+")
+
+
+class FileState(NamedTuple):
+    size: int
+    mtime_ns: int
+    ino: int
+
+
+Files = Dict[str, FileState]  # path relative to the checkpoint folder -> what it was when looked at
+
+
+def quiet_period(env: Optional[Dict[str, str]] = None) -> float:
+    value = (env if env is not None else os.environ).get(contract.CHECKPOINT_QUIET)
+    try:
+        return max(0.0, float(value)) if value else QUIET
+    except ValueError:
+        return QUIET
+
+
+# -- looking (never opening anything that is not a regular file) -------------------------------------------------
+
+
+def _skipped(name: str) -> bool:
+    return name.endswith(_TEMP_SUFFIXES)
+
+
+def scan(root: Path) -> Files:
+    """The regular files under ``root``: hidden top-level entries (cloudtrain's markers, editors' and notebooks'
+    folders), temp names and anything that is not a regular file (a FIFO, a socket) are left out. A symbolic link
+    counts as the file it points to if that is a regular file inside ``root`` (Lightning's ``save_last='link'``)."""
+    found: Files = {}
+    try:
+        top = os.path.realpath(root)
+        for dirpath, dirnames, filenames in os.walk(root):
+            rel_dir = os.path.relpath(dirpath, root)
+            if rel_dir == ".":
+                dirnames[:] = [d for d in dirnames if not d.startswith(".") and step_of(d, False) is None]
+                filenames = [f for f in filenames if not f.startswith(".")]
+            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+            for name in filenames:
+                if _skipped(name):
+                    continue
+                path = os.path.join(dirpath, name)
+                try:
+                    if os.path.islink(path) and not os.path.realpath(path).startswith(top + os.sep):
+                        continue
+                    st = os.stat(path)
+                except OSError:  # gone between the listing and the look: it is being replaced
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                rel = name if rel_dir == "." else f"{Path(rel_dir).as_posix()}/{name}"
+                found[rel] = FileState(st.st_size, st.st_mtime_ns, st.st_ino)
+    except OSError:
+        return found
+    return found
+
+
+def file_complete(path: Path) -> Optional[bool]:
+    """True or False where the file's format says whether it was written to the end (torch's zip format, whose
+    central directory comes last; safetensors, whose header declares the length); None where it cannot say."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if head[:4] == b"PK\x03\x04":
+                f.seek(0)
+                try:
+                    with zipfile.ZipFile(f) as archive:  # reads the end record and the central directory only
+                        archive.infolist()
+                except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+                    return False
+                return True
+            if path.suffix == ".safetensors":
+                if len(head) < 8:
+                    return False
+                (length,) = struct.unpack("<Q", head)
+                size = os.fstat(f.fileno()).st_size
+                if length > size - 8:
+                    return False
+                try:
+                    header = json.loads(f.read(length))
+                    end = max([int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"] or [0])
+                except (ValueError, KeyError, TypeError, IndexError):
+                    return False
+                return size == 8 + length + end
+    except OSError:
+        return False
+    return None
+
+
+# -- units and families ------------------------------------------------------------------------------------------
+
+
+def family(name: str) -> Optional[Tuple[str, Tuple[int, ...]]]:
+    """(the name with its numbers blanked, the numbers) for a name that is one of a numbered series; None for a
+    name without numbers, or one whose numbers count parts of one whole (``-00001-of-00004``)."""
+    numbers = _NUMBER.findall(name)
+    if not numbers or _SHARD.search(name):
+        return None
+    return _NUMBER.sub("#", name), tuple(int(n) for n in numbers)
+
+
+def units(files: Files) -> Dict[str, List[str]]:
+    """Top-level entry -> the files in it (a file is its own entry)."""
+    found: Dict[str, List[str]] = {}
+    for rel in sorted(files):
+        found.setdefault(rel.split("/", 1)[0], []).append(rel)
+    return found
+
+
+def newest_first(names: List[str]) -> List[str]:
+    """Each family's members newest first, ahead of the entries that are no family's (in name order)."""
+    series: Dict[str, List[Tuple[Tuple[int, ...], str]]] = {}
+    fixed = []
+    for name in names:
+        found = family(name)
+        if found:
+            series.setdefault(found[0], []).append((found[1], name))
+        else:
+            fixed.append(name)
+    ordered = [name for members in series.values() for _, name in sorted(members, reverse=True)]
+    return ordered + sorted(fixed)
+
+
+def script_step(names: List[str]) -> Optional[int]:
+    """The step a snapshot stands for, where a family member's name carries it (its last number)."""
+    steps = [found[1][-1] for found in map(family, names) if found]
+    return max(steps) if steps else None
+
+
+def _marker_missing(entry: str, rels: List[str]) -> Optional[str]:
+    """A folder whose stack writes one file last, without that file: a DCP checkpoint without ``.metadata``, an HF
+    Trainer checkpoint without ``trainer_state.json``."""
+    inside = {rel.split("/", 1)[1] for rel in rels if "/" in rel}
+    names = {Path(rel).name for rel in rels}
+    if any(n.endswith(".distcp") for n in names) and ".metadata" not in names:
+        return ".metadata"
+    if re.fullmatch(r"checkpoint-\d+", entry) and inside and "trainer_state.json" not in inside and \
+            any(n in inside for n in ("training_args.bin", "optimizer.pt", "scheduler.pt")):
+        return "trainer_state.json"
+    return None
+
+
+class Snapshotter:
+    """What node 0 runs around the workers for one checkpoint folder: ``poll()`` while they run (from the sync
+    thread), ``poll(final=True)`` once they exited. Keeps what it saw between polls in memory (the bootstrap's
+    process lives as long as the node); writes nothing into the folder."""
+
+    def __init__(self, root: Path, uri: str, keep: int, quiet: float = QUIET, log: Any = None) -> None:
+        self.root, self.uri, self.keep, self.quiet = root, uri, keep, quiet
+        self.log = log or checkpoints.log_line
+        self.published: Files = scan(root)  # what the folder held when the node started: restored, so in the store
+        self.seen: Dict[str, Files] = _by_entry(self.published)
+        self.changed_at: Dict[str, float] = {}  # entry -> when a poll last found it changed
+        self.changes: Dict[str, int] = {}  # entry -> polls in a row that found it changed
+        self.verdicts: Dict[Tuple[str, FileState], Optional[bool]] = {}
+        self.next_step: Optional[int] = None  # the store's newest step folder + 1, once listed
+        self.said: set = set()
+        self.unpublished: List[str] = []  # after the final poll: what the folder holds that is not in the store
+
+    def _look(self, now: float) -> Files:
+        files = scan(self.root)
+        current = _by_entry(files)
+        for entry, state in current.items():
+            if self.seen.get(entry) != state:
+                self.changes[entry] = self.changes.get(entry, 0) + 1
+                self.changed_at[entry] = now
+            else:
+                self.changes[entry] = 0
+        self.seen = current
+        return files
+
+    def _complete(self, rel: str, state: FileState) -> Optional[bool]:
+        key = (rel, state)
+        if key not in self.verdicts:  # a zip's central directory is read once per version of the file
+            self.verdicts[key] = file_complete(self.root / rel)
+        return self.verdicts[key]
+
+    def _unit_state(self, entry: str, rels: List[str], files: Files) -> Tuple[Optional[str], bool]:
+        """(why the entry is not complete, or None; whether its one file's format vouches for it being whole)."""
+        verdicts = [self._complete(rel, files[rel]) for rel in rels]
+        torn = [rel for rel, verdict in zip(rels, verdicts) if verdict is False]
+        if torn:
+            return f"{torn[0]} is incomplete (being written, or cut short)", False
+        missing = _marker_missing(entry, rels)
+        if missing:
+            return f"it has no {missing} (its stack writes that file last)", False
+        return None, verdicts == [True]
+
+    def choose(self, files: Files, now: float, final: bool) -> Tuple[Optional[List[str]], Dict[str, str]]:
+        """The entries of the snapshot to take now (None: not now), and the entries left out, with why."""
+        by_entry = units(files)
+        chosen: List[str] = []
+        left: Dict[str, str] = {}
+        taken: set = set()
+        for entry in newest_first(list(by_entry)):
+            found = family(entry)
+            if found and found[0] in taken:
+                continue  # an older member of a family whose newer one is taken
+            why, vouched = self._unit_state(entry, by_entry[entry], files)
+            if not final and not vouched and self.changes.get(entry, 0) >= LIVE_AFTER:
+                if entry not in self.said:
+                    self.said.add(entry)
+                    self.log(f"{self.root / entry} changes at every look (a log?): left out of checkpoints until the "
+                             "job ends")
+                continue
+            if why:
+                if not final:
+                    return None, left  # being written: the snapshot waits for it
+                left[entry] = why
+                continue  # an older member of its family may stand in for it
+            if found:
+                taken.add(found[0])
+            chosen.append(entry)
+        # taken as a whole: what one save writes one file after another belongs together, so nothing in the snapshot
+        # may have changed within the quiet period (after the workers exited, nothing changes any more)
+        if not final and any(now - self.changed_at.get(entry, -self.quiet) < self.quiet for entry in chosen):
+            return None, left
+        return chosen, left
+
+    def _generation(self, names: List[str]) -> int:
+        if self.next_step is None:
+            self.next_step = max(checkpoints.steps_present(self.uri), default=0) + 1
+        step = script_step(names)
+        return max(self.next_step, step if step is not None else 0)
+
+    def poll(self, final: bool = False) -> Optional[int]:
+        """Publish the folder's snapshot if it is complete and differs from the last one published (or restored).
+        Returns its step, or None. Raises CloudtrainError (or OSError) when the store refuses it."""
+        now = time.monotonic()
+        files = self._look(now)
+        chosen, left = self.choose(files, now, final)
+        if final:
+            self.unpublished = [f"{self.root / entry} ({why})" for entry, why in sorted(left.items())]
+        if not chosen:
+            return None
+        snapshot = {rel: state for rel, state in files.items() if rel.split("/", 1)[0] in chosen}
+        if all(self.published.get(rel) == state for rel, state in snapshot.items()):
+            return None  # nothing new since the last snapshot, or the restore
+        step = self._generation(chosen)
+        folder = storage.join(self.uri, step_dir(step))
+        self.next_step = step + 1  # a void attempt's objects never mix with the next attempt's
+        rels = sorted(snapshot)
+        entries = checkpoints.describe_and_upload(self.root, rels, folder, log=self.log)
+        changed = [rel for rel in rels if _state(self.root / rel) != snapshot[rel]]
+        if changed:  # rewritten while it was read: what reached the store may mix two versions
+            self.log(f"{self.root / changed[0]} changed while it was uploaded; its snapshot is taken again once it "
+                     "has settled")
+            return None
+        checkpoints.publish(folder, step, entries, world_size=0, kind="snapshot", log=self.log,
+                            extra={"layout": LAYOUT_DIR, "entries": chosen, "script_step": script_step(chosen)})
+        self.published = snapshot
+        self.log(f"published {', '.join(chosen)} from {self.root} as {folder}")
+        try:  # the checkpoint stands; what retention misses now, the next publish's retention removes
+            checkpoints.apply_retention(self.uri, self.keep, log=self.log)
+        except Exception as exc:
+            self.log(f"retention under {self.uri} failed ({exc}); the next publish tries again")
+        return step
+
+
+def _by_entry(files: Files) -> Dict[str, Files]:
+    found: Dict[str, Files] = {}
+    for rel, state in files.items():
+        found.setdefault(rel.split("/", 1)[0], {})[rel] = state
+    return found
+
+
+def _state(path: Path) -> Optional[FileState]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return FileState(st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+if __name__ == "__main__":  # pragma: no cover - a look at what a folder's snapshot would be
+    here = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    seen = scan(here)
+    print(json.dumps({"entries": newest_first(list(units(seen))), "files": len(seen)}, indent=1))

@@ -1,0 +1,157 @@
+"""Snapshots of the checkpoint layouts real stacks write (cloudtrain/snapshots.py): what is complete, what is
+published, what a restore puts back. Real files (torch.save's zip format, safetensors), a real file:// store."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from cloudtrain import checkpoints, snapshots
+from cloudtrain.checkpoint_manifest import MANIFEST
+
+
+def save(path: Path, value: float, mb: int = 0) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"w": torch.full((4,), value), "pad": torch.zeros(mb * 262144)}, path)
+
+
+def safetensors_bytes(n: int) -> bytes:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]}}).encode()
+    return struct.pack("<Q", len(header)) + header + b"\0" * (4 * n)
+
+
+def store(tmp_path: Path) -> str:
+    return (tmp_path / "store").as_uri()
+
+
+def published(uri: str) -> list[tuple[int, list[str]]]:
+    return [(c.step, sorted(f["path"] for f in c.manifest["files"])) for c in checkpoints.list_complete(uri)]
+
+
+def test_file_complete_reads_the_format(tmp_path: Path) -> None:
+    whole = tmp_path / "ckpt.pt"
+    save(whole, 1.0, mb=1)
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(data[: len(data) // 2])
+    tensors = tmp_path / "model.safetensors"
+    tensors.write_bytes(safetensors_bytes(1000))
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(safetensors_bytes(1000)[:-10])
+    other = tmp_path / "notes.json"
+    other.write_text("{}")
+    assert snapshots.file_complete(whole) is True
+    assert snapshots.file_complete(cut) is False  # torch's zip: the central directory comes last
+    assert snapshots.file_complete(tensors) is True
+    assert snapshots.file_complete(short) is False
+    assert snapshots.file_complete(other) is None  # no format to ask: the quiet period decides
+
+
+def test_overwritten_file_gets_a_generation_each_version_and_a_torn_one_never(tmp_path: Path) -> None:
+    root, uri = tmp_path / "out", store(tmp_path)
+    snap = snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    save(root / "ckpt.pt", 1.0)
+    assert snap.poll() == 1
+    assert snap.poll() is None  # unchanged: nothing new to publish
+    data = (root / "ckpt.pt").read_bytes()
+    save(root / "ckpt.pt", 2.0)
+    good = (root / "ckpt.pt").read_bytes()
+    (root / "ckpt.pt").write_bytes(good[: len(good) // 3])  # a save cut short (a kill while torch.save wrote it)
+    assert snap.poll() is None
+    assert snap.poll(final=True) is None
+    assert "ckpt.pt is incomplete" in snap.unpublished[0]
+    (root / "ckpt.pt").write_bytes(good)
+    assert snap.poll(final=True) == 2
+    assert published(uri) == [(1, ["ckpt.pt"]), (2, ["ckpt.pt"])]
+    assert data != good
+
+
+def test_restore_puts_the_files_back_under_their_names_and_nothing_beside(tmp_path: Path) -> None:
+    root, uri = tmp_path / "out", store(tmp_path)
+    snap = snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    save(root / "checkpoint-10" / "optimizer.pt", 1.0)
+    (root / "checkpoint-10" / "trainer_state.json").write_text('{"global_step": 10}')
+    save(root / "checkpoint-20" / "optimizer.pt", 2.0)
+    (root / "checkpoint-20" / "trainer_state.json").write_text('{"global_step": 20}')
+    (root / "config.json").write_text("{}")
+    assert snap.poll() == 20  # the script's own step
+    fresh = tmp_path / "node2" / "out"
+    report = checkpoints.restore_report(uri, fresh)
+    assert report["step"] == 20 and report["entries"] == ["checkpoint-20", "config.json"]
+    assert sorted(p.relative_to(fresh).as_posix() for p in fresh.rglob("*")) == [
+        "checkpoint-20", "checkpoint-20/optimizer.pt", "checkpoint-20/trainer_state.json", "config.json"]
+    assert not (fresh / MANIFEST).exists()
+    assert not list(fresh.parent.glob(".*incoming*"))  # the staging folder is gone
+
+
+def test_folder_without_the_file_its_stack_writes_last_is_never_taken(tmp_path: Path) -> None:
+    root, uri = tmp_path / "out", store(tmp_path)
+    snap = snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    save(root / "checkpoint-5" / "optimizer.pt", 1.0)
+    (root / "checkpoint-5" / "trainer_state.json").write_text("{}")
+    assert snap.poll() == 5
+    save(root / "checkpoint-10" / "optimizer.pt", 2.0)  # killed before trainer_state.json
+    (root / "checkpoint-10" / "training_args.bin").write_bytes(b"x")
+    assert snap.poll() is None
+    assert snap.poll(final=True) is None  # checkpoint-5 stands in for it, and is in the store already
+    assert snap.unpublished and "trainer_state.json" in snap.unpublished[0]
+    dcp = root / "ckpt" / "run-3"  # a DCP folder inside a layout of the script's own
+    late = snapshots.Snapshotter(root / "ckpt", uri, keep=2, quiet=0.0)
+    dcp.mkdir(parents=True)
+    (dcp / "__0_0.distcp").write_bytes(b"shard")
+    assert late.poll(final=True) is None and ".metadata" in late.unpublished[0]
+    assert published(uri) == [(5, ["checkpoint-5/optimizer.pt", "checkpoint-5/trainer_state.json"])]
+
+
+def test_a_snapshot_waits_for_the_quiet_period_and_takes_families_newest(tmp_path: Path) -> None:
+    root, uri = tmp_path / "out", store(tmp_path)
+    snap = snapshots.Snapshotter(root, uri, keep=2, quiet=3600.0)
+    save(root / "epoch=0-step=4.ckpt", 1.0)
+    save(root / "epoch=0-step=8.ckpt", 2.0)
+    save(root / "last.ckpt", 2.0)
+    assert snap.poll() is None  # changed just now: the save may not be over
+    assert snap.poll(final=True) == 8
+    assert published(uri) == [(8, ["epoch=0-step=8.ckpt", "last.ckpt"])]
+
+
+def test_a_file_rewritten_during_its_upload_voids_that_snapshot(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    root, uri = tmp_path / "out", store(tmp_path)
+    save(root / "ckpt.pt", 1.0)
+    snap = snapshots.Snapshotter(tmp_path / "empty", uri, keep=2, quiet=0.0)
+    snap.root = root
+    real = checkpoints.describe_and_upload
+
+    def upload_then_rewrite(*args: object, **kwargs: object) -> object:
+        entries = real(*args, **kwargs)  # type: ignore[arg-type]
+        save(root / "ckpt.pt", 2.0)  # the script saved again while the bytes were on their way
+        return entries
+
+    monkeypatch.setattr(checkpoints, "describe_and_upload", upload_then_rewrite)
+    assert snap.poll() is None
+    assert published(uri) == []
+    monkeypatch.setattr(checkpoints, "describe_and_upload", real)
+    assert snap.poll() == 2  # taken again, under a new number: the void attempt's objects never mix with it
+    assert published(uri) == [(2, ["ckpt.pt"])]
+
+
+def test_special_files_and_links_out_of_the_folder_are_never_opened(tmp_path: Path) -> None:
+    root, uri = tmp_path / "out", store(tmp_path)
+    snap = snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    root.mkdir()
+    os.mkfifo(root / "data.pt")
+    secret = tmp_path / "elsewhere.txt"
+    secret.write_text("not a checkpoint")
+    (root / "link.txt").symlink_to(secret)
+    save(root / "model.pt", 1.0)
+    (root / "last.pt").symlink_to("model.pt")  # Lightning's save_last="link"
+    assert sorted(snapshots.scan(root)) == ["last.pt", "model.pt"]
+    assert snap.poll(final=True) == 1
+    assert published(uri) == [(1, ["last.pt", "model.pt"])]
+    assert snap.published == {**snapshots.scan(root)}  # what was there when the node started counts as in the store
+    assert snapshots.Snapshotter(root, uri, keep=2, quiet=0.0).poll(final=True) is None
