@@ -183,14 +183,20 @@ def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
+RESTART_RESUMES = "restart_resumes"  # a status detail: what a restart starts from (cloudtrain.checkpoints.resume_point)
+
+
 def status_text(status: JobStatus, colour: bool = False) -> str:
     lines = [f"{status.handle}  {state(status.state.value, colour)}"
              + (f"  ({status.message})" if status.message else "")]
     lines.append(f"  created {_when(status.created_at)}  started {_when(status.started_at)}  "
                  f"ended {_when(status.ended_at)}")
-    scalars = {k: v for k, v in status.details.items() if v is not None and not isinstance(v, (list, dict))}
+    scalars = {k: v for k, v in status.details.items() if v is not None and not isinstance(v, (list, dict))
+               and k != RESTART_RESUMES}
     if scalars:
         lines.append("  " + "  ".join(f"{k} {v}" for k, v in scalars.items()))
+    if status.details.get(RESTART_RESUMES):
+        lines.append(f"  a restart resumes {status.details[RESTART_RESUMES]}")
     for node in status.details.get("nodes", []):
         code = node.get("exit_code")
         lines.append(f"  node {node['rank']}: pid {node.get('pid')}  "
@@ -199,4 +205,5 @@ def status_text(status: JobStatus, colour: bool = False) -> str:
         for key in ("reason", "note", "hint"):  # what the node said about itself, unless the message says it
             if node.get(key) and node[key] not in status.message:
                 lines.append(f"    {node[key]}")
+        lines += [f"    warning: {line}" for line in node.get("warnings") or []]
     return "\n".join(lines)

@@ -49,6 +49,10 @@ def fresh_checkpoint_folder(env: dict[str, str], workdir: Path) -> None:
     try:
         if not folder.is_dir() or not any(folder.iterdir()):
             return
+        if workdir.resolve() not in folder.resolve().parents:  # a folder of the user's own: never moved
+            log(f"note: the checkpoint folder {folder} already holds files (a new cloud machine's would be empty); "
+                "the restore puts the store's newest beside them")
+            return
         kept = workdir / "previous-run" / "checkpoints"
         if kept.exists():
             shutil.rmtree(kept)
@@ -125,7 +129,7 @@ class PlainSync:
 
     LOOK_EVERY = 1.0
 
-    def __init__(self, env: dict[str, str], cwd: Path) -> None:
+    def __init__(self, env: dict[str, str], cwd: Path, world_size: int = 0) -> None:
         _adopt(env)
         from cloudtrain import checkpoints, snapshots
 
@@ -133,7 +137,8 @@ class PlainSync:
         self.local, self.uri = _local(env, cwd), env[contract.CHECKPOINT_URI]
         self.keep = contract.keep_count(env.get(contract.CHECKPOINT_KEEP))
         self.every = float(env.get(contract.CHECKPOINT_INTERVAL) or contract.SYNC_EVERY)
-        self.snapshots = snapshots.Snapshotter(self.local, self.uri, self.keep, snapshots.quiet_period(env))
+        self.snapshots = snapshots.Snapshotter(self.local, self.uri, self.keep, snapshots.quiet_period(env),
+                                               world_size=world_size)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cloudtrain-checkpoint-sync", daemon=True)
         self._thread.start()
@@ -179,11 +184,11 @@ class PlainSync:
         return list(self.snapshots.unpublished)
 
 
-def start_checkpoint_sync(env: dict[str, str], cwd: Path, node_rank: int) -> PlainSync | None:
-    """Node 0 publishes the complete step-<N> folders a plain script writes, while it runs."""
+def start_checkpoint_sync(env: dict[str, str], cwd: Path, node_rank: int, world_size: int = 0) -> PlainSync | None:
+    """Node 0 publishes what a plain script writes into its checkpoint folder, while it runs."""
     if not env.get(contract.CHECKPOINT_URI) or node_rank != 0:
         return None
-    return PlainSync(env, cwd)
+    return PlainSync(env, cwd, world_size)
 
 
 def finish_checkpoint_sync(syncer: PlainSync | None, env: dict[str, str], cwd: Path) -> str | None:

@@ -73,11 +73,34 @@ def job_env(spec: JobSpec) -> dict[str, str]:
             env[contract.CHECKPOINT_INTERVAL] = str(spec.checkpoint.interval)
     if spec.output_uri:
         env[contract.OUTPUT_URI] = spec.output_uri
+    if spec.require_process_group:  # the node watch fails a run whose processes each trained alone
+        env[contract.REQUIRE_PROCESS_GROUP] = "1"
     if spec.max_idle:  # the bootstrap's watchdog (cloudtrain/watchdog.py)
         env[contract.MAX_IDLE] = str(spec.max_idle)
     for name, uri in spec.inputs.items():  # a provider that mounts or downloads inputs replaces the URI with a path
         env[input_env(name)] = uri
     return env
+
+
+def checkpoint_notes(spec: JobSpec) -> list[str]:
+    """What a plan says about where the script's checkpoints go, and when resume_args apply (``spec``: as the
+    provider planned it, which may have given a spot job its checkpoint URI)."""
+    uri, folder = spec.checkpoint.uri, spec.checkpoint.dir
+    notes = []
+    if folder and uri:
+        notes.append(f"checkpoints: the script writes them into {folder} (${contract.CHECKPOINT_DIR}, from its "
+                     f"working folder); each node restores the newest complete one from {uri} into it before the "
+                     "workers start, under the names the script wrote, and node 0 publishes each complete snapshot "
+                     "of it while the job runs and when it ends")
+    elif folder:
+        notes.append(f"checkpoint.dir {folder} is set but checkpoint.uri is not: nothing is restored into it or "
+                     "published from it, so a restart starts from scratch (set --checkpoint-uri)")
+    if spec.resume_args:
+        shown = " ".join(split_args(spec.resume_args, spec.env)[0])
+        notes.append(f"resume_args ({shown}) are added to the script's arguments only on a node that restored a "
+                     "checkpoint" if uri else f"resume_args ({shown}) are never used: without checkpoint.uri no "
+                     "checkpoint is ever restored")
+    return notes
 
 
 def input_env(name: str) -> str:

@@ -31,6 +31,7 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
     Provider settings the spec leaves unset come from the environment or the active profile (cloudtrain.config).
     ``spec_file``: the file the spec came from, shown in the plan."""
     from cloudtrain.config import with_defaults
+    from cloudtrain.nodes import checkpoint_notes, script_args
     from cloudtrain.secrets import split_args_note
 
     impl = get_provider(provider) if isinstance(provider, str) else provider
@@ -40,8 +41,8 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
     package = _package(spec, check_local_paths(spec), progress, lib)
     try:
         plan = impl.plan(spec, package)
-        plan.notes += package.notes()
-        if note := split_args_note(spec.args, spec.env):
+        plan.notes += package.notes() + checkpoint_notes(plan.spec)
+        if note := split_args_note(script_args(spec), spec.env):
             plan.notes.append(note)
     except BaseException:
         package.close()
@@ -57,8 +58,11 @@ def _package(spec: JobSpec, source: Path, progress: bool, lib: dict[str, Path]) 
     from cloudtrain.packaging import PackageLimits, build_package
 
     rules = spec.package
+    # checkpoint.dir is what the job writes, not source: a local run's checkpoints there would ship, and be "resumed"
+    folder = spec.checkpoint.dir
+    written = (f"/{folder.strip().strip('/')}/",) if folder and not Path(folder).is_absolute() else ()
     limits = PackageLimits(max_bytes=rules.max_mb * 1024 * 1024, max_files=rules.max_files,
-                           allow_secrets=tuple(rules.allow_secrets), exclude=tuple(rules.exclude))
+                           allow_secrets=tuple(rules.allow_secrets), exclude=(*rules.exclude, *written))
     try:
         return build_package(source, limits, progress=progress, lib=lib)
     except (OSError, RuntimeError) as exc:  # unreadable file or folder; a symbolic link loop (RuntimeError < 3.13)

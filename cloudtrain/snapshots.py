@@ -42,6 +42,7 @@ LIVE_AFTER = 10  # a file of no known format that changed at this many scans in 
 _TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".swp", ".lock", "~")
 _SHARD = re.compile(r"\d+-of-\d+")  # model-00001-of-00004.safetensors: parts of one thing, not a family
 _NUMBER = re.compile(r"\d+")
+_DCP_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
 
 
 class FileState(NamedTuple):
@@ -172,13 +173,19 @@ def script_step(names: List[str]) -> Optional[int]:
     return max(steps) if steps else None
 
 
-def _marker_missing(entry: str, rels: List[str]) -> Optional[str]:
-    """A folder whose stack writes one file last, without that file: a DCP checkpoint without ``.metadata``, an HF
-    Trainer checkpoint without ``trainer_state.json``."""
+def _marker_missing(entry: str, rels: List[str], world_size: int = 0) -> Optional[str]:
+    """A folder whose stack writes one file last, without that file: a DCP checkpoint without ``.metadata`` (or,
+    where the world size is known, without a shard ``__<rank>_<i>.distcp`` of every rank: on several nodes each
+    holds its own ranks' only), an HF Trainer checkpoint without ``trainer_state.json``."""
     inside = {rel.split("/", 1)[1] for rel in rels if "/" in rel}
     names = {Path(rel).name for rel in rels}
-    if any(n.endswith(".distcp") for n in names) and ".metadata" not in names:
-        return ".metadata"
+    if any(n.endswith(".distcp") for n in names):
+        if ".metadata" not in names:
+            return ".metadata"
+        ranks = {int(m.group(1)) for m in map(_DCP_SHARD.match, names) if m}
+        missing = sorted(set(range(world_size)) - ranks)
+        if ranks and missing:
+            return f"a shard of rank {missing[0]} (__{missing[0]}_0.distcp: written on another node)"
     if re.fullmatch(r"checkpoint-\d+", entry) and inside and "trainer_state.json" not in inside and \
             any(n in inside for n in ("training_args.bin", "optimizer.pt", "scheduler.pt")):
         return "trainer_state.json"
@@ -190,8 +197,9 @@ class Snapshotter:
     thread), ``poll(final=True)`` once they exited. Keeps what it saw between polls in memory (the bootstrap's
     process lives as long as the node); writes nothing into the folder."""
 
-    def __init__(self, root: Path, uri: str, keep: int, quiet: float = QUIET, log: Any = None) -> None:
-        self.root, self.uri, self.keep, self.quiet = root, uri, keep, quiet
+    def __init__(self, root: Path, uri: str, keep: int, quiet: float = QUIET, log: Any = None,
+                 world_size: int = 0) -> None:
+        self.root, self.uri, self.keep, self.quiet, self.world_size = root, uri, keep, quiet, world_size
         self.log = log or checkpoints.log_line
         self.published: Files = scan(root)  # what the folder held when the node started: restored, so in the store
         self.seen: Dict[str, Files] = _by_entry(self.published)
@@ -226,7 +234,7 @@ class Snapshotter:
         torn = [rel for rel, verdict in zip(rels, verdicts) if verdict is False]
         if torn:
             return f"{torn[0]} is incomplete (being written, or cut short)", False
-        missing = _marker_missing(entry, rels)
+        missing = _marker_missing(entry, rels, self.world_size)
         if missing:
             return f"it has no {missing} (its stack writes that file last)", False
         return None, verdicts == [True]
@@ -237,6 +245,7 @@ class Snapshotter:
         chosen: List[str] = []
         left: Dict[str, str] = {}
         taken: set = set()
+        whole = False  # the snapshot is one file whose format vouches for it (a save of one file is over)
         for entry in newest_first(list(by_entry)):
             found = family(entry)
             if found and found[0] in taken:
@@ -256,9 +265,12 @@ class Snapshotter:
             if found:
                 taken.add(found[0])
             chosen.append(entry)
-        # taken as a whole: what one save writes one file after another belongs together, so nothing in the snapshot
-        # may have changed within the quiet period (after the workers exited, nothing changes any more)
-        if not final and any(now - self.changed_at.get(entry, -self.quiet) < self.quiet for entry in chosen):
+            whole = vouched and len(chosen) == 1
+        # taken as a whole: what one save writes one file after another (a model, then its optimizer) belongs
+        # together, so nothing in the snapshot may have changed within the quiet period, unless it is one file that
+        # says itself it is whole (after the workers exited, nothing changes any more)
+        if not final and not (whole and len(chosen) == 1) and \
+                any(now - self.changed_at.get(entry, -self.quiet) < self.quiet for entry in chosen):
             return None, left
         return chosen, left
 

@@ -308,11 +308,16 @@ def log(message: str) -> None:
 def run_torchrun(argv: list[str], cwd: Path, env: dict[str, str], early: list[int] | None = None) -> tuple[int, bool]:
     """Run torchrun, forwarding SIGTERM/SIGINT to it. Returns (exit code, whether we were asked to stop).
     ``early``: signals that arrived before the forwarding handler was installed; they are forwarded at once."""
-    child = subprocess.Popen(argv, cwd=cwd, env=env)
+    stderr = launcher_stderr(argv)
+    child = subprocess.Popen(argv, cwd=cwd, env=env, stderr=None if stderr is None else subprocess.PIPE)
+    if stderr is not None:
+        stderr.start(child.stderr)
     stopping = {"signal": None}
 
     def forward(signum: int, _frame: object) -> None:
         stopping["signal"] = signum  # type: ignore[assignment]
+        if stderr is not None:
+            stderr.stopping()  # before torchrun can print the traceback this signal gives it
         if child.poll() is None:
             child.send_signal(signum)
 
@@ -329,7 +334,24 @@ def run_torchrun(argv: list[str], cwd: Path, env: dict[str, str], early: list[in
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if stderr is not None:
+            stderr.finish()
     return code, stopping["signal"] is not None
+
+
+def launcher_stderr(argv: list[str]) -> Any:
+    """torchrun's stderr as the node shows it (cloudtrain/worker_echo.py from the bundle's lib/), kept whole in
+    ``torchrun.log`` beside the worker logs of ``--log-dir``; None (torchrun writes to the node's stderr itself)
+    without a log folder, or in a hand-made bundle without it."""
+    try:
+        from cloudtrain.worker_echo import LauncherStderr
+    except ImportError:
+        return None
+    if "--log-dir" not in argv:
+        return None
+    folder = Path(argv[argv.index("--log-dir") + 1])
+    folder.mkdir(parents=True, exist_ok=True)
+    return LauncherStderr(folder / "torchrun.log")
 
 
 def node_steps() -> Any:
@@ -477,7 +499,8 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
             code, stopped = EXIT_PREEMPTED, True
         else:
             log("torchrun: " + " ".join(argv_[1:]))
-            syncer = steps.start_checkpoint_sync(env, src, cluster.node_rank)
+            syncer = steps.start_checkpoint_sync(env, src, cluster.node_rank,
+                                                 world_size=cluster.nnodes * cluster.nproc_per_node)
             extra = watch.torchrun_started() if watch else {}
             echo.start()
             try:
@@ -507,26 +530,32 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
     # torchrun exits 1 after forwarding SIGTERM even when every worker saved and exited cleanly: a stop we were
     # asked for is "preempted", whatever its exit code; one the node decided on (supervisor gone, idle) failed it.
     # A job whose checkpoints did not reach the store has not succeeded (status["error"] says where they are); a
-    # preempted one restarts from the last published.
+    # preempted one restarts from the last published. A stop that was no preemption (a peer failed, a cancel,
+    # max_runtime) is "stopped", where whoever stopped the node said why (the local supervisor does).
+    stopped_by = watch.stopped_by() if watch and stopped else None
     if watch and watch.reason:
         outcome = "failed"
     elif stopped:
-        outcome = "preempted"
+        outcome = "stopped" if stopped_by else "preempted"
     else:
         outcome = "succeeded" if code == 0 and "error" not in status else "failed"
-    status.update(outcome=outcome, returncode=code, ended=time.time(), **(watch.findings(
-        outcome, visible_gpus(env)) if watch else {}))
+    found = watch.findings(outcome, visible_gpus(env)) if watch else {}
+    outcome = found.pop("outcome", outcome)  # require_process_group: processes that each trained alone failed it
+    status.update(outcome=outcome, returncode=code, ended=time.time(), **found)
+    if stopped_by:
+        status["reason"] = f"stopped: {stopped_by}"
     if outcome == "failed":
         why = status.get("reason") or status.get("error") or (
             f"torchrun exited {code}; the node's log (and its workers' logs in the job's outputs) says why")
         report_failure(contract, env, f"cloudtrain: node {cluster.node_rank} of {cluster.nnodes} failed: {why}")
     write_status(args.status_file, status)
     for key in ("error", "reason", "note", "hint"):  # why it failed, or why its success is hollow: the last lines read
-        if status.get(key):
+        if status.get(key) and not (key == "reason" and stopped_by):
             log(f"node {cluster.node_rank}: {status[key]}")
     took = watch.took(time.time() - started) if watch else f"{time.time() - started:.1f}s"
-    log(f"node {cluster.node_rank} {outcome} (torchrun exit {code}) after {took}")
-    return {"succeeded": 0, "preempted": EXIT_PREEMPTED}.get(outcome, EXIT_FAILED)
+    log(f"node {cluster.node_rank} {outcome}{f': {stopped_by}' if stopped_by else ''} (torchrun exit {code}) "
+        f"after {took}")
+    return {"succeeded": 0, "preempted": EXIT_PREEMPTED, "stopped": EXIT_PREEMPTED}.get(outcome, EXIT_FAILED)
 
 
 if __name__ == "__main__":

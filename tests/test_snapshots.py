@@ -105,6 +105,11 @@ def test_folder_without_the_file_its_stack_writes_last_is_never_taken(tmp_path: 
     dcp.mkdir(parents=True)
     (dcp / "__0_0.distcp").write_bytes(b"shard")
     assert late.poll(final=True) is None and ".metadata" in late.unpublished[0]
+    (dcp / ".metadata").write_bytes(b"meta")  # complete on one node of two: rank 1's shard is on the other
+    two = snapshots.Snapshotter(root / "two", uri, keep=2, quiet=0.0, world_size=2)
+    (root / "two").mkdir()
+    os.replace(dcp, root / "two" / "run-3")
+    assert two.poll(final=True) is None and "rank 1" in two.unpublished[0]
     assert published(uri) == [(5, ["checkpoint-5/optimizer.pt", "checkpoint-5/trainer_state.json"])]
 
 
@@ -117,6 +122,9 @@ def test_a_snapshot_waits_for_the_quiet_period_and_takes_families_newest(tmp_pat
     assert snap.poll() is None  # changed just now: the save may not be over
     assert snap.poll(final=True) == 8
     assert published(uri) == [(8, ["epoch=0-step=8.ckpt", "last.ckpt"])]
+    one = snapshots.Snapshotter(tmp_path / "one", store(tmp_path / "other"), keep=2, quiet=3600.0)
+    save(tmp_path / "one" / "ckpt.pt", 1.0)
+    assert one.poll() == 1  # one file that says itself it is whole: no save is under way
 
 
 def test_a_file_rewritten_during_its_upload_voids_that_snapshot(tmp_path: Path,

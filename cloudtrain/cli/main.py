@@ -99,11 +99,28 @@ def _provider_for(handle_text: str) -> tuple[Any, Any]:
     return get_provider(handle.provider), handle
 
 
+def _with_restart_point(status: Any) -> Any:
+    """A job that may restart (running, stopping, preempted) says what a restart starts from: the newest checkpoint
+    its store holds, or "from scratch" (read from the store here; said nothing where this machine cannot read it)."""
+    from cloudtrain.errors import CloudtrainError
+    from cloudtrain.formatting import RESTART_RESUMES
+
+    if "checkpoint_uri" not in status.details or status.state.value in ("succeeded", "failed", "cancelled"):
+        return status
+    try:
+        from cloudtrain.checkpoints import resume_point
+
+        status.details[RESTART_RESUMES] = resume_point(status.details["checkpoint_uri"])
+    except (CloudtrainError, OSError, ImportError, ValueError):
+        pass
+    return status
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import emit, status_text
 
     provider, handle = _provider_for(args.handle)
-    status = provider.describe(handle)
+    status = _with_restart_point(provider.describe(handle))
     print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
     return 0
 
@@ -124,7 +141,7 @@ def cmd_preempt(args: argparse.Namespace) -> int:
     if not hasattr(provider, "preempt"):
         raise UserError(f"provider {handle.provider!r} cannot be preempted on request",
                         remedy="`cloudtrain preempt` rehearses spot interruptions on local jobs")
-    status = provider.preempt(handle)
+    status = _with_restart_point(provider.preempt(handle))
     if args.output != "text":
         sent = sum(1 for n in status.details.get("nodes", []) if n.get("exit_code") is None)
         emit({**status.to_dict(), "sent": {"signal": "SIGTERM", "nodes": sent}}, args.output)
@@ -155,6 +172,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
                                     log=lambda m: print(m, file=sys.stderr, flush=True))
     else:
         status = provider.wait(handle, timeout=args.timeout, poll=_poll(provider))
+    status = _with_restart_point(status)
     print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
     return 0 if status.state.value == "succeeded" else 1
 

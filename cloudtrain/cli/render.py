@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.formatting import (
+    RESTART_RESUMES,
     _when,
     columns,
     estimate_text,
@@ -44,8 +45,12 @@ def preempt_text(status: JobStatus) -> str:
     nodes = [n for n in status.details.get("nodes", []) if n.get("exit_code") is None]
     restarts, most = int(status.details.get("restarts") or 0), int(status.details.get("max_restarts") or 0)
     lines = [f"sent SIGTERM to {len(nodes)} node(s) of {status.handle}, as a spot interruption would"]
+    resumes = status.details.get(RESTART_RESUMES) or "from its newest checkpoint"
     if restarts < most:
-        lines.append(f"it restarts (restart {restarts + 1} of {most}) and resumes from its newest checkpoint")
+        lines.append(f"it restarts (restart {restarts + 1} of {most}) and resumes {resumes}"
+                     if not resumes.startswith("from scratch") else
+                     f"it restarts (restart {restarts + 1} of {most}) {resumes}, unless its nodes publish one as "
+                     "they stop (`cloudtrain status` says)")
     elif most:
         lines.append(f"no restarts left ({restarts} of {most} used): the job will end 'preempted'")
     else:

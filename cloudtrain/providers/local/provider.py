@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from cloudtrain import contract, registry, storage
-from cloudtrain.errors import HandleError, UserError
+from cloudtrain.errors import HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.home import cloudtrain_home, default_store_uri
 from cloudtrain.images import this_machine
@@ -66,6 +66,11 @@ class LocalProvider(Provider):
     def _plan(self, spec: JobSpec, package: Package) -> Plan:
         """Pure: the rendezvous port is chosen at submit (the plan shows where), nothing is written or bound."""
         assert spec.name
+        if spec.checkpoint.dir and Path(spec.checkpoint.dir).is_absolute() and spec.nodes > 1:
+            raise SpecError(f"checkpoint.dir {spec.checkpoint.dir} is absolute: the {spec.nodes} nodes of a local job "
+                            "share this machine, so they would write into one folder", field="checkpoint.dir",
+                            remedy="give a folder relative to the script's working folder (each node has its own), "
+                                   "e.g. --checkpoint-dir checkpoints")
         job_id = new_job_id(spec.name)
         store = spec.providers.local.store_uri or default_store_uri()
         if not spec.output_uri:  # as on a cloud: each job's outputs in their own folder of the store
@@ -237,7 +242,8 @@ class LocalProvider(Provider):
             message=record.message, created_at=record.created_at, started_at=record.started_at,
             ended_at=record.ended_at,
             details={"nodes": nodes, "world_size": plan.get("world_size"), "job_dir": record.job_dir, **restarts,
-                     "output_uri": record.plan.get("spec", {}).get("output_uri")},
+                     "output_uri": record.plan.get("spec", {}).get("output_uri"),
+                     "checkpoint_uri": (record.plan.get("spec", {}).get("checkpoint") or {}).get("uri")},
         )
 
     def _describe(self, handle: JobHandle) -> JobStatus:
