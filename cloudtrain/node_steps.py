@@ -181,7 +181,7 @@ class PlainSync:
     def unpublished(self) -> list[str]:
         """After ``finish``: what the checkpoint folder holds that is not in the store (torn, or still being written
         when the workers ended), each with why."""
-        return list(self.snapshots.unpublished)
+        return [f"not published (it stays on this node only): {line}" for line in self.snapshots.unpublished]
 
 
 def start_checkpoint_sync(env: dict[str, str], cwd: Path, node_rank: int, world_size: int = 0) -> PlainSync | None:
@@ -199,7 +199,7 @@ def finish_checkpoint_sync(syncer: PlainSync | None, env: dict[str, str], cwd: P
         return None
     error = syncer.finish()
     for line in syncer.unpublished():
-        log(f"warning: not published (it stays on this node only): {line}")
+        log(f"warning: {line}")
     return error
 
 

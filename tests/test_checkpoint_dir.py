@@ -1,0 +1,96 @@
+"""checkpoint.dir, resume_args and ${CLOUDTRAIN_*} in args (issue 27): what a plan refuses or says, and what a node
+does with them. The stacks themselves: tests/test_byo_checkpoints.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.nodes import bootstrap_module
+from tests.conftest import SCRIPTS, stop_every_job, wait_for
+from tests.test_resume import Cloudtrain
+
+
+@pytest.fixture
+def ct(tmp_path: Path) -> Iterator[Cloudtrain]:
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text("print('hi')\n")
+    yield Cloudtrain(tmp_path / "home", tmp_path / "proj")
+    stop_every_job(tmp_path / "home")
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--checkpoint-dir", "."], "checkpoint.dir: is the source folder itself"),
+    (["--checkpoint-dir", "../elsewhere"], "leads out of the script's working folder"),
+    (["--checkpoint-dir", "outputs/ckpt"], "overlaps ./outputs"),
+    (["--checkpoint-dir", "/tmp/shared-ckpt", "--nodes", "2"], "nodes of a local job share this machine"),
+    (["--checkpoint-dir", "ckpt", "--", "--out=${HOME}/x"], "args[0] names ${HOME}, which no node sets"),
+    (["--resume-arg=--from=${CLOUDTRAIN_NOPE}"], "resume_args[0] names ${CLOUDTRAIN_NOPE}"),
+])
+def test_bad_checkpoint_settings_are_refused_with_the_field(ct: Cloudtrain, flags: list[str], says: str) -> None:
+    run = ct("plan", "train.py", "--provider", "local", "--checkpoint-uri", "file:///tmp/x", *flags, check=False)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert says in run.stderr and "Traceback" not in run.stderr
+    assert "checkpoint.dir" in run.stderr or "args[0]" in run.stderr
+
+
+def test_plan_says_where_checkpoints_go_and_when_resume_args_apply(ct: Cloudtrain) -> None:
+    (ct.cwd / "out").mkdir()
+    (ct.cwd / "out" / "ckpt.pt").write_bytes(b"a local run's checkpoint")
+    plan = json.loads(ct("plan", "train.py", "-p", "local", "--checkpoint-uri", "file:///tmp/store", "--checkpoint-dir",
+                         "out", "--resume-arg=--init_from=resume", "-o", "json", "--", "--out_dir=$${LITERAL}").stdout)
+    notes = "\n".join(plan["notes"])
+    assert "writes them into out" in notes and "only on a node that restored a checkpoint" in notes
+    assert plan["nodes"][0]["argv"][-1] == "--out_dir=$${LITERAL}"
+    assert "--resume-arg=--init_from=resume" in plan["nodes"][0]["argv"]
+    shipped = [f["path"] for f in plan["package"]["files"]]
+    assert "train.py" in shipped and not [p for p in shipped if p.startswith("out/")]  # what the job writes
+    without = json.loads(ct("plan", "train.py", "-p", "local", "--resume-arg=--resume", "-o", "json").stdout)
+    assert any("resume_args (--resume) are never used" in n for n in without["notes"])
+
+
+def test_node_variables_in_args_are_replaced_without_a_shell() -> None:
+    expand = bootstrap_module().expand_args
+    env = {"CLOUDTRAIN_CHECKPOINT_DIR": "/n/ckpt dir", "CLOUDTRAIN_NODE_RANK": "1"}
+    assert expand(["--out_dir=${CLOUDTRAIN_CHECKPOINT_DIR}", "${CLOUDTRAIN_NODE_RANK}${CLOUDTRAIN_NODE_RANK}",
+                   "$${CLOUDTRAIN_NODE_RANK}", "${model.name}", "$(rm -rf /)"], env) == [
+        "--out_dir=/n/ckpt dir", "11", "${CLOUDTRAIN_NODE_RANK}", "${model.name}", "$(rm -rf /)"]
+
+
+@pytest.mark.slow
+def test_what_no_restart_would_have_is_named_and_a_restart_starts_empty(tmp_path: Path) -> None:
+    """A torn checkpoint in the checkpoint folder and a snapshot.pt in the working folder: preempted, the job says
+    it restarts from scratch, each node names what it leaves behind, and the restart starts with an empty checkpoint
+    folder (as a new machine would), not with the torn file."""
+    ct = Cloudtrain(tmp_path / "home", tmp_path)
+    (tmp_path / "proj").mkdir()
+    script = tmp_path / "proj" / "leaves_files_behind.py"
+    script.write_text((SCRIPTS / "leaves_files_behind.py").read_text())
+    handle = ct("submit", str(script), "--checkpoint-uri", (tmp_path / "store").as_uri(), "--max-restarts", "1",
+                "--detach").stdout.strip()
+    wait_for(lambda: "ready" in ct.logs(handle), timeout=120, interval=0.3)
+    preempted = ct("preempt", handle).stdout
+    assert "from scratch: no checkpoint is published under" in preempted, preempted
+
+    def restarted() -> str:
+        return ct.logs(handle).partition("restart 1 after preemption")[2]
+
+    wait_for(lambda: "ready" in restarted(), timeout=120, interval=0.3)
+    first, _, second = ct.logs(handle).partition("restart 1 after preemption")
+    assert re.search(r"not published \(it stays on this node only\): \S+ckpt\.pt \(ckpt\.pt is incomplete", first)
+    assert "into its working folder (snapshot.pt)" in first
+    assert "is set aside in" in second and "checkpoint folder holds []" in second
+
+    ct("preempt", handle)
+    assert ct("wait", handle, "--timeout", "120", check=False).returncode == 1
+    status = ct("status", handle).stdout
+    assert "a restart resumes from scratch: no checkpoint is published" in status, status
+    assert "warning: not published" in status and "snapshot.pt" in status
+    warnings = ct.status(handle)["nodes"][0]["warnings"]
+    assert len(warnings) == 2, warnings
