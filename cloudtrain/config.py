@@ -75,9 +75,11 @@ def _options_model(provider: str) -> Any:
 def read_config(path: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     """Every profile in the file, each provider block checked against the spec's own option models (so a typo is
     an error naming the profile and key, not a silently ignored setting). A missing file is an empty config."""
+    from cloudtrain.regular_files import read_text
+
     path = path or config_path()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)  # never a FIFO: opening one would wait for a writer
     except FileNotFoundError:
         return {}
     except OSError as exc:

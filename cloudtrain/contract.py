@@ -38,6 +38,10 @@ VARIABLES = (
              "from the plan's checkpoint.dir (a value in the spec's env is kept)",
              "your script (also as ${CLOUDTRAIN_CHECKPOINT_DIR} in args), Checkpointer, bootstrap (restore, sync), "
              "node watch (idle)"),
+    Variable("CLOUDTRAIN_CHECKPOINT_LAYOUT", "script: the checkpoint folder is the script's own (checkpoint.dir), "
+             "published and restored entry by entry under the script's names, step-<N> folders included; unset: "
+             "cloudtrain's step-<N> folders are published one by one (restored as step-<9 digits> with a manifest)",
+             "plan (checkpoint.dir)", "bootstrap (sync, restore: cloudtrain.snapshots)"),
     Variable("CLOUDTRAIN_CHECKPOINT_QUIET", "seconds a checkpoint folder's snapshot must stay unchanged before it "
              "is published, where no file format says it is complete (default 2)", "you (the spec's env)",
              "bootstrap (sync: cloudtrain.snapshots)"),
@@ -77,8 +81,14 @@ VARIABLES = (
              "local supervisor", "cloudtrain.procs"),
     Variable("CLOUDTRAIN_RANK_REPORTS", "the folder each worker reports its process group to", "node watch",
              "cloudtrain.rank_report (in the workers)"),
-    Variable("CLOUDTRAIN_SECRET_ARG_", "CLOUDTRAIN_SECRET_ARG_<n>: a secret script argument, kept off command lines",
-             "plan (secrets.split_args)", "the bundle's sitecustomize (workers' sys.argv)"),
+    Variable("CLOUDTRAIN_REQUIRE_PROCESS_GROUP", "1: a node whose processes each trained alone (none took part in "
+             "the job's process group) fails instead of succeeding", "plan (require_process_group)", "node watch"),
+    Variable("CLOUDTRAIN_STOP_REASON_FILE", "a file where whoever stops the nodes says why when it is not a "
+             "preemption (a peer failed, a cancel, max_runtime): such a node ends 'stopped: <why>'",
+             "local supervisor", "node watch"),
+    Variable("CLOUDTRAIN_SECRET_ARG_", "CLOUDTRAIN_SECRET_ARG_<n>: a secret script argument or pip requirement, "
+             "kept off command lines",
+             "plan (secrets.split_args)", "the bundle's sitecustomize (workers' sys.argv), bootstrap (requirements)"),
     Variable("CLOUDTRAIN_TRANSFER_THREADS", "objects transferred at once by a restore or a checkpoint upload "
              "(default 8)", "you (the spec's env, or your shell)", "cloudtrain.storage.transfer"),
     Variable("CLOUDTRAIN_FORCE_CPU", "1: use the CPU even where CUDA is available", "you",
@@ -94,6 +104,7 @@ STRATEGY, CHECKPOINT_URI, LINEAGE, CHECKPOINT_KEEP, CHECKPOINT_INTERVAL, CHECKPO
     "CLOUDTRAIN_STRATEGY", "CLOUDTRAIN_CHECKPOINT_URI", "CLOUDTRAIN_LINEAGE", "CLOUDTRAIN_CHECKPOINT_KEEP",
     "CLOUDTRAIN_CHECKPOINT_INTERVAL", "CLOUDTRAIN_CHECKPOINT_DIR")
 RESTORED_STEP, CHECKPOINT_QUIET = "CLOUDTRAIN_RESTORED_STEP", "CLOUDTRAIN_CHECKPOINT_QUIET"
+CHECKPOINT_LAYOUT, SCRIPT_LAYOUT = "CLOUDTRAIN_CHECKPOINT_LAYOUT", "script"
 OUTPUT_URI, OUTPUT_DIR, MAX_IDLE, INPUT_PREFIX, NNODES, NODE_RANK, JOB_ID = (
     "CLOUDTRAIN_OUTPUT_URI", "CLOUDTRAIN_OUTPUT_DIR", "CLOUDTRAIN_MAX_IDLE", "CLOUDTRAIN_INPUT_", "CLOUDTRAIN_NNODES",
     "CLOUDTRAIN_NODE_RANK", "CLOUDTRAIN_JOB_ID")
@@ -102,6 +113,7 @@ SUPERVISOR_FD, GRACE_PERIOD, PROCESS_TAG, RANK_REPORTS, SECRET_ARG_PREFIX, FORCE
     "CLOUDTRAIN_SUPERVISOR_FD", "CLOUDTRAIN_GRACE_PERIOD", "CLOUDTRAIN_PROCESS_TAG", "CLOUDTRAIN_RANK_REPORTS",
     "CLOUDTRAIN_SECRET_ARG_", "CLOUDTRAIN_FORCE_CPU")
 HOME, CONFIG, PROFILE = "CLOUDTRAIN_HOME", "CLOUDTRAIN_CONFIG", "CLOUDTRAIN_PROFILE"
+REQUIRE_PROCESS_GROUP, STOP_REASON_FILE = "CLOUDTRAIN_REQUIRE_PROCESS_GROUP", "CLOUDTRAIN_STOP_REASON_FILE"
 
 # cloudtrain's node variables a script's args (and resume_args) may name as ${NAME}: the node replaces each with its
 # value before torchrun starts (no shell involved; $${NAME} stands for the text ${NAME}), and a plan refuses any

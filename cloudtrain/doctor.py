@@ -42,6 +42,7 @@ from typing import Any
 
 from cloudtrain import config, registry
 from cloudtrain.errors import ProviderNotFound
+from cloudtrain.regular_files import read_text
 
 PACKAGE = "cloudtrain"
 PLACEHOLDER = "plans show a placeholder and submit refuses"  # what an unset staging setting means, in a check
@@ -273,7 +274,7 @@ def shown(path: Path, home: Path) -> str:
 def json_file(path: Path, encoding: str = "utf-8") -> dict[str, Any] | None:
     """A JSON object from a file; None when absent or unreadable (the error is never shown: it may quote a secret)."""
     try:
-        data = json.loads(path.read_text(encoding=encoding))
+        data = json.loads(read_text(path, encoding=encoding))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -288,7 +289,7 @@ def ini(path: Path) -> dict[str, dict[str, str]]:
     """The sections of an INI file ({} when absent). Raises Unparsable without the parser's message, which quotes
     the offending line: in a credentials file that may be a secret."""
     try:
-        text = path.read_text()
+        text = read_text(path)
     except FileNotFoundError:
         return {}
     except (OSError, ValueError):
@@ -359,7 +360,7 @@ def _user_config(env: Mapping[str, str], home: Path, areas: list[str]) -> UserCo
     # profile_name() also knows the CLI's --profile, but reads os.environ: used only when that is the env in use
     profile = config.profile_name() if env is os.environ else env.get(config.PROFILE_ENV) or config.DEFAULT_PROFILE
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)  # never a FIFO: opening one would wait for a writer
     except FileNotFoundError:
         return UserConfig(path, profile, {}, "")
     except (OSError, ValueError):

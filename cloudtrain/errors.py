@@ -5,7 +5,7 @@ from __future__ import annotations
 from cloudtrain.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE  # the one table of exit codes
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "CloudtrainError", "CredentialsError", "HandleError",
-           "PackagingError", "ProviderNotFound", "ProviderNotInstalled", "SpecError", "UserError"]
+           "HomeError", "PackagingError", "ProviderNotFound", "ProviderNotInstalled", "SpecError", "UserError"]
 
 
 class CloudtrainError(Exception):
@@ -57,3 +57,8 @@ class PackagingError(UserError):
 
 class CredentialsError(UserError):
     """A cloud's credentials are missing, expired or not allowed to do what was asked."""
+
+
+class HomeError(UserError):
+    """cloudtrain's own files (``CLOUDTRAIN_HOME``: the job database, the local store, job folders) cannot be written
+    or read: a full disk, a read-only folder, a locked database. Names the path; nothing is left half-written."""

@@ -7,7 +7,8 @@ the files are is each provider's (``export.py`` in its folder, ``export`` in its
     gcp    custom-job-spec.yaml (``gcloud ai custom-jobs create --config``), custom-job.json (the REST body) + bundle/
 
 The files hold the request as it would be sent, secrets included (it must run as is): they are written readable by
-their owner only.
+their owner only, and the folder is marked (``.cloudtrain-export``, written first) so that no bundle ships it when
+it lies inside a project.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from cloudtrain import registry
 from cloudtrain.errors import UserError
-from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
+from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, EXPORT_MARKER
 
 if TYPE_CHECKING:
     from cloudtrain.plan import Plan
@@ -42,6 +43,8 @@ def export(plan: Plan, folder: Path) -> list[Path]:
         raise UserError(f"{folder} exists and is not an empty folder", field="--export",
                         remedy="name a new or empty folder")
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / EXPORT_MARKER).write_text("Written by `cloudtrain plan --export`: the files here hold the job's request "
+                                        "with its secrets in clear, so cloudtrain never packages this folder.\n")
     request = plan.to_dict(redact=False)["request"]
     written: list[Path] = writer.export(plan, request, folder)
     for path in written:

@@ -28,14 +28,19 @@ def temp_dir() -> Path:
     root = cloudtrain_home() / "tmp"
     if root in _temp_dirs and _temp_dirs[root].is_dir():
         return _temp_dirs[root]
-    root.mkdir(parents=True, exist_ok=True)
-    for folder in root.iterdir():
-        pid, _, ticks = folder.name.partition("-")
-        if pid.isdigit() and not is_alive(int(pid), int(ticks) if ticks.isdigit() and ticks != "0" else None):
-            shutil.rmtree(folder, ignore_errors=True)
     me = os.getpid()
     folder = root / f"{me}-{start_ticks(me) or 0}"
-    folder.mkdir(exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.iterdir():
+            pid, _, ticks = stale.name.partition("-")
+            if pid.isdigit() and not is_alive(int(pid), int(ticks) if ticks.isdigit() and ticks != "0" else None):
+                shutil.rmtree(stale, ignore_errors=True)
+        folder.mkdir(exist_ok=True)
+    except OSError as exc:  # a read-only or full home: its own message, not the project's
+        from cloudtrain.home_errors import os_problem
+
+        raise os_problem(exc, root, "make a temp folder for the bundle") from None
     if root not in _temp_dirs:
         atexit.register(shutil.rmtree, folder, True)
     _temp_dirs[root] = folder

@@ -68,6 +68,27 @@ def this_machine() -> Runtime:
                    pinned=True)
 
 
+def torch_note(provider: str, runtime: Runtime | None, spec: JobSpec) -> str | None:
+    """One line when the torch of this machine (where a local run tries the script) and the torch of the cloud
+    image differ in minor version: a local plan compares this machine's with the spec's image.torch_version, a
+    cloud plan its image's with this machine's. None where either is unknown (no torch here, a custom image)."""
+    here = this_machine().torch
+    if here is None or runtime is None:
+        return None
+    if runtime.source == THIS_MACHINE:
+        cloud = None if spec.image.uri else spec.image.torch_version
+        if cloud is None or minor(cloud) == minor(here):
+            return None
+        return (f"{provider}: TORCH {minor(here)} HERE, {minor(cloud)} IN THE CLOUD: this machine runs torch {here}, "
+                f"a cloud image torch {cloud} (image.torch_version): a run here does not show that the script works "
+                f"there; test with torch=={minor(cloud)}.* here, or choose image.torch_version")
+    if runtime.torch is None or minor(runtime.torch) == minor(here):
+        return None
+    return (f"{provider}: TORCH {minor(runtime.torch)} ON THE NODES, {minor(here)} HERE: the nodes run torch "
+            f"{runtime.torch}, this machine (where a local run tries the script) torch {here}: test with "
+            f"torch=={minor(runtime.torch)}.* here, or choose image.torch_version")
+
+
 @functools.cache
 def data() -> dict[str, Any]:
     """The shared rules, and under each provider's name the image table it ships (``images`` in its entry)."""

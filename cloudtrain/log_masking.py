@@ -9,7 +9,8 @@ bootstrap itself: nothing is installed on a node at that point.
 
 What is masked: every value the node's environment marks as secret (by the variable's name or a well-known format,
 ``cloudtrain.secrets.env_secrets``; the script's secret arguments arrive as such variables too) and every well-known
-credential format (``cloudtrain.secrets.VALUE_RULES``), line by line, as ``****``.
+credential format (``cloudtrain.secrets.VALUE_RULES``), line by line, as ``****``. A line longer than a read (a config
+dump, a JSON line over 64 KiB) is passed on in pieces cut only where no secret is cut in two (``Masker.safe_end``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from pathlib import Path
 from cloudtrain.secrets import MASK, VALUE_RULES, env_secrets
 
 _BLOCK = 1 << 16
+# A long line is let through in pieces cut where no secret is cut in two; a well-known format's match is kept whole
+# when it is at most this long (every known format is far shorter). No format's match holds a blank.
+_RULE_SPAN = 4096
+_BLANKS = (b" ", b"\t", b"\n", b"\r", b"\x0b", b"\x0c")  # what \s matches in a bytes pattern
 _SHORT = 4096
 # A read per line would cost more than the line (a chatty worker flushes every line): after a small read, wait this
 # long so that the next read takes what came meanwhile. Each line is still passed on as soon as it is read.
@@ -63,24 +68,55 @@ class Masker:
         return data
 
     def blocks(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
-        """Masked output for a stream of raw chunks, cut at line ends ('\\n' or a progress bar's '\\r')."""
+        """Masked output for a stream of raw chunks, cut at line ends ('\\n' or a progress bar's '\\r'). A line
+        longer than a block, or one let through before its end (a quiet spell), is cut only where no secret is
+        cut in two (:meth:`safe_end`): what may be the start of one waits for the next chunk."""
         pending = b""
         for chunk in chunks:
             if not chunk:  # the writer went quiet mid-line (a prompt, a progress bar): let the line through
-                if pending:
-                    yield self(pending)
-                pending = b""
+                end = self.safe_end(pending, pause=True)
+                if end:
+                    yield self(pending[:end])
+                pending = pending[end:]
                 continue
             data = pending + chunk
             cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
-            if cut == 0 and len(data) < _BLOCK:  # no line end yet: wait for it (a secret may be half written)
-                pending = data
-                continue
-            cut = cut or len(data)
+            if cut == 0:  # no line end yet: wait for it, or let a long line through in safe pieces
+                cut = self.safe_end(data) if len(data) >= _BLOCK else 0
+                if cut == 0:
+                    pending = data
+                    continue
             pending = data[cut:]
             yield self(data[:cut])
         if pending:
             yield self(pending)
+
+    def safe_end(self, data: bytes, pause: bool = False) -> int:
+        """How much of ``data``, a line whose end is still to come, can be masked and let through now without
+        cutting a secret in two. Held back: the start of a registered value that ``data`` ends in; the run of
+        non-blank bytes it ends in (no well-known format holds a blank), at most ``_RULE_SPAN`` bytes of it; and any
+        whole match the cut would cross. After a ``pause`` (the writer went quiet: a prompt, a progress bar) that
+        run is held only if a rule's probe occurs in it, so a quiet partial line still shows whole."""
+        end = len(data)
+        for value in self._values:
+            end = min(end, _partial_start(data, value))
+        floor = max(0, len(data) - _RULE_SPAN)
+        run = max(floor, *(data.rfind(blank, floor) + 1 for blank in _BLANKS))
+        if not pause or any(probe.search(data, run) for probe, _ in self._rules):
+            end = min(end, run)
+        while True:  # a cut inside a whole match moves to its start, which may lie inside another
+            moved = end
+            for value in self._values:
+                found = data.find(value, max(0, end - len(value) + 1), end + len(value) - 1)
+                moved = min(moved, found) if found != -1 else moved
+            for probe, regex in self._rules:
+                start = max(0, moved - _RULE_SPAN)
+                if probe.search(data, start):
+                    crossed = (m.start() for m in regex.finditer(data, start) if m.start() < moved < m.end())
+                    moved = min([moved, *crossed])
+            if moved == end:
+                return end
+            end = moved
 
     def mask_file(self, path: Path) -> None:
         """Rewrite a log file masked (replaced atomically: a reader sees the old file or the masked one)."""
@@ -99,11 +135,32 @@ class Masker:
         return count
 
 
+def _partial_start(data: bytes, value: bytes) -> int:
+    """Where the longest end of ``data`` that is the start of ``value`` (and not all of it) begins; len(data) if
+    none."""
+    index = data.find(value[:1], max(0, len(data) - len(value) + 1))
+    while index != -1:
+        if value.startswith(data[index:]):
+            return index
+        index = data.find(value[:1], index + 1)
+    return len(data)
+
+
 def _masked_group(match: re.Match[bytes]) -> bytes:
     """The match with its secret group (the first that matched) replaced, the rest kept (``AccountKey=****``)."""
     group = next(i for i in range(1, (match.re.groups or 0) + 1) if match.group(i) is not None)
     start = match.start()
     return match.group(0)[:match.start(group) - start] + MASK.encode() + match.group(0)[match.end(group) - start:]
+
+
+_ACTIVE: list[Masker] = []  # the masker of this process's masked output (MaskedOutput), while it is active
+
+
+def safe_end(data: bytes, pause: bool = False) -> int:
+    """:meth:`Masker.safe_end` by this process's masked output (all of ``data`` when there is none), for a writer to
+    it that ends each piece of a long or paused line with a line end of its own (cloudtrain/worker_echo.py): a cut
+    there would split a secret into two lines, each masked alone."""
+    return _ACTIVE[-1].safe_end(data, pause) if _ACTIVE else len(data)
 
 
 class MaskedOutput:
@@ -128,6 +185,7 @@ class MaskedOutput:
                                       name=f"cloudtrain-mask-{fd}")
             thread.start()
             self._pumps.append((fd, original, thread))
+        _ACTIVE.append(self.masker)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -138,6 +196,8 @@ class MaskedOutput:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
+        if self.masker in _ACTIVE:
+            _ACTIVE.remove(self.masker)
         for fd, original, thread in self._pumps:
             os.dup2(original, fd)  # our write end closes here: the pump sees EOF once no child holds the pipe
             thread.join(_DRAIN_SECONDS)

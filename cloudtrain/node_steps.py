@@ -68,7 +68,7 @@ def fresh_checkpoint_folder(env: dict[str, str], workdir: Path) -> None:
 
 def working_files(src: Path) -> set[str]:
     """The files in the script's working folder (the unpacked source), by relative path."""
-    found = set()
+    found: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(src):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
         rel = os.path.relpath(dirpath, src)
@@ -137,8 +137,11 @@ class PlainSync:
         self.local, self.uri = _local(env, cwd), env[contract.CHECKPOINT_URI]
         self.keep = contract.keep_count(env.get(contract.CHECKPOINT_KEEP))
         self.every = float(env.get(contract.CHECKPOINT_INTERVAL) or contract.SYNC_EVERY)
+        # the script's own folder (checkpoint.dir): every entry is its own, step-<N> folders too; else cloudtrain's
+        # step-<N> folders are published one by one (sync_dir) and only the other entries as snapshots
+        self.own_layout = env.get(contract.CHECKPOINT_LAYOUT) == contract.SCRIPT_LAYOUT
         self.snapshots = snapshots.Snapshotter(self.local, self.uri, self.keep, snapshots.quiet_period(env),
-                                               world_size=world_size)
+                                               world_size=world_size, step_folders=self.own_layout)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cloudtrain-checkpoint-sync", daemon=True)
         self._thread.start()
@@ -146,14 +149,15 @@ class PlainSync:
     def _pass(self, final: bool) -> None:
         if (self.local / self.checkpoints.RUNTIME_MARKER).exists():
             return  # the Checkpointer publishes its own folders
-        self.checkpoints.sync_dir(self.local, self.uri, final=final, keep=self.keep)
+        if not self.own_layout:
+            self.checkpoints.sync_dir(self.local, self.uri, final=final, keep=self.keep)
         self.snapshots.poll(final=final)
 
     def _run(self) -> None:
         next_sync = time.monotonic() + self.every  # step folders: the first pass after one interval, as before
         while not self._stop.wait(min(self.every, self.LOOK_EVERY)):
             try:
-                if time.monotonic() >= next_sync:
+                if not self.own_layout and time.monotonic() >= next_sync:
                     next_sync = time.monotonic() + self.every
                     self.checkpoints.sync_dir(self.local, self.uri, final=False, keep=self.keep)
                 if not (self.local / self.checkpoints.RUNTIME_MARKER).exists():
@@ -237,21 +241,24 @@ def upload_logs(env: dict[str, str], cwd: Path, workdir: Path, node_rank: int, m
     return None
 
 
-def upload_outputs(env: dict[str, str], cwd: Path, node_rank: int) -> None:
+def upload_outputs(env: dict[str, str], cwd: Path, node_rank: int) -> str | None:
     """Copy CLOUDTRAIN_OUTPUT_DIR to the output location (node 0 at its root, node N under node-N/), after the
-    workers ended: at exit and after a preemption. Best effort, like the logs."""
+    workers ended: at exit and after a preemption. Returns why it failed and where the files still are, or None: a
+    job whose outputs did not reach their location has not succeeded (as with checkpoints)."""
     output, folder = env.get(contract.OUTPUT_URI), Path(env[contract.OUTPUT_DIR])
     if not output or not folder.is_dir() or not any(folder.iterdir()):
-        return
+        return None
     target = output.rstrip("/") + ("" if node_rank == 0 else f"/node-{node_rank}")
     if target.startswith("file://") and Path(target[len("file://"):]).resolve() == folder.resolve():
-        return  # the folder is the output location (a mount): nothing to copy
+        return None  # the folder is the output location (a mount): nothing to copy
     _adopt(env)
     try:
         from cloudtrain import outputs
 
         count = outputs.upload_tree(folder, target)
     except Exception as exc:
-        log(f"warning: copying outputs to {target} failed ({_why(exc)})")
-        return
+        error = f"copying outputs to {target} failed ({_why(exc)}); the files are still in {folder} on this node"
+        log(f"error: {error}")
+        return error
     log(f"outputs: {count} file(s) copied to {target}")
+    return None

@@ -59,6 +59,7 @@ class NodeWatch:
         self.reason: str | None = None
         self._lock = threading.Lock()
         self._idle: threading.Event | None = None
+        self.stop_file = env.pop(contract.STOP_REASON_FILE, "")  # the workers need not know it
         fd = env.pop(SUPERVISOR_FD, "")  # never passed on: only the bootstrap watches the pipe
         if fd.isdigit():
             threading.Thread(target=self._watch_supervisor, args=(int(fd),), name="cloudtrain-supervisor-watch",
@@ -118,9 +119,20 @@ class NodeWatch:
         """A node's run time as people write it: ``42s``, ``1h3m``."""
         return format_duration(seconds)
 
+    def stopped_by(self) -> str | None:
+        """Why this node was stopped, where whoever stopped it said and it was no preemption (the local supervisor:
+        'node 1 failed', 'cancelled by user'); None: a preemption, or nobody said."""
+        if not self.stop_file:
+            return None
+        try:
+            return Path(self.stop_file).read_text(encoding="utf-8").strip() or None
+        except OSError:
+            return None
+
     def findings(self, outcome: str, gpus: int) -> dict[str, Any]:
-        """What the node's status adds: the stop reason, the rank reports, and why its workers failed or idled."""
-        found = diagnosis.findings(self.workdir, outcome, gpus)
+        """What the node's status adds: the stop reason, the rank reports, and why its workers failed or idled. With
+        CLOUDTRAIN_REQUIRE_PROCESS_GROUP, a success whose processes each trained alone is a failure (``outcome``)."""
+        found = diagnosis.findings(self.workdir, outcome, gpus, self.env)
         if self.reason:
             found["reason"] = self.reason
         return found

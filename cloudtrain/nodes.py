@@ -39,16 +39,19 @@ def bootstrap_args(spec: JobSpec, *, bundle: str, digest: str, workdir: str, job
     args = ["--bundle", bundle, "--digest", digest, "--workdir", workdir, "--job-id", job_id,
             "--nproc-per-node", str(nproc) if nproc else "auto", "--node-contract", contract]
     args += ["--script", spec.script] if spec.script else ["--module", str(spec.module)]
+    # secret values (a token in args, a requirement's URL with a password) travel in job_env, never on a command
+    # line (ps, a platform's job description): placeholders stand for them here
+    shown, _ = split_args(secret_bearing(spec), spec.env)
+    script, resume, requirements = (shown[:len(spec.args)], shown[len(spec.args):len(script_args(spec))],
+                                    shown[len(script_args(spec)):])
     if isinstance(spec.requirements, str):
         args += ["--requirements-file", spec.requirements]
-    elif spec.requirements:
-        for req in spec.requirements:
-            args += ["--requirement", req]
+    for req in requirements:
+        args += [f"--requirement={req}"]
     if status_file:
         args += ["--status-file", status_file]
-    shown, _ = split_args(script_args(spec), spec.env)  # secret values travel in job_env, not on command lines (ps)
-    args += [f"--resume-arg={arg}" for arg in shown[len(spec.args):]]  # added by the node once it restored one
-    return [*args, "--", *shown[:len(spec.args)]]
+    args += [f"--resume-arg={arg}" for arg in resume]  # added by the node once it restored one
+    return [*args, "--", *script]
 
 
 def script_args(spec: JobSpec) -> list[str]:
@@ -56,13 +59,20 @@ def script_args(spec: JobSpec) -> list[str]:
     return [*spec.args, *spec.resume_args]
 
 
+def secret_bearing(spec: JobSpec) -> list[str]:
+    """Every string of a node's command line that may hold a secret: the script's arguments, then the pip
+    requirements given as a list."""
+    return [*script_args(spec), *(spec.requirements if isinstance(spec.requirements, list) else [])]
+
+
 def job_env(spec: JobSpec) -> dict[str, str]:
     """Variables every node of every provider sees (the user's env plus cloudtrain's own)."""
     env = dict(spec.env)
-    env.update(split_args(script_args(spec), spec.env)[1])  # the script's secret arguments (see bootstrap_args)
+    env.update(split_args(secret_bearing(spec), spec.env)[1])  # secret arguments and requirements (bootstrap_args)
     env[contract.STRATEGY] = spec.strategy
     if spec.checkpoint.dir:  # the node makes it absolute, under the script's working folder
         env[contract.CHECKPOINT_DIR] = spec.checkpoint.dir
+        env[contract.CHECKPOINT_LAYOUT] = contract.SCRIPT_LAYOUT  # every name in it is the script's own
     if spec.checkpoint.uri:
         from cloudtrain.staging import lineage_id
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from cloudtrain.errors import PackagingError
 from cloudtrain.home import resource_dir, temp_dir
+from cloudtrain.regular_files import open_regular, read_text, special
 from cloudtrain.secret_scan import Finding, ScanningReader, describe
 from cloudtrain.tarstream import GzipPipe, add_file, finish
 
@@ -47,13 +48,16 @@ SECRET_PATTERNS = (
     ".git-credentials", ".npmrc", ".dockercfg", "credentials", "credentials.json", "credentials.csv",
     "*_credentials.csv", "*accesskeys.csv", "*service-account*.json", "*serviceaccount*.json", "*-key.json",
     "*_key.json", "key.json", "application_default_credentials.json", ".aws", ".ssh", ".azure", ".gcloud", ".kube",
-    ".docker",
+    ".docker", "kaggle.json", ".kaggle", ".databrickscfg", ".boto", ".s3cfg", "kubeconfig", ".huggingface",
 )
 SECRET_EXCEPTIONS = (".env.example", ".env.sample", ".env.template", "*.env.example", "*.env.sample",
                      "*.env.template", "example.env", "sample.env", "template.env")
 # `cloudtrain outputs --download DIR` marks DIR with this file; bundles leave such folders out (a downloaded model
 # and logs are not source). Delete the file to package the folder.
 DOWNLOAD_MARKER = ".cloudtrain-download"
+# `cloudtrain plan --export DIR` marks DIR with this file, written before anything else there: the request it holds
+# carries the job's secrets in clear, so bundles leave the folder out.
+EXPORT_MARKER = ".cloudtrain-export"
 # A cloudtrain spec file: cloudtrain.yaml, or YAML with script/module and one more of the spec's top-level keys. Never
 # packaged: a node gets every setting through the provider request and its environment, and a copy would carry env
 # values in clear.
@@ -63,9 +67,11 @@ _SPEC_KEYS = ("nodes|procs_per_node|providers|checkpoint|strategy|accelerator|en
 _SPEC_FILE = re.compile(rf"^(?:script|module):.*^(?:{_SPEC_KEYS}):|^(?:{_SPEC_KEYS}):.*^(?:script|module):",
                         re.MULTILINE | re.DOTALL)
 _SPEC_PROBE_BYTES = 256 * 1024
-# A plan saved with `plan -o json > plan.json` (what `submit --plan` reads): not source either. Packaged, it would
-# change the bundle's digest, so the saved plan would be refused as stale the moment it was written.
+# A plan saved with `plan -o json > plan.json` (what `submit --plan` reads), or `-o yaml`: not source either.
+# Packaged, it would change the bundle's digest, so the saved plan would be refused as stale the moment it was written.
 _SAVED_PLAN = re.compile(r'^\{\s*"provider":\s*"[^"]*",\s*"job_id":\s*"')
+_SAVED_YAML_PLAN = re.compile(r"^provider: \S+\njob_id: \S+\ncreated_at: ")
+SPEC_FILE_WHY = "a cloudtrain spec file or saved plan: nodes get its settings through the request"
 
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 DEFAULT_MAX_FILES = 50_000
@@ -80,6 +86,7 @@ class PackageLimits:
     max_files: int = DEFAULT_MAX_FILES
     allow_secrets: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()  # gitignore-style, on top of the source's own ignore files
+    own: tuple[tuple[str, str], ...] = ()  # (folder relative to the source, what it is): cloudtrain writes there
 
 
 @dataclass
@@ -92,6 +99,7 @@ class Package:
     bundle_bytes: int
     files: list[dict[str, Any]] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)  # not ignored, yet not shipped: spec files, downloads
+    left_out_why: dict[str, str] = field(default_factory=dict)  # each of those, and why
 
     @property
     def source_bytes(self) -> int:
@@ -108,15 +116,10 @@ class Package:
         }
 
     def notes(self) -> list[str]:
-        """What a plan says about the package: what cloudtrain left out on its own (cloudtrain.yaml goes without
-        saying; another YAML taken for a spec, or downloaded outputs, may surprise)."""
-        def why(path: str) -> str:
-            if path.endswith("/"):
-                return f"downloaded outputs; delete {path}{DOWNLOAD_MARKER} to package it"
-            return "a cloudtrain spec file or saved plan: nodes get its settings through the request"
-
-        return [f"package: left out {path} ({why(path)})" for path in self.left_out
-                if path.rsplit("/", 1)[-1] not in SPEC_FILE_NAMES]
+        """What a plan says about the package: what cloudtrain left out on its own, and why (cloudtrain.yaml goes
+        without saying; another YAML taken for a spec, downloaded outputs, an export or a FIFO may surprise)."""
+        return [f"package: left out {path} ({why})" for path, why in self.left_out_why.items()
+                if not (path.rsplit("/", 1)[-1] in SPEC_FILE_NAMES and why == SPEC_FILE_WHY)]
 
     def __post_init__(self) -> None:
         # The bundle is a temp file: delete it however the Package is dropped (notebooks rarely close things).
@@ -166,11 +169,13 @@ def is_spec_file(path: Path) -> bool:
     if suffix not in (".yaml", ".yml", ".json"):
         return False
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # never a FIFO named data.yaml: opening it would wait for a writer
             head = f.read(_SPEC_PROBE_BYTES if suffix != ".json" else 256).decode("utf-8", "replace")
-    except OSError:  # unreadable or a dangling link: judged where it is read
+    except OSError:  # unreadable, not a regular file or a dangling link: judged where it is read
         return False
-    return bool((_SAVED_PLAN if suffix == ".json" else _SPEC_FILE).search(head))
+    if suffix == ".json":
+        return bool(_SAVED_PLAN.search(head))
+    return bool(_SPEC_FILE.search(head) or _SAVED_YAML_PLAN.search(head))
 
 
 def _stdout_file() -> tuple[int, int] | None:
@@ -197,7 +202,7 @@ def ignore_rules(folder: Path, extra: tuple[str, ...] = (), names: tuple[str, ..
     for name in names:
         path = folder / name
         if path.is_file():
-            lines += path.read_text(encoding="utf-8", errors="replace").splitlines()
+            lines += read_text(path, errors="replace").splitlines()
     lines += extra
     if not lines:
         return None
@@ -208,18 +213,22 @@ def ignore_rules(folder: Path, extra: tuple[str, ...] = (), names: tuple[str, ..
 
 def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
                   limits: PackageLimits = PackageLimits(), check_secrets: bool = True,
-                  use_ignore_files: bool = True, left_out: list[str] | None = None) -> list[tuple[str, Path, int]]:
+                  use_ignore_files: bool = True,
+                  left_out: dict[str, str] | None = None) -> list[tuple[str, Path, int]]:
     """Walk ``root``; return ``(relative posix path, absolute path, size)`` for every file to ship, sorted.
 
     With ``check_secrets`` (the user's source), credential files are refused, links are judged by their target too,
-    and cloudtrain's own files are left out and named in ``left_out``: spec files and downloaded outputs."""
+    and cloudtrain's own files are left out and named in ``left_out`` (path -> why, "" where the path says it): spec
+    files, saved plans, downloaded outputs, exports, cloudtrain's stores (``limits.own``). Special files (a FIFO,
+    a socket, a device) are never opened: left out, and named there too."""
     root = root.resolve()
     # (folder prefix, matcher): the root's .gitignore/.cloudtrainignore/package.exclude, then each nested .gitignore,
     # whose patterns are relative to its own folder, as git reads them.
     root_rules = ignore_rules(root, limits.exclude) if use_ignore_files else None
     found: list[tuple[str, Path, int]] = []
     secrets: list[str] = []
-    omitted = left_out if left_out is not None else []
+    omitted = left_out if left_out is not None else {}
+    own = {folder.strip("/"): what for folder, what in limits.own}
     being_written = _stdout_file() if check_secrets else None
 
     def ignored(rel: str, rules: list[tuple[str, Any]]) -> bool:
@@ -240,14 +249,21 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
             return "skip", "never packaged (BUILTIN_EXCLUDES)"
         if ignored(rel + "/" if is_dir else rel, rules):
             return "skip", "ignored (.gitignore, .cloudtrainignore or package.exclude)"
+        kind = None if is_dir else special(path)  # a FIFO is never opened: reading it would wait for a writer
+        if kind:
+            return "omit", f"{kind}, not a regular file: never read or packaged"
         if is_secret(name, rel):
             return "refuse", "a credentials file"
+        if check_secrets and is_dir and rel in own:
+            return "omit", f"{own[rel]}: cloudtrain writes there"
+        if check_secrets and is_dir and (path / EXPORT_MARKER).exists():
+            return "omit", "written by `cloudtrain plan --export`: its request holds the job's secrets in clear"
         if check_secrets and is_dir and (path / DOWNLOAD_MARKER).exists():
-            return "omit", f"downloaded by `cloudtrain outputs` (delete {rel}/{DOWNLOAD_MARKER} to package it)"
+            return "omit", f"downloaded outputs; delete {rel}/{DOWNLOAD_MARKER} to package it"
         if being_written and not is_dir and _same_file(path, being_written):
             return "omit", "the file this command's output goes to (`plan -o json > plan.json`)"
         if check_secrets and not is_dir and is_spec_file(path):
-            return "omit", "a cloudtrain spec file or saved plan (nodes get its settings through the request)"
+            return "omit", SPEC_FILE_WHY
         return None
 
     def link(rel: str, path: Path) -> int:
@@ -287,18 +303,18 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
         for entry in entries:
             rel = prefix + entry.name
             is_dir = entry.is_dir(follow_symlinks=False)
-            action, _ = judge(Path(entry.path), rel, entry.name, is_dir, rules) or (None, None)  # a link: by its name
+            action, why = judge(Path(entry.path), rel, entry.name, is_dir, rules) or (None, None)  # a link: by name
             if action == "refuse":
                 secrets.append(rel + "/" if is_dir else rel)
             elif action == "omit":
-                omitted.append(f"{rel}/" if is_dir else rel)
+                omitted[f"{rel}/" if is_dir else rel] = str(why)
             elif action:
                 continue
             elif is_dir:
                 walk(Path(entry.path), rel + "/", rules)
             elif entry.is_symlink():
                 found.append((rel, Path(entry.path), link(rel, Path(entry.path))))
-            elif entry.is_file(follow_symlinks=False):  # sockets and fifos are skipped
+            elif entry.is_file(follow_symlinks=False):
                 found.append((rel, Path(entry.path), entry.stat(follow_symlinks=False).st_size))
 
     walk(root, "", [("", root_rules)] if root_rules is not None else [])
@@ -347,7 +363,7 @@ def _add(out: GzipPipe, arcname: str, path: Path, scan_as: str | None = None) ->
     """Add one file; with ``scan_as`` (its path in the source), look for credentials in what is read for the tar."""
     st = path.stat()
     mode = 0o755 if st.st_mode & stat.S_IXUSR else 0o644
-    with open(path, "rb") as data:
+    with open_regular(path) as data:  # swapped for a FIFO since the walk: refused, never waited on
         reader = ScanningReader(scan_as, data, path) if scan_as is not None else None
         add_file(out, arcname, st.st_size, mode, reader or data)
     return reader.findings() if reader else []
@@ -360,7 +376,7 @@ def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), pro
     contract), by their path there."""
     from cloudtrain.progress import Progress
 
-    left_out: list[str] = []
+    left_out: dict[str, str] = {}
     user_files = collect_files(source_dir, limits=limits, left_out=left_out)
     bootstrap = resource_dir("entrypoints") / BOOTSTRAP_NAME
     members: list[tuple[str, Path, str | None]] = [
@@ -395,4 +411,4 @@ def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), pro
         raise
     files = [{"path": rel, "size": size} for rel, _, size in user_files]
     return Package(path=path, bootstrap=bootstrap, digest=f"sha256:{digest}", bundle_bytes=path.stat().st_size,
-                   files=files, left_out=left_out)
+                   files=files, left_out=list(left_out), left_out_why=left_out)

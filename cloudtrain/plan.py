@@ -94,4 +94,9 @@ class Plan:
             "spec": self.spec.model_dump(mode="json", exclude_defaults=True),
             "notes": self.notes,
         }
-        return mask(data) if redact else data
+        if not redact:
+            return data
+        from cloudtrain.plan_seal import SEAL, seal_parts
+
+        shown = mask(data)
+        return {**shown, SEAL: seal_parts(shown)}  # `submit --plan` refuses a saved plan changed since

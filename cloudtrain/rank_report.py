@@ -32,6 +32,9 @@ if TYPE_CHECKING:  # every worker imports this module: nothing beyond what Pytho
 
 ENV = contract.RANK_REPORTS
 C10D = "torch.distributed.distributed_c10d"
+# Frameworks that run each process alone when set up for fewer processes than torchrun started: a hollow run's fix
+# is theirs (diagnosis.py), so a report says which of them the worker had imported.
+FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning")
 
 _state: dict[str, Any] = {"folder": None, "owner": None, "patched": False, "report": None, "destroyed": 0}
 
@@ -143,6 +146,7 @@ def _record(**fields: Any) -> None:
                                    "world_size": _int(os.environ.get("WORLD_SIZE")), "joined": None,
                                    "collectives": None, "backend": None, "pid": os.getpid()}
     report.update(fields)
+    report["frameworks"] = [name for name in FRAMEWORKS if name in sys.modules]
     _state["report"] = report
     import json
 
@@ -186,6 +190,7 @@ def summarize(folder: Path) -> dict[str, Any] | None:
         "silent": sum(1 for r in known if r["joined"] > 1 and r.get("collectives") == 0),
         "joined": sorted({r["joined"] for r in known if r["joined"] > 1}),
         "unknown": len(reports) - len(known),
+        "frameworks": sorted({name for r in reports for name in r.get("frameworks") or []}),
     }
 
 

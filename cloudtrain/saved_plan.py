@@ -9,18 +9,27 @@ What is checked before anything is staged: the file is a cloudtrain plan; it is 
 and settings drift); the source bundle built now has the plan's digest (the digest covers the user's source,
 cloudtrain itself and the bootstrap, so any change to either is caught). A plan printout never holds secret values
 (they are masked); ``--env NAME=VALUE`` supplies the masked environment values again.
+
+A saved plan is what runs, or it is refused. The printed plan carries a digest of each of its parts (``seal``: the
+spec's fields, the request's, each node's command ...); submit checks them, so an edit (a spec argument, a node
+command, the request shown for review) is refused naming the part that changed. The job is then planned again from
+the saved spec and must come out as the file shows it (request, nodes, spec, package, staging, image): what is
+submitted is what was reviewed, or nothing is. A file that is not a regular file, too large, nested too deep or
+otherwise not a plan is refused the same way (exit 2, no traceback).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain.errors import UserError
+from cloudtrain.errors import SpecError, UserError
+from cloudtrain.plan_seal import SEAL, seal_parts
+from cloudtrain.regular_files import read_bytes
 from cloudtrain.secrets import MASK
 
 if TYPE_CHECKING:
@@ -28,6 +37,10 @@ if TYPE_CHECKING:
     from cloudtrain.spec import JobSpec
 
 MAX_AGE = 24 * 3600
+MAX_BYTES = 64 * 1024 * 1024  # a plan is kilobytes (its file list grows with the source): far more is not one
+# What the job runs, compared between the saved plan and the plan made again at submit (created_at, notes and
+# spec_file may differ: the time, and the file the spec now comes from).
+BOUND = ("provider", "job_id", "request", "package", "staging", "image", "runtime", "machine", "nodes", "spec")
 _FIELD = "--plan"
 _JOB_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # as staging.new_job_id makes them: a name, a path part, a label
 
@@ -40,30 +53,83 @@ class SavedPlan:
     digest: str
     spec: dict[str, Any]
     created_at: float
+    data: dict[str, Any] = field(default_factory=dict, repr=False)  # the whole document
 
 
 def read_saved_plan(path: str) -> SavedPlan:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # missing, unreadable, not UTF-8, not JSON
-        raise UserError(f"cannot read {path!r} as a saved plan: {exc}", field=_FIELD,
+        raw = read_bytes(path, MAX_BYTES + 1)  # never a FIFO: opening one would wait for a writer
+        if len(raw) > MAX_BYTES:
+            raise ValueError(f"more than {MAX_BYTES // (1024 * 1024)} MB, far more than a plan")
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # missing, a FIFO, not UTF-8, not JSON, nested too deep
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else \
+            "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise UserError(f"cannot read {path!r} as a saved plan: {why}", field=_FIELD,
                         remedy="save one with `cloudtrain plan ... -o json > plan.json`") from None
+    _check_shape(data, path)
     try:
         saved = SavedPlan(path=path, provider=data["provider"], job_id=data["job_id"],
-                          digest=data["package"]["digest"], spec=data["spec"], created_at=float(data["created_at"]))
+                          digest=data["package"]["digest"], spec=data["spec"], created_at=float(data["created_at"]),
+                          data=data)
         if not all(isinstance(v, str) for v in (saved.provider, saved.job_id, saved.digest)) or \
-                not isinstance(saved.spec, dict) or not _JOB_ID.fullmatch(saved.job_id):
+                not isinstance(saved.spec, dict) or not _JOB_ID.fullmatch(saved.job_id) or \
+                not math.isfinite(saved.created_at) or not isinstance(data.get(SEAL), dict):
             raise TypeError
     except (KeyError, TypeError, ValueError):
         raise UserError(f"{path!r} is not a plan saved by this version of cloudtrain (it needs provider, job_id, "
-                        "package.digest, spec and created_at)", field=_FIELD,
+                        "package.digest, spec, created_at and seal)", field=_FIELD,
                         remedy="save one with `cloudtrain plan ... -o json > plan.json`") from None
     age = time.time() - saved.created_at
     if age > MAX_AGE:
         raise UserError(f"{path!r} was planned {age / 3600:.0f} hours ago; a saved plan is good for "
                         f"{MAX_AGE // 3600} hours (prices, images and settings change)", field=_FIELD,
                         remedy="plan again: `cloudtrain plan ... -o json > plan.json`")
+    changed = _changed_parts(data)
+    if changed:
+        raise UserError(f"{path!r} was changed after it was planned: {_named(changed)} "
+                        f"{'differs' if len(changed) == 1 else 'differ'} from what was planned", field=_FIELD,
+                        remedy="plan again and review that plan (`cloudtrain plan ... -o json > plan.json`): a saved "
+                               "plan is submitted exactly as planned, or not at all")
     return saved
+
+
+def _check_shape(data: Any, path: str) -> None:
+    from cloudtrain.specfile import MAX_NODES, check_shape
+
+    try:
+        check_shape(data, repr(path), max_depth=64, max_nodes=10 * MAX_NODES)
+    except SpecError as exc:
+        raise UserError(f"{exc.message}: not a saved plan", field=_FIELD,
+                        remedy="save one with `cloudtrain plan ... -o json > plan.json`") from None
+
+
+def _changed_parts(data: dict[str, Any]) -> list[str]:
+    seal, now = data[SEAL], seal_parts(data)
+    return sorted(name for name in set(now) | set(seal) if now.get(name) != seal.get(name))
+
+
+def _named(parts: list[str], limit: int = 6) -> str:
+    return ", ".join(parts[:limit]) + (f" and {len(parts) - limit} more" if len(parts) > limit else "")
+
+
+def check_replanned(saved: SavedPlan, now: dict[str, Any]) -> None:
+    """The plan made again at submit (``now``, redacted as the file is) must be the saved one in all that the job
+    runs; else refused, naming where it differs."""
+    differs = [path for key in BOUND for path in _differences(saved.data.get(key), now.get(key), key)]
+    if differs:
+        raise UserError(f"{saved.path!r} no longer plans as it shows: {_named(differs)} would differ (cloudtrain, "
+                        "its settings or catalog changed since it was planned)", field=_FIELD,
+                        remedy="plan again and review that plan (`cloudtrain plan ... -o json > plan.json`)")
+
+
+def _differences(old: Any, new: Any, where: str) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(set(old) | set(new), key=str)
+        return [p for k in keys for p in _differences(old.get(k), new.get(k), f"{where}.{k}")]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [p for i, (a, b) in enumerate(zip(old, new, strict=True)) for p in _differences(a, b, f"{where}[{i}]")]
+    return [] if old == new else [where]
 
 
 def _masked(data: Any, where: str = "") -> list[str]:

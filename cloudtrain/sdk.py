@@ -55,6 +55,7 @@ def _package(spec: JobSpec, source: Path, progress: bool, lib: dict[str, Path]) 
     """The source bundle; a file or folder the walk cannot read is a PackagingError naming it (nothing is left
     behind: the bundle's temp file goes with the error)."""
     from cloudtrain.errors import PackagingError
+    from cloudtrain.package_check import check_entry_files
     from cloudtrain.packaging import PackageLimits, build_package
 
     rules = spec.package
@@ -62,16 +63,52 @@ def _package(spec: JobSpec, source: Path, progress: bool, lib: dict[str, Path]) 
     folder = spec.checkpoint.dir
     written = (f"/{folder.strip().strip('/')}/",) if folder and not Path(folder).is_absolute() else ()
     limits = PackageLimits(max_bytes=rules.max_mb * 1024 * 1024, max_files=rules.max_files,
-                           allow_secrets=tuple(rules.allow_secrets), exclude=(*rules.exclude, *written))
+                           allow_secrets=tuple(rules.allow_secrets), exclude=(*rules.exclude, *written),
+                           own=_own_folders(spec, source))
     try:
-        return build_package(source, limits, progress=progress, lib=lib)
+        package = build_package(source, limits, progress=progress, lib=lib)
     except (OSError, RuntimeError) as exc:  # unreadable file or folder; a symbolic link loop (RuntimeError < 3.13)
+        from cloudtrain.home import cloudtrain_home
+        from cloudtrain.home_errors import is_write_error, os_problem
+
+        if isinstance(exc, OSError) and is_write_error(exc, cloudtrain_home()):  # the bundle's temp file, not source
+            raise os_problem(exc, cloudtrain_home() / "tmp", "build the bundle") from None
         path = getattr(exc, "filename", None)
         reason = getattr(exc, "strerror", None) or str(exc)
         what = f"{path}: {reason}" if path else reason
         raise PackagingError(f"cannot package {source}: {what}", field="source_dir",
                              remedy="make it readable, remove the broken link, or leave it out of the package "
                                     "(.cloudtrainignore, or package.exclude in the spec)") from None
+    try:
+        check_entry_files(spec, source, package, limits)
+    except BaseException:
+        package.close()
+        raise
+    return package
+
+
+def _own_folders(spec: JobSpec, source: Path) -> tuple[tuple[str, str], ...]:
+    """cloudtrain's own folders inside the source, which bundles leave out: its home (job records, logs, the local
+    store) and the ``file://`` stores this job writes to (checkpoints, outputs)."""
+    from cloudtrain import storage
+    from cloudtrain.errors import UserError
+    from cloudtrain.home import cloudtrain_home
+
+    places = [(str(cloudtrain_home()), "cloudtrain's home (CLOUDTRAIN_HOME: job records, logs, the local store)")]
+    places += [(uri, what) for uri, what in (
+        (spec.checkpoint.uri, "the job's checkpoint store (checkpoint.uri)"),
+        (spec.output_uri, "the job's output store (output_uri)"),
+        (spec.providers.local.store_uri, "the local provider's store (providers.local.store_uri)"))
+        if uri and uri.startswith("file://")]
+    own = []
+    for place, what in places:
+        try:
+            rel = Path(storage.local_path(place)).expanduser().resolve().relative_to(source)
+        except (OSError, RuntimeError, ValueError, UserError):  # elsewhere (the usual case), or not a local path
+            continue
+        if rel.parts:  # the source itself cannot be left out of its own package
+            own.append((rel.as_posix(), what))
+    return tuple(own)
 
 
 class Job:

@@ -32,7 +32,7 @@ import sys
 import time
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple
 
 from cloudtrain import checkpoints, contract, storage
 from cloudtrain.checkpoint_manifest import LAYOUT_DIR, step_dir, step_of
@@ -54,7 +54,7 @@ class FileState(NamedTuple):
 Files = Dict[str, FileState]  # path relative to the checkpoint folder -> what it was when looked at
 
 
-def quiet_period(env: Optional[Dict[str, str]] = None) -> float:
+def quiet_period(env: dict[str, str] | None = None) -> float:
     value = (env if env is not None else os.environ).get(contract.CHECKPOINT_QUIET)
     try:
         return max(0.0, float(value)) if value else QUIET
@@ -66,20 +66,24 @@ def quiet_period(env: Optional[Dict[str, str]] = None) -> float:
 
 
 def _skipped(name: str) -> bool:
-    return name.endswith(_TEMP_SUFFIXES)
+    """A file being written under a name of its own, to be renamed when done (safetensors' ``.tmpXXXXXX``, DCP's
+    ``.metadata.tmp``): never part of a checkpoint. DCP's ``.metadata`` is the one hidden file a checkpoint has."""
+    return name.endswith(_TEMP_SUFFIXES) or (name.startswith(".") and name != ".metadata")
 
 
-def scan(root: Path) -> Files:
+def scan(root: Path, step_folders: bool = True) -> Files:
     """The regular files under ``root``: hidden top-level entries (cloudtrain's markers, editors' and notebooks'
-    folders), temp names and anything that is not a regular file (a FIFO, a socket) are left out. A symbolic link
-    counts as the file it points to if that is a regular file inside ``root`` (Lightning's ``save_last='link'``)."""
+    folders), temp names and anything that is not a regular file (a FIFO, a socket) are left out, and without
+    ``step_folders`` the ``step-<N>`` folders cloudtrain's own layout publishes one by one. A symbolic link counts as
+    the file it points to if that is a regular file inside ``root`` (Lightning's ``save_last='link'``)."""
     found: Files = {}
     try:
         top = os.path.realpath(root)
         for dirpath, dirnames, filenames in os.walk(root):
             rel_dir = os.path.relpath(dirpath, root)
             if rel_dir == ".":
-                dirnames[:] = [d for d in dirnames if not d.startswith(".") and step_of(d, False) is None]
+                dirnames[:] = [d for d in dirnames if not d.startswith(".")
+                               and (step_folders or step_of(d, False) is None)]
                 filenames = [f for f in filenames if not f.startswith(".")]
             dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
             for name in filenames:
@@ -101,7 +105,7 @@ def scan(root: Path) -> Files:
     return found
 
 
-def file_complete(path: Path) -> Optional[bool]:
+def file_complete(path: Path) -> bool | None:
     """True or False where the file's format says whether it was written to the end (torch's zip format, whose
     central directory comes last; safetensors, whose header declares the length); None where it cannot say."""
     try:
@@ -136,7 +140,7 @@ def file_complete(path: Path) -> Optional[bool]:
 # -- units and families ------------------------------------------------------------------------------------------
 
 
-def family(name: str) -> Optional[Tuple[str, Tuple[int, ...]]]:
+def family(name: str) -> tuple[str, tuple[int, ...]] | None:
     """(the name with its numbers blanked, the numbers) for a name that is one of a numbered series; None for a
     name without numbers, or one whose numbers count parts of one whole (``-00001-of-00004``)."""
     numbers = _NUMBER.findall(name)
@@ -145,17 +149,39 @@ def family(name: str) -> Optional[Tuple[str, Tuple[int, ...]]]:
     return _NUMBER.sub("#", name), tuple(int(n) for n in numbers)
 
 
-def units(files: Files) -> Dict[str, List[str]]:
-    """Top-level entry -> the files in it (a file is its own entry)."""
-    found: Dict[str, List[str]] = {}
+def entry_of(rel: str, containers: frozenset = frozenset()) -> str:
+    """The entry a file belongs to: its top-level name, or one level down inside a container."""
+    parts = rel.split("/")
+    return "/".join(parts[:2]) if parts[0] in containers and len(parts) > 2 else parts[0]
+
+
+def containers(files: Files) -> frozenset:
+    """Top-level folders that hold nothing but folders of one family (Accelerate's ``checkpoints/checkpoint_<i>/``):
+    their members are entries of their own, so the newest is taken as in a family at the top."""
+    inside: dict[str, set] = {}
+    for rel in files:
+        parts = rel.split("/")
+        inside.setdefault(parts[0], set()).add(parts[1] if len(parts) > 2 else None)
+    found = set()
+    for top, children in inside.items():
+        families = {(family(child) or ("", ()))[0] for child in children if child is not None}
+        if None not in children and len(families) == 1 and "" not in families:
+            found.add(top)
+    return frozenset(found)
+
+
+def units(files: Files) -> dict[str, list[str]]:
+    """Entry (a top-level name, or a family member inside a container) -> the files in it."""
+    boxes = containers(files)
+    found: dict[str, list[str]] = {}
     for rel in sorted(files):
-        found.setdefault(rel.split("/", 1)[0], []).append(rel)
+        found.setdefault(entry_of(rel, boxes), []).append(rel)
     return found
 
 
-def newest_first(names: List[str]) -> List[str]:
+def newest_first(names: list[str]) -> list[str]:
     """Each family's members newest first, ahead of the entries that are no family's (in name order)."""
-    series: Dict[str, List[Tuple[Tuple[int, ...], str]]] = {}
+    series: dict[str, list[tuple[tuple[int, ...], str]]] = {}
     fixed = []
     for name in names:
         found = family(name)
@@ -167,17 +193,17 @@ def newest_first(names: List[str]) -> List[str]:
     return ordered + sorted(fixed)
 
 
-def script_step(names: List[str]) -> Optional[int]:
+def script_step(names: list[str]) -> int | None:
     """The step a snapshot stands for, where a family member's name carries it (its last number)."""
     steps = [found[1][-1] for found in map(family, names) if found]
     return max(steps) if steps else None
 
 
-def _marker_missing(entry: str, rels: List[str], world_size: int = 0) -> Optional[str]:
+def _marker_missing(entry: str, rels: list[str], world_size: int = 0) -> str | None:
     """A folder whose stack writes one file last, without that file: a DCP checkpoint without ``.metadata`` (or,
     where the world size is known, without a shard ``__<rank>_<i>.distcp`` of every rank: on several nodes each
     holds its own ranks' only), an HF Trainer checkpoint without ``trainer_state.json``."""
-    inside = {rel.split("/", 1)[1] for rel in rels if "/" in rel}
+    inside = {rel[len(entry) + 1:] for rel in rels if rel.startswith(entry + "/")}
     names = {Path(rel).name for rel in rels}
     if any(n.endswith(".distcp") for n in names):
         if ".metadata" not in names:
@@ -186,7 +212,7 @@ def _marker_missing(entry: str, rels: List[str], world_size: int = 0) -> Optiona
         missing = sorted(set(range(world_size)) - ranks)
         if ranks and missing:
             return f"a shard of rank {missing[0]} (__{missing[0]}_0.distcp: written on another node)"
-    if re.fullmatch(r"checkpoint-\d+", entry) and inside and "trainer_state.json" not in inside and \
+    if re.fullmatch(r"checkpoint-\d+", Path(entry).name) and inside and "trainer_state.json" not in inside and \
             any(n in inside for n in ("training_args.bin", "optimizer.pt", "scheduler.pt")):
         return "trainer_state.json"
     return None
@@ -198,20 +224,24 @@ class Snapshotter:
     process lives as long as the node); writes nothing into the folder."""
 
     def __init__(self, root: Path, uri: str, keep: int, quiet: float = QUIET, log: Any = None,
-                 world_size: int = 0) -> None:
+                 world_size: int = 0, step_folders: bool = True) -> None:
         self.root, self.uri, self.keep, self.quiet, self.world_size = root, uri, keep, quiet, world_size
+        self.step_folders = step_folders  # False: cloudtrain's step-<N> folders are published one by one elsewhere
         self.log = log or checkpoints.log_line
-        self.published: Files = scan(root)  # what the folder held when the node started: restored, so in the store
-        self.seen: Dict[str, Files] = _by_entry(self.published)
-        self.changed_at: Dict[str, float] = {}  # entry -> when a poll last found it changed
-        self.changes: Dict[str, int] = {}  # entry -> polls in a row that found it changed
-        self.verdicts: Dict[Tuple[str, FileState], Optional[bool]] = {}
-        self.next_step: Optional[int] = None  # the store's newest step folder + 1, once listed
+        self.published: Files = self._scan()  # what the folder held when the node started: restored, in the store
+        self.seen: dict[str, Files] = _by_entry(self.published)
+        self.changed_at: dict[str, float] = {}  # entry -> when a poll last found it changed
+        self.changes: dict[str, int] = {}  # entry -> polls in a row that found it changed
+        self.verdicts: dict[tuple[str, FileState], bool | None] = {}
+        self.next_step: int | None = None  # the store's newest step folder + 1, once listed
         self.said: set = set()
-        self.unpublished: List[str] = []  # after the final poll: what the folder holds that is not in the store
+        self.unpublished: list[str] = []  # after the final poll: what the folder holds that is not in the store
+
+    def _scan(self) -> Files:
+        return scan(self.root, self.step_folders)
 
     def _look(self, now: float) -> Files:
-        files = scan(self.root)
+        files = self._scan()
         current = _by_entry(files)
         for entry, state in current.items():
             if self.seen.get(entry) != state:
@@ -220,38 +250,43 @@ class Snapshotter:
             else:
                 self.changes[entry] = 0
         self.seen = current
+        self.verdicts = {key: v for key, v in self.verdicts.items() if files.get(key[0]) == key[1]}  # current ones
         return files
 
-    def _complete(self, rel: str, state: FileState) -> Optional[bool]:
+    def _complete(self, rel: str, state: FileState) -> bool | None:
         key = (rel, state)
         if key not in self.verdicts:  # a zip's central directory is read once per version of the file
             self.verdicts[key] = file_complete(self.root / rel)
         return self.verdicts[key]
 
-    def _unit_state(self, entry: str, rels: List[str], files: Files) -> Tuple[Optional[str], bool]:
-        """(why the entry is not complete, or None; whether its one file's format vouches for it being whole)."""
+    def _unit_state(self, entry: str, rels: list[str], files: Files) -> tuple[str | None, bool, bool]:
+        """(why the entry is not complete, or None; whether it is one file whose format vouches for it being whole;
+        whether no file of it has a format that can say: a log, notes, but no checkpoint file cloudtrain knows)."""
         verdicts = [self._complete(rel, files[rel]) for rel in rels]
+        unknown = all(verdict is None for verdict in verdicts)
         torn = [rel for rel, verdict in zip(rels, verdicts) if verdict is False]
         if torn:
-            return f"{torn[0]} is incomplete (being written, or cut short)", False
+            return f"{torn[0]} is incomplete (being written, or cut short)", False, unknown
         missing = _marker_missing(entry, rels, self.world_size)
         if missing:
-            return f"it has no {missing} (its stack writes that file last)", False
-        return None, verdicts == [True]
+            return f"it has no {missing} (its stack writes that file last)", False, unknown
+        return None, verdicts == [True], unknown
 
-    def choose(self, files: Files, now: float, final: bool) -> Tuple[Optional[List[str]], Dict[str, str]]:
+    def choose(self, files: Files, now: float, final: bool) -> tuple[list[str] | None, dict[str, str]]:
         """The entries of the snapshot to take now (None: not now), and the entries left out, with why."""
         by_entry = units(files)
-        chosen: List[str] = []
-        left: Dict[str, str] = {}
+        chosen: list[str] = []
+        left: dict[str, str] = {}
         taken: set = set()
         whole = False  # the snapshot is one file whose format vouches for it (a save of one file is over)
         for entry in newest_first(list(by_entry)):
             found = family(entry)
             if found and found[0] in taken:
                 continue  # an older member of a family whose newer one is taken
-            why, vouched = self._unit_state(entry, by_entry[entry], files)
-            if not final and not vouched and self.changes.get(entry, 0) >= LIVE_AFTER:
+            why, vouched, unknown = self._unit_state(entry, by_entry[entry], files)
+            # a file of no checkpoint format that changes at every look is a log: it must not hold back every
+            # snapshot (a checkpoint file being written does hold it back, however long it takes)
+            if not final and unknown and self.changes.get(entry, 0) >= LIVE_AFTER:
                 if entry not in self.said:
                     self.said.add(entry)
                     self.log(f"{self.root / entry} changes at every look (a log?): left out of checkpoints until the "
@@ -269,18 +304,18 @@ class Snapshotter:
         # taken as a whole: what one save writes one file after another (a model, then its optimizer) belongs
         # together, so nothing in the snapshot may have changed within the quiet period, unless it is one file that
         # says itself it is whole (after the workers exited, nothing changes any more)
-        if not final and not (whole and len(chosen) == 1) and \
-                any(now - self.changed_at.get(entry, -self.quiet) < self.quiet for entry in chosen):
+        if not final and not whole and any(now - self.changed_at.get(entry, -self.quiet) < self.quiet
+                                           for entry in chosen):
             return None, left
         return chosen, left
 
-    def _generation(self, names: List[str]) -> int:
+    def _generation(self, names: list[str]) -> int:
         if self.next_step is None:
             self.next_step = max(checkpoints.steps_present(self.uri), default=0) + 1
         step = script_step(names)
         return max(self.next_step, step if step is not None else 0)
 
-    def poll(self, final: bool = False) -> Optional[int]:
+    def poll(self, final: bool = False) -> int | None:
         """Publish the folder's snapshot if it is complete and differs from the last one published (or restored).
         Returns its step, or None. Raises CloudtrainError (or OSError) when the store refuses it."""
         now = time.monotonic()
@@ -290,7 +325,8 @@ class Snapshotter:
             self.unpublished = [f"{self.root / entry} ({why})" for entry, why in sorted(left.items())]
         if not chosen:
             return None
-        snapshot = {rel: state for rel, state in files.items() if rel.split("/", 1)[0] in chosen}
+        boxes = containers(files)
+        snapshot = {rel: state for rel, state in files.items() if entry_of(rel, boxes) in chosen}
         if all(self.published.get(rel) == state for rel, state in snapshot.items()):
             return None  # nothing new since the last snapshot, or the restore
         step = self._generation(chosen)
@@ -314,14 +350,15 @@ class Snapshotter:
         return step
 
 
-def _by_entry(files: Files) -> Dict[str, Files]:
-    found: Dict[str, Files] = {}
+def _by_entry(files: Files) -> dict[str, Files]:
+    boxes = containers(files)
+    found: dict[str, Files] = {}
     for rel, state in files.items():
-        found.setdefault(rel.split("/", 1)[0], {})[rel] = state
+        found.setdefault(entry_of(rel, boxes), {})[rel] = state
     return found
 
 
-def _state(path: Path) -> Optional[FileState]:
+def _state(path: Path) -> FileState | None:
     try:
         st = os.stat(path)
     except OSError:

@@ -122,7 +122,8 @@ class JobSpec(_Model):
     script: str | None = Field(None, description="Training script, relative to source_dir")
     module: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*$", description="Or: a module run as 'python -m'")
     args: list[str] = Field(default_factory=list, description="Arguments passed to the script; ${CLOUDTRAIN_...} "
-                            "node variables in them are replaced on each node (e.g. --out_dir=${CLOUDTRAIN_CHECKPOINT_DIR})")
+                            "node variables in them are replaced on each node "
+                            "(e.g. --out_dir=${CLOUDTRAIN_CHECKPOINT_DIR})")
     resume_args: list[str] = Field(
         default_factory=list, description="Arguments added after args only when a checkpoint was restored, e.g. "
                                           "--init_from=resume")
@@ -147,6 +148,9 @@ class JobSpec(_Model):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     inputs: dict[str, Uri] = Field(default_factory=dict, description="Named input data URIs")
     output_uri: Uri | None = None
+    require_process_group: bool = Field(
+        False, description="Fail the job when a node's processes each trained alone (none took part in the job's "
+                           "process group) instead of calling it a success; for CI")
     tags: dict[str, str] = Field(default_factory=dict)
     package: PackageSpec = Field(default_factory=PackageSpec)
     providers: ProviderBlocks = Field(default_factory=ProviderOptions)
@@ -452,6 +456,14 @@ def _inside(source: Path, relative: str, field: str, what: str) -> Path:
     return resolved
 
 
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` is no file to run: "not found", or what it is instead (a FIFO is never opened)."""
+    from cloudtrain.regular_files import special
+
+    kind = special(path) or ("a folder" if path.is_dir() else None)
+    return f"is {kind}, not a regular file," if kind else "not found"
+
+
 def check_local_paths(spec: JobSpec) -> Path:
     """Check that source_dir exists and that the script and requirements file are files inside it; return the
     resolved source dir."""
@@ -463,13 +475,14 @@ def check_local_paths(spec: JobSpec) -> Path:
     if not found:
         raise SpecError(f"folder {spec.source_dir!r} does not exist", field="source_dir",
                         remedy="point source_dir at the folder that holds your training code")
-    if spec.script and not _inside(source, spec.script, "script", "script").is_file():
-        raise SpecError(f"script {spec.script!r} not found in {source}", field="script",
+    if spec.script and not (script := _inside(source, spec.script, "script", "script")).is_file():
+        raise SpecError(f"script {spec.script!r} {_not_a_file(script)} in {source}", field="script",
                         remedy="give the script's path relative to source_dir (or pass SCRIPT to `cloudtrain submit`)")
     if isinstance(spec.requirements, str) and \
-            not _inside(source, spec.requirements, "requirements", "requirements file").is_file():
-        raise SpecError(f"requirements file {spec.requirements!r} not found in {source}", field="requirements",
-                        remedy="give a path relative to source_dir, or a list of requirement strings")
+            not (listed := _inside(source, spec.requirements, "requirements", "requirements file")).is_file():
+        raise SpecError(f"requirements file {spec.requirements!r} {_not_a_file(listed)} in {source}",
+                        field="requirements", remedy="give a path relative to source_dir, or a list of requirement "
+                                                     "strings")
     return source
 
 

@@ -11,10 +11,12 @@ and a command with no spec file never loads yaml.
 from __future__ import annotations
 
 import functools
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import SpecError
+from cloudtrain.regular_files import read_bytes, special
 
 if TYPE_CHECKING:
     import yaml
@@ -23,6 +25,7 @@ SPEC_FILENAME = "cloudtrain.yaml"
 MAX_SPEC_BYTES = 1024 * 1024  # a spec is a few KB; a megabyte is a mistake (or an attack)
 MAX_DEPTH = 32  # the deepest real spec is 4 levels (providers.aws.subnets[0])
 MAX_NODES = 100_000  # values in the document with every alias expanded
+_SKIPPED: set[str] = set()  # special files named like the project's spec, already said
 
 
 @functools.cache
@@ -48,18 +51,18 @@ def _strict_loader() -> type[yaml.SafeLoader]:
     return StrictLoader
 
 
-def _check_shape(data: Any, where: str) -> None:
+def check_shape(data: Any, where: str, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> None:
     """Bound nesting depth and the number of values (aliases expanded) before anything walks the data."""
     count = 0
     stack: list[tuple[Any, int]] = [(data, 0)]
     while stack:
         value, depth = stack.pop()
         count += 1
-        if depth > MAX_DEPTH:
-            raise SpecError(f"{where} nests values more than {MAX_DEPTH} levels deep",
+        if depth > max_depth:
+            raise SpecError(f"{where} nests values more than {max_depth} levels deep",
                             remedy="a spec needs a few levels at most: see `cloudtrain schema`")
-        if count > MAX_NODES:
-            raise SpecError(f"{where} holds more than {MAX_NODES} values (counting each use of a YAML alias)",
+        if count > max_nodes:
+            raise SpecError(f"{where} holds more than {max_nodes} values (counting each use of a YAML alias)",
                             remedy="a spec holds a few dozen values: see `cloudtrain schema`")
         if isinstance(value, dict):
             stack.extend((v, depth + 1) for kv in value.items() for v in kv)
@@ -87,7 +90,7 @@ def parse_yaml(text: str, where: str, text_if_not_yaml: bool = False) -> Any:
     except RecursionError:
         raise SpecError(f"{where} nests values too deeply to read",
                         remedy=f"a spec needs a few levels at most (cloudtrain reads up to {MAX_DEPTH})") from None
-    _check_shape(data, where)
+    check_shape(data, where)
     return data
 
 
@@ -95,13 +98,17 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML spec into a plain dict, resolving source_dir relative to the file."""
     file = Path(path)
     try:
+        kind = special(file)
+        if kind:  # a FIFO named like a spec: opening it would wait for a writer
+            raise SpecError(f"spec file {str(path)!r} is {kind}, not a regular file: not read", field="-f/--file",
+                            remedy="pass a regular file (a FIFO or device is never read as a spec)")
         if not file.is_file():
             raise SpecError(f"spec file {str(path)!r} does not exist", field="-f/--file",
                             remedy="pass an existing file, or run `cloudtrain init` to write one")
         if file.stat().st_size > MAX_SPEC_BYTES:
             raise SpecError(f"{file} is {file.stat().st_size} bytes; a job spec is a few KB", field="-f/--file",
                             remedy=f"pass the job spec (at most {MAX_SPEC_BYTES // 1024} KB)")
-        text = file.read_text(encoding="utf-8")
+        text = read_bytes(file, MAX_SPEC_BYTES + 1).decode("utf-8")
     except UnicodeDecodeError:
         raise SpecError(f"{file} is not UTF-8 text", remedy="save the spec as UTF-8 YAML") from None
     except (OSError, ValueError) as exc:  # unreadable, a path with a NUL byte ...
@@ -122,9 +129,14 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
 
 
 def project_spec() -> Path | None:
-    """The project's spec file: ./cloudtrain.yaml in the current folder, if there is one."""
+    """The project's spec file: ./cloudtrain.yaml in the current folder, if there is one. One that is not a regular
+    file (a FIFO) is skipped, and said so once: reading it would wait for a writer."""
     path = Path(SPEC_FILENAME)
-    return path if path.is_file() else None
+    kind = special(path)
+    if kind and SPEC_FILENAME not in _SKIPPED:
+        _SKIPPED.add(SPEC_FILENAME)
+        print(f"note: ./{SPEC_FILENAME} is {kind}, not a regular file: skipped (not read)", file=sys.stderr)
+    return path if path.is_file() and not kind else None
 
 
 def project_options(provider: str) -> dict[str, Any]:

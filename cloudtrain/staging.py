@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import secrets
@@ -53,10 +54,23 @@ def stage_bundle(package: Package, prefix: str, progress: bool = True) -> bool:
     if storage.exists(manifest_uri):
         return False
     total = package.bootstrap.stat().st_size + package.bundle_bytes
-    with Progress(f"staging {prefix}", total=total, enabled=progress) as bar:
-        storage.put_file(package.bootstrap, storage.join(prefix, BOOTSTRAP_NAME), bar.advance)
-        storage.put_file(package.path, storage.join(prefix, BUNDLE_NAME), bar.advance)
-        storage.write_bytes(manifest_uri, json.dumps(package.manifest(), indent=1).encode())
+    pieces = [storage.join(prefix, BOOTSTRAP_NAME), storage.join(prefix, BUNDLE_NAME)]
+    try:
+        with Progress(f"staging {prefix}", total=total, enabled=progress) as bar:
+            storage.put_file(package.bootstrap, pieces[0], bar.advance)
+            storage.put_file(package.path, pieces[1], bar.advance)
+            storage.write_bytes(manifest_uri, json.dumps(package.manifest(), indent=1).encode())
+    except OSError as exc:  # a file:// store that is full or read-only: no half bundle stays, one message
+        if not prefix.startswith("file://"):
+            raise
+        from cloudtrain.home_errors import os_problem
+
+        with contextlib.suppress(OSError):
+            if not storage.exists(manifest_uri):  # else another submit staged it whole meanwhile
+                storage.store_for(prefix).delete(pieces)
+        raise os_problem(exc, storage.local_path(prefix), "stage the bundle",
+                         elsewhere="point providers.local.store_uri (or CLOUDTRAIN_HOME) at a writable folder on a "
+                                   "disk with room") from None
     return True
 
 

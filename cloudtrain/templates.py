@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cloudtrain.errors import UserError
 from cloudtrain.home import resource_dir
+from cloudtrain.regular_files import special
 from cloudtrain.spec import SPEC_FILENAME, load_spec
 
 TRAINERS = {"ddp": "train_ddp.py", "fsdp": "train_fsdp.py"}
@@ -34,6 +35,10 @@ def write_starter(template: str, target_dir: Path, force: bool = False) -> list[
     if not target_dir.is_dir():
         raise UserError(f"folder {str(target_dir)!r} does not exist", field="--dir", remedy="create it first")
     spec_path = target_dir / SPEC_FILENAME
+    kind = special(spec_path)
+    if kind:  # writing into a FIFO waits for a reader: never opened, even with --force
+        raise UserError(f"{spec_path} is {kind}, not a regular file", field="--dir",
+                        remedy="remove it, or pass --dir to write elsewhere")
     if spec_path.exists() and not force:
         raise UserError(f"{spec_path} already exists", field="--force",
                         remedy="pass --force to overwrite it, or --dir to write elsewhere")

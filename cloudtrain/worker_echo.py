@@ -6,8 +6,8 @@ torchrun's own tee follows those files with a thread per file that polls every 0
 threads before it exits: ~0.15 s at the end of every job and every preemption. The bootstrap follows them here
 instead, and once torchrun has exited reads what is left at once. Lines are passed on as bytes (the node's masked
 output masks them), a carriage return ends a line as in torchrun's text-mode reading, and a partial line is let
-through after a quiet spell so that a prompt or a progress bar still shows. Standard library only: nodes run it
-under the image's Python (3.8 and up).
+through after a quiet spell so that a prompt or a progress bar still shows. torchrun's own stderr reaches the
+node's through :class:`LauncherStderr`. Standard library only: nodes run it under the image's Python (3.8 and up).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import os
 import re
 import threading
 from pathlib import Path
+from typing import IO
 
-from cloudtrain.log_masking import write_all
+from cloudtrain.log_masking import safe_end, write_all
 
 ROLE = "default"  # torchrun's worker role: its prefix is [<role><local rank>]:
 STREAMS = {"stdout.log": 1, "stderr.log": 2}  # each file is echoed to the node's own stream of that name
@@ -112,11 +113,12 @@ class WorkerEcho:
                 self._echo(f, data, last=False)
             f.quiet = 0 if reads else f.quiet + 1
             if f.pending and (final or f.quiet >= PARTIAL_LINE_POLLS):
-                self._echo(f, b"", last=True)
+                self._echo(f, b"", last=True, whole=final)
 
     @staticmethod
-    def _echo(f: _Followed, data: bytes, last: bool) -> None:
-        """Write the lines ``data`` completes; ``last``: a partial line too (the file ended, or went quiet)."""
+    def _echo(f: _Followed, data: bytes, last: bool, whole: bool = False) -> None:
+        """Write the lines ``data`` completes; ``last``: a partial line too (the file ended, or went quiet), all of
+        it when ``whole`` (the file ended)."""
         if f.after_cr and data:
             f.after_cr, data = False, data[data.startswith(b"\n"):]
         buf = f.pending + data
@@ -125,9 +127,11 @@ class WorkerEcho:
         f.pending = lines.pop() + hold  # what follows the last line end: b"" or the start of a line
         if last or len(f.pending) > MAX_LINE:  # a line never ended (binary output) is let through in pieces
             f.after_cr = last and buf.endswith(b"\r")
-            if f.pending:
-                lines.append(f.pending)
-                f.pending = b""
+            # ... each piece a line of its own: never cut inside a secret, which the node's masked output would miss
+            cut = len(f.pending) if whole else safe_end(f.pending, pause=last)
+            if cut:
+                lines.append(f.pending[:cut])
+                f.pending = f.pending[cut:]
         if lines:
             _write_lines(f.out, [f.prefix + line + b"\n" for line in lines])
 
@@ -142,3 +146,65 @@ def _write_lines(fd: int, lines: list[bytes]) -> None:
         block += line
     if block:
         write_all(fd, block)
+
+
+class LauncherStderr:
+    """torchrun's own stderr, passed on to the node's (``out``) line by line and kept whole in ``raw`` (a file beside
+    the worker logs, uploaded with them).
+
+    Once the node has forwarded a stop to torchrun (:meth:`stopping`: a preemption, a cancel, the watchdog), the
+    traceback torchrun prints for that signal (``SignalException: Process N got signal: 15``) says nothing the node's
+    own last line does not say better, yet it filled more than half of a rehearsed preemption's log: it goes to
+    ``raw`` only. Any other traceback is passed on whole."""
+
+    def __init__(self, raw: Path, out: int = 2) -> None:
+        self.raw, self.out = raw, out
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_torchrun(cls, argv: list[str]) -> LauncherStderr | None:
+        """For the torchrun command line ``argv``: ``torchrun.log`` beside the worker logs of its ``--log-dir``."""
+        if "--log-dir" not in argv:
+            return None
+        folder = Path(argv[argv.index("--log-dir") + 1])
+        folder.mkdir(parents=True, exist_ok=True)
+        return cls(folder / "torchrun.log")
+
+    def start(self, pipe: IO[bytes]) -> None:
+        self._thread = threading.Thread(target=self._run, args=(pipe,), name="cloudtrain-torchrun-stderr",
+                                        daemon=True)
+        self._thread.start()
+
+    def stopping(self) -> None:
+        self._stopping = True
+
+    def finish(self, timeout: float = 5.0) -> None:
+        """After torchrun exited: its last lines written (a worker it orphaned may hold the pipe: not waited for)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self, pipe: IO[bytes]) -> None:
+        try:
+            raw = os.open(self.raw, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError:
+            raw = -1
+        held: list[bytes] = []  # from a traceback that started after the stop: held until torchrun's stderr ends
+        with pipe:  # drained to its end whatever fails: torchrun must never block on a full pipe
+            for line in iter(pipe.readline, b""):
+                if raw >= 0:
+                    with contextlib.suppress(OSError):
+                        write_all(raw, line)
+                if held or (self._stopping and line.startswith(b"Traceback (most recent call last):")):
+                    held.append(line)
+                else:
+                    self._write(line)
+        if raw >= 0:
+            os.close(raw)
+        last = [line for line in held if line.strip()][-1:]
+        if held and not (last and b"SignalException" in last[0]):
+            self._write(b"".join(held))
+
+    def _write(self, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            write_all(self.out, data)

@@ -45,6 +45,8 @@ CHECKPOINT_DIR, OUTPUT_DIR, OUTPUT_URI = "CLOUDTRAIN_CHECKPOINT_DIR", "CLOUDTRAI
 MASTER_OVERRIDE = "CLOUDTRAIN_MASTER_OVERRIDE"
 RESTORED_STEP = "CLOUDTRAIN_RESTORED_STEP"
 ARG_VARIABLE = re.compile(r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)\}")  # contract.ARG_VARIABLE
+SECRET_ARG_PREFIX = "CLOUDTRAIN_SECRET_ARG_"
+SECRET_PLACEHOLDER = re.compile(r"@@(" + SECRET_ARG_PREFIX + r"\d+)@@")  # secrets.PLACEHOLDER
 MAX_MEMBER_BYTES = 8 * 1024**3
 MAX_TOTAL_BYTES = 32 * 1024**3
 PLAIN_CONTRACT = "cloudtrain/providers/local/node.py"  # cloudtrain's own node contract, under the bundle's lib/
@@ -271,14 +273,23 @@ def _extract(archive: Path, dest: Path) -> int:
     return total
 
 
-def install_requirements(src: Path, site: Path, file: str | None, specs: list[str]) -> None:
-    """Install into a job-private folder, never into the image's (or the user's) environment."""
+def install_requirements(src: Path, site: Path, file: str | None, specs: list[str], env: dict[str, str]) -> None:
+    """Install into a job-private folder, never into the image's (or the user's) environment. A requirement the plan
+    sent as a placeholder (it holds a secret: ``pkg @ https://user:TOKEN@host/...``) gets its value from the node's
+    environment, and every listed requirement reaches pip in a file only this user reads, never on its command
+    line."""
     if not file and not specs:
         return
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target", str(site)]
     cmd += ["-r", str(src / file)] if file else []
-    cmd += specs
-    log(f"installing requirements: {' '.join(cmd[4:])}")
+    if specs:
+        listed = site.parent / "requirements.cloudtrain.txt"
+        fd = os.open(str(listed), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write("".join(SECRET_PLACEHOLDER.sub(lambda m: env.get(m.group(1), m.group(0)), spec) + "\n"
+                              for spec in specs))
+        cmd += ["-r", str(listed)]
+    log(f"installing requirements: {' '.join(cmd[4:])}" + (f" ({', '.join(specs)})" if specs else ""))
     result = subprocess.run(cmd, cwd=src)
     if result.returncode != 0:
         raise BootstrapError(f"pip install failed with exit code {result.returncode}")
@@ -340,18 +351,26 @@ def run_torchrun(argv: list[str], cwd: Path, env: dict[str, str], early: list[in
 
 
 def launcher_stderr(argv: list[str]) -> Any:
-    """torchrun's stderr as the node shows it (cloudtrain/worker_echo.py from the bundle's lib/), kept whole in
-    ``torchrun.log`` beside the worker logs of ``--log-dir``; None (torchrun writes to the node's stderr itself)
-    without a log folder, or in a hand-made bundle without it."""
+    """torchrun's stderr as the node shows it (cloudtrain/worker_echo.py from the bundle's lib/); None (torchrun
+    writes to the node's stderr itself) without a ``--log-dir``, or in a hand-made bundle without it."""
     try:
         from cloudtrain.worker_echo import LauncherStderr
     except ImportError:
         return None
-    if "--log-dir" not in argv:
-        return None
-    folder = Path(argv[argv.index("--log-dir") + 1])
-    folder.mkdir(parents=True, exist_ok=True)
-    return LauncherStderr(folder / "torchrun.log")
+    return LauncherStderr.for_torchrun(argv)
+
+
+def end_leftovers() -> list[str]:
+    """Once the workers ended: every process the job started that still runs is ended (cloudtrain/process_tree.py;
+    none outlives its node, on success too). Returns what was ended, in words, for the log and the status."""
+    from cloudtrain import process_tree
+
+    left = process_tree.end_leftovers()
+    if left:
+        line = f"ended {len(left)} process(es) the job left running: {', '.join(left[:3])}"
+        log(line)
+        return [line]
+    return []
 
 
 def node_steps() -> Any:
@@ -444,6 +463,9 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
             shutil.rmtree(unpacked)
         safe_extract(bundle, unpacked)
         sys.path.insert(0, str(unpacked / "lib"))  # cloudtrain's node-side modules, imported below from the bundle
+        from cloudtrain import process_tree
+
+        process_tree.become_subreaper()  # what the job leaves behind comes back to this process, to be ended
         masking = output.enter_context(mask_output(env))
         contract = load_contract(unpacked / "lib" / args.node_contract)
         cluster = detect_cluster(contract, env, args.nproc_per_node)
@@ -460,7 +482,7 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
 
         watch = node_watch(env, workdir, forced)
         src, site = unpacked / "src", workdir / "site-packages"
-        install_requirements(src, site, args.requirements_file, args.requirement)
+        install_requirements(src, site, args.requirements_file, args.requirement, env)
         python_path = [str(unpacked / "lib"), str(src), str(site)]
         if env.get("PYTHONPATH"):
             python_path.append(env["PYTHONPATH"])
@@ -509,17 +531,20 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
                 echo.finish()  # at once: what the workers wrote last, before anything the node says after
             if watch:
                 watch.torchrun_ended()
+            leftovers = end_leftovers()
             sync_error = steps.finish_checkpoint_sync(syncer, env, src)
             if sync_error:
                 status["error"] = sync_error
             # what the node leaves behind that no restart will have: torn checkpoints, files in the working folder
             warnings = [*steps.unpublished_checkpoints(syncer),
-                        *(steps.stray_files(started_files, env, src) if stopped else [])]
+                        *(steps.stray_files(started_files, env, src) if stopped else []), *leftovers]
             log_warning = steps.upload_logs(env, src, workdir, cluster.node_rank, masking.masker)
             warnings += [log_warning] if log_warning else []
             if warnings:
                 status["warnings"] = warnings
-            steps.upload_outputs(env, src, cluster.node_rank)
+            lost = steps.upload_outputs(env, src, cluster.node_rank)
+            if lost and "error" not in status:  # the job's outputs are not where it said: it has not succeeded
+                status["error"] = lost
     except BootstrapError as exc:
         log(f"error: {exc}")
         if contract is not None:
@@ -532,10 +557,11 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
     # A job whose checkpoints did not reach the store has not succeeded (status["error"] says where they are); a
     # preempted one restarts from the last published. A stop that was no preemption (a peer failed, a cancel,
     # max_runtime) is "stopped", where whoever stopped the node said why (the local supervisor does).
-    stopped_by = watch.stopped_by() if watch and stopped else None
+    stopped_by = None
     if watch and watch.reason:
         outcome = "failed"
     elif stopped:
+        stopped_by = watch.stopped_by() if watch else None
         outcome = "stopped" if stopped_by else "preempted"
     else:
         outcome = "succeeded" if code == 0 and "error" not in status else "failed"

@@ -78,9 +78,10 @@ def main() -> None:
     step = ckpt.restore()
     log.info(f"training: fsdp world_size={ctx.world_size} backend={ctx.backend} bf16={args.bf16} start_step={step}")
     loss_fn = nn.MSELoss()
-    loss = torch.zeros(())
+    loss = None  # the last step's; a run resumed at an epoch's end takes no step in that epoch (or at all)
     for epoch in range(sampler.epoch, args.epochs):
         sampler.set_epoch(epoch)
+        first_step = step
         for xb, yb in make_loader(data, sampler, args.batch_size):
             xb, yb = xb.to(ctx.device), yb.to(ctx.device)
             opt.zero_grad(set_to_none=True)
@@ -92,11 +93,16 @@ def main() -> None:
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             ckpt.step(step)
-        log.info(f"epoch {epoch} step {step} loss {loss.item():.6f}")
+        if loss is not None and step > first_step:  # an epoch whose steps all ran before a resume: nothing to say
+            log.info(f"epoch {epoch} step {step} loss {loss.item():.6f}")
     ckpt.close()  # saves the last step too: a run shorter than the checkpoint interval leaves one to resume from
     written = save_final_model(model)
-    log.info(f"done: world_size={ctx.world_size} steps={step} final_loss={loss.item():.6f} model={written}")
+    log.info(f"done: world_size={ctx.world_size} steps={step} final_loss={last_loss(loss)} model={written}")
     shutdown()
+
+
+def last_loss(loss: torch.Tensor | None) -> str:
+    return f"{loss.item():.6f}" if loss is not None else "n/a (every step ran before the resume)"
 
 
 if __name__ == "__main__":

@@ -106,6 +106,8 @@ def test_every_row_is_well_formed(provider: str) -> None:
     for text in (source.region, source.as_of, source.source, source.spot_note):
         assert isinstance(text, str) and len(text.strip()) >= 4
     assert "http" in source.source + source.spot_note
+    # issue 29.9: a note that reads as unchecked ("per brief; not re-verified here") reads as a bug to a user
+    assert not re.search(r"per brief|not re-verified", source.source + source.spot_note, re.IGNORECASE)
     assert re.match(REGIONS[provider], source.region), source.region
     assert set(source.to_dict()) == {"provider", "region", "as_of", "source", "spot_note"}
 

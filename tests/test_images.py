@@ -108,3 +108,25 @@ def test_a_custom_image_says_torch_is_only_known_on_the_node(clouds: None, proje
     with Job(script="train_ddp.py", source_dir=str(project), image={"uri": "example.com/mine:1"}).plan("gcp") as p:
         assert p.runtime is not None and p.runtime.torch is None
         assert "only known on the node" in p.runtime.summary()
+
+
+def test_the_plan_says_when_this_machines_torch_is_not_the_clouds(clouds: None, project: Path) -> None:
+    """29.7: a local run on torch 2.13 of a job whose cloud image has 2.5 said nothing, though the plan knew both."""
+    here = images.this_machine().torch
+    if here is None:
+        pytest.skip("no torch on this machine")
+    cloud = "2.2" if images.minor(here) != "2.2" else "2.4"  # a minor every cloud has, and not this machine's
+    with Job(script="train_ddp.py", source_dir=str(project), image={"torch_version": cloud}).plan("local") as plan:
+        said = [n for n in plan.notes if "IN THE CLOUD" in n]
+        assert said == [f"local: TORCH {images.minor(here)} HERE, {cloud} IN THE CLOUD: this machine runs torch "
+                        f"{here}, a cloud image torch {cloud} (image.torch_version): a run here does not show that "
+                        f"the script works there; test with torch=={cloud}.* here, or choose image.torch_version"]
+    with Job(script="train_ddp.py", source_dir=str(project), image={"torch_version": cloud}).plan("aws") as plan:
+        assert plan.runtime is not None and plan.runtime.torch
+        said = [n for n in plan.notes if "ON THE NODES" in n]
+        assert len(said) == 1 and said[0].startswith(f"aws: TORCH {cloud} ON THE NODES, {images.minor(here)} HERE")
+    same = images.minor(here)  # the same minor here and in the spec: nothing to say
+    with Job(script="train_ddp.py", source_dir=str(project), image={"torch_version": same}).plan("local") as plan:
+        assert not [n for n in plan.notes if "IN THE CLOUD" in n]
+    with Job(script="train_ddp.py", source_dir=str(project), image={"uri": "example.com/mine:1"}).plan("gcp") as plan:
+        assert not [n for n in plan.notes if "ON THE NODES" in n]  # a custom image's torch is unknown

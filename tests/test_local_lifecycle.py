@@ -185,6 +185,14 @@ def test_preempt_says_what_it_did(cli, tmp_path: Path) -> None:
     assert cli("wait", handle, "--timeout", "120").returncode == 1
     status = status_json(cli, handle)
     assert status["state"] == "preempted" and {n["outcome"] for n in status["nodes"]} == {"preempted"}
+    # 29.2: torchrun's SignalException traceback was more than half the log; cloudtrain sent the signal, so the node
+    # log says "preempted" without it, and torchrun's own stderr keeps it beside the workers' logs
+    for node in status["nodes"]:
+        log = Path(node["log"]).read_text()
+        assert "Traceback" not in log and "SignalException" not in log, log
+        assert f"[cloudtrain] node {node['rank']} preempted (torchrun exit" in log.splitlines()[-1]
+        kept = Path(status["output_uri"].removeprefix("file://")) / "logs" / f"node-{node['rank']}" / "torchrun.log"
+        assert "SignalException: Process" in kept.read_text()
 
 
 def test_cancelled_nodes_read_cancelled_not_preempted(cli, tmp_path: Path) -> None:
@@ -199,3 +207,23 @@ def test_cancelled_nodes_read_cancelled_not_preempted(cli, tmp_path: Path) -> No
     assert status["state"] == "cancelled"
     assert [n["outcome"] for n in status["nodes"]] == ["cancelled", "cancelled"]
     assert "(preempted)" not in cli("status", handle).stdout
+    for node in status["nodes"]:  # 29.2: the node's own last line said "preempted" too
+        last = Path(node["log"]).read_text().splitlines()[-1]
+        assert f"[cloudtrain] node {node['rank']} stopped: cancelled by user (torchrun exit" in last, last
+
+
+def test_a_node_stopped_because_its_peer_failed_never_reads_preempted(cli, tmp_path: Path) -> None:
+    """29.2: node 1's worker raised; the supervisor stopped node 0, whose log ended 'node 0 preempted'."""
+    proj = project(tmp_path, "raises_after_init.py")
+    handle = cli("submit", str(proj / "raises_after_init.py"), "--nodes", "2", "--procs-per-node", "1", "--detach",
+                 "--", "sleep").stdout.strip()
+    assert cli("wait", handle, "--timeout", "180").returncode == 1
+    status = status_json(cli, handle)
+    assert status["message"].startswith("node 1 failed with exit code 1: local rank 0: RuntimeError: dataset not "
+                                        "found"), status["message"]
+    assert [n["outcome"] for n in status["nodes"]] == ["stopped", "failed"]
+    assert status["nodes"][0]["reason"] == "stopped: node 1 failed"
+    log = Path(status["nodes"][0]["log"]).read_text()
+    assert "preempted" not in log and "SignalException" not in log, log
+    assert "[cloudtrain] node 0 stopped: node 1 failed (torchrun exit" in log.splitlines()[-1]
+    assert "    stopped: node 1 failed" in cli("status", handle).stdout

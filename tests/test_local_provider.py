@@ -93,6 +93,22 @@ def test_ddp_reference_trainer_in_the_foreground(cli, tmp_path: Path) -> None:
     assert any("done: world_size=4" in (tmp_path / "out" / n).read_text() for n in files if "stdout" in n)
 
 
+def test_a_resumed_reference_trainer_never_logs_a_loss_it_did_not_compute(cli, tmp_path: Path) -> None:
+    """29.9: resumed at an epoch's end (the tour's `-- --epochs 5` after a 3-epoch run), its first line read
+    'loss 0.000000'; resumed after its last step, 'final_loss=0.000000'."""
+    script = copy_script(ENTRYPOINTS / "train_ddp.py", tmp_path / "proj")
+    job = [str(script), "--procs-per-node", "1", "--checkpoint-uri", (tmp_path / "ckpt").as_uri(), "--", "--samples",
+           "128", "--epochs"]  # 4 steps an epoch
+    runs = [cli("submit", *job, epochs) for epochs in ("1", "2", "2")]
+    assert all(r.returncode == 0 for r in runs), [r.stdout[-2000:] + r.stderr for r in runs]
+    first, more, nothing_left = (r.stdout for r in runs)
+    assert re.search(r"epoch 0 step 4 loss (?!0\.000000)[\d.]+", first)
+    assert "start_step=4" in more and "epoch 0 step" not in more  # epoch 0 ran before the resume
+    assert re.search(r"epoch 1 step 8 loss (?!0\.000000)[\d.]+", more) and "final_loss=0.000000" not in more
+    assert "start_step=8" in nothing_left and " loss " not in nothing_left
+    assert "final_loss=n/a (every step ran before the resume)" in nothing_left
+
+
 def test_node_logs_upload_names(tmp_path: Path) -> None:
     """`upload-logs` (run by the bootstrap) names logs by attempt and local rank; torchrun's run folder stays only
     when a node ran torchrun more than once, so no two runs' logs land on one name."""

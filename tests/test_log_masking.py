@@ -146,3 +146,93 @@ def test_secrets_reach_the_workers_but_no_log_command_line_or_record(cli, ct_hom
         if path.is_file():
             data = path.read_bytes()
             assert not any(s.encode() in data for s in secrets), path
+
+
+# -- issue 28.1: lines of any length ----------------------------------------------------------------------------
+
+
+def _boundary_lines(secret: str, block: int) -> list[bytes]:
+    """A line longer than a read, with ``secret`` starting at every offset around the read boundary, spaced by
+    blanks (a config dump) and not (a compact JSON line)."""
+    lines = []
+    for offset in range(block - len(secret) - 2, block + 2):
+        for before, after in ((b" ", b" "), (b'":"', b'","')):
+            head = b"x" * (offset - len(before))
+            lines.append(head + before + secret.encode() + after + b"y" * 300 + b"\n")
+    return lines
+
+
+def test_a_secret_cut_at_a_read_boundary_is_masked_whole() -> None:
+    """Before: a line longer than 64 KiB was cut at each read and each piece masked alone, so a value across a cut
+    was written in clear. Registered values and every well-known format, at each offset around the boundary."""
+    from cloudtrain.log_masking import _BLOCK
+
+    hf = "h" + "f_" + rand(34)
+    env = {"DB_PASSWORD": "hunter2-" + rand(20), "DATABASE_URL": "postgres://app:" + "pw-" + rand(12) + "@db/x"}
+    masker = Masker(env_secrets(env))
+    for secret in (env["DB_PASSWORD"], hf, env["DATABASE_URL"], aws_key_id()):
+        shown = secret.split(":")[-1].split("@")[0] if "://" in secret else secret
+        for line in _boundary_lines(secret, _BLOCK):
+            out = b"".join(masker.blocks([line[i:i + _BLOCK] for i in range(0, len(line), _BLOCK)]))
+            assert shown.encode() not in out and out.count(MASK.encode()) == 1, (secret[:6], len(line))
+            assert len(out) == len(line) - len(shown) + len(MASK)  # nothing else lost or doubled
+
+
+def test_log_files_are_masked_across_every_read(tmp_path: Path) -> None:
+    """mask_tree reads torchrun's worker logs 1 MiB at a time: a value across those reads is masked too."""
+    secret = "hunter2-" + rand(20)
+    log = tmp_path / "worker-logs" / "run" / "attempt_0" / "0" / "stdout.log"
+    log.parent.mkdir(parents=True)
+    mib = 1 << 20
+    data = bytearray(b"z" * (3 * mib + 100) + b"\n" + b"w" * (mib - 3) + secret.encode())
+    for k in (1, 2, 3):  # each across a 1 MiB read
+        data[k * mib - 5:k * mib - 5 + len(secret)] = secret.encode()
+    log.write_bytes(bytes(data))
+    assert Masker([secret]).mask_tree(tmp_path / "worker-logs") == 1
+    text = log.read_bytes()
+    assert secret.encode() not in text and text.count(MASK.encode()) == 4
+
+
+def test_a_quiet_partial_line_shows_whole_unless_it_may_start_a_secret() -> None:
+    """A prompt or a progress bar still shows after a quiet spell; only an end that may be the start of a secret
+    (a registered value's first bytes, a token being written) waits for what follows."""
+    masker = Masker(["hunter2-secret"])
+    assert list(masker.blocks([b"epoch 1/10 [=====>    ] 50% 1.00it/s]", b""])) == [
+        b"epoch 1/10 [=====>    ] 50% 1.00it/s]"]
+    assert b"".join(masker.blocks([b"password is hunt", b"", b"er2-secret\n"])) == b"password is ****\n"
+    hf = "h" + "f_" + rand(34)
+    assert b"".join(masker.blocks([f"token {hf[:12]}".encode(), b"", hf[12:].encode() + b"\n"])) == b"token ****\n"
+
+
+def test_long_lines_through_the_masked_output_and_the_worker_echo(tmp_path: Path) -> None:
+    """The node as it runs: fds 1 and 2 are pipes read 64 KiB at a time, and the worker echo lets a line longer
+    than 1 MiB through in pieces, each ended as a line of its own. A secret across either cut is masked."""
+    secret = "hunter2-" + rand(16)
+    logs = tmp_path / "worker-logs"
+    worker = logs / "run_1" / "attempt_0" / "0"
+    program = textwrap.dedent(f"""
+        import os, sys
+        from pathlib import Path
+        from cloudtrain.log_masking import Masker, MaskedOutput
+        from cloudtrain.worker_echo import MAX_LINE, WorkerEcho
+        secret = {secret!r}.encode()
+        with MaskedOutput(Masker.from_env({{"DB_PASSWORD": {secret!r}}})):
+            for k in range(1, 4):  # straight to fd 1: a JSON line over 64 KiB, the secret across each read
+                os.write(1, b'{{"dump":"' + b"a" * ((1 << 16) * k - 22) + b'","pw":"' + secret + b'"}}\\n')
+            echo = WorkerEcho(Path({str(logs)!r}))
+            folder = Path({str(worker)!r})
+            folder.mkdir(parents=True)
+            with open(folder / "stdout.log", "ab") as log:  # past MAX_LINE in the middle of the secret
+                log.write(b"b" * (MAX_LINE - 3) + secret[:5])
+                log.flush()
+                echo._poll(final=False)  # a line past MAX_LINE without its end: let through in pieces
+                log.write(secret[5:] + b"c" * 10 + b"\\n")
+            echo.finish()
+    """)
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, timeout=120,
+                         env={"PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.returncode == 0, out.stderr.decode()
+    shown = out.stdout + out.stderr
+    assert not any(secret[i:i + 6].encode() in shown for i in range(len(secret) - 5))  # not even a piece of it
+    assert out.stdout.count(MASK.encode()) == 4, out.stdout.count(MASK.encode())
+    assert out.stdout.count(b"[default0]:") >= 2  # the worker's line did come in pieces

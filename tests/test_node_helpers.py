@@ -108,6 +108,29 @@ def test_diagnosis_reads_the_worker_logs(tmp_path: Path) -> None:
     assert diagnosis.explain_failure(None, gpus=0) is None
 
 
+def test_diagnosis_names_the_exception_a_traceback_ended_in(tmp_path: Path) -> None:
+    """29.1: torch's [rankN]: prefix, an exception without a message, lines printed after the traceback, chains."""
+    bare = ["[rank0]: Traceback (most recent call last):", '[rank0]:   File "t.py", line 3, in <module>',
+            "[rank0]:     assert loss > 0", "[rank0]: AssertionError", "",
+            "[W1125 ProcessGroup.cpp:123] Warning: WARNING: destroy_process_group() was not called before exit"]
+    assert diagnosis.last_exception([diagnosis._RANK_PREFIX.sub("", line) for line in bare]) == "AssertionError"
+    handled = ["Traceback (most recent call last):", '  File "t.py", line 2', "KeyError: 'lr'", "",
+               "During handling of the above exception, another exception occurred:", "",
+               "Traceback (most recent call last):", '  File "t.py", line 4', "ValueError: no learning rate"]
+    assert diagnosis.last_exception(handled) == "ValueError: no learning rate (raised while handling KeyError: 'lr')"
+    # a rank whose peer went away is named only when no rank raised anything else, whichever wrote last
+    run = tmp_path / "job_abc"
+    _logs(run, 0, stderr="Traceback (most recent call last):\nRuntimeError: Connection closed by peer [::1]:5\n")
+    _logs(run, 1, stderr="Traceback (most recent call last):\nOSError: disk full\n")
+    os.utime(run / "attempt_0" / "1" / "stderr.log", (time.time() + 5, time.time() + 5))
+    assert diagnosis.first_failure(run) == ("1", "OSError: disk full")
+    # an elastic error file (a main wrapped in @record) wins over what stderr ended with
+    (run / "attempt_0" / "1" / "error.json").write_text(json.dumps({"message": {
+        "message": "ValueError: bad", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File "
+                                                                   "\"t.py\"\nValueError: bad\n", "timestamp": "1"}}}))
+    assert diagnosis.first_failure(run) == ("1", "ValueError: bad")
+
+
 def test_the_watchdog_clock_reads_logs_and_checkpoints(tmp_path: Path) -> None:
     logs, ckpt = tmp_path / "worker-logs", tmp_path / "checkpoints"
     assert watchdog.newest_change([logs, ckpt]) == 0.0

@@ -5,11 +5,12 @@ watchdog also under a cloud platform's environment contract (the same bootstrap 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SCRIPTS, status_json
+from tests.conftest import REPO, SCRIPTS, status_json
 
 pytestmark = pytest.mark.slow
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}  # the bootstrap counts no GPU, whatever this machine has
@@ -33,7 +34,10 @@ def test_a_hollow_run_says_each_process_trained_alone(cli, tmp_path: Path) -> No
     """17.9: a script that never initialises torch.distributed was reported as a plain `succeeded`."""
     code, status = submit(cli, script(tmp_path, "hollow.py"), "--nodes", "2", "--procs-per-node", "2")
     assert code == 0 and status["state"] == "succeeded"
-    assert status["message"] == "4 processes ran, none joined a process group: each trained alone"
+    assert status["message"].startswith("4 processes ran, none joined a process group: each trained alone; node 0: "
+                                        "the script never joined the job's process group: call torch.distributed."
+                                        "init_process_group()"), status["message"]
+    assert status["message"].endswith("(--require-process-group makes such a run fail)")
     for node in status["nodes"]:
         assert node["note"] == "2 processes ran, none joined a process group: each trained alone"
         assert node["ranks"]["no_group"] == 2 and node["ranks"]["world_size"] == 4
@@ -41,8 +45,6 @@ def test_a_hollow_run_says_each_process_trained_alone(cli, tmp_path: Path) -> No
 
 def test_a_real_ddp_run_is_not_called_hollow(cli, tmp_path: Path) -> None:
     """plain_torchrun.py joins (and destroys) its process group before exit: each rank reports a group of 4."""
-    from tests.conftest import REPO
-
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "plain_torchrun.py").write_text((REPO / "entrypoints" / "plain_torchrun.py").read_text())
@@ -65,9 +67,10 @@ def test_accelerate_falling_back_to_one_process_is_reported(cli, tmp_path: Path,
         assert "distributed_type=MULTI_CPU num_processes=2" in log and status["message"] == ""
     else:  # Accelerate creates the group, then runs each process alone and never uses it
         assert log.count("distributed_type=NO num_processes=1") == 2
-        assert status["message"] == ("2 processes ran and joined a process group of 2, but none communicated over "
-                                     "it (no collective ran; a framework that fell back to one process?): each "
-                                     "trained alone")
+        assert status["message"].startswith(
+            "2 processes ran and joined a process group of 2, but none communicated over it (no collective ran; a "
+            "framework that fell back to one process?): each trained alone; node 0: Accelerate runs each process on "
+            "its own on a machine without GPUs unless told to use the CPU: submit with --env ACCELERATE_USE_CPU=1")
 
 
 def test_a_gpu_script_that_dies_on_cuda_says_why_and_the_fix(cli, tmp_path: Path) -> None:
@@ -75,7 +78,8 @@ def test_a_gpu_script_that_dies_on_cuda_says_why_and_the_fix(cli, tmp_path: Path
     code, status = submit(cli, script(tmp_path, "gpu_setdevice.py"), "--procs-per-node", "2", env=NO_GPU)
     assert code == 1 and status["state"] == "failed"
     message = status["message"]
-    assert message.startswith("node 0 failed with exit code 1: local rank 0 needs a GPU and this machine has none")
+    # whichever rank died first (torchrun then stops the other before it prints anything)
+    assert re.match(r"node 0 failed with exit code 1: local rank [01] needs a GPU and this machine has none", message)
     assert "no attribute '_cuda_setDevice'" in message
     assert "GPU provider" in message and "cloudtrain.runtime.init_distributed()" in message
 
@@ -89,6 +93,72 @@ def test_a_gpu_script_that_exits_0_having_done_nothing_says_so(cli, tmp_path: Pa
     assert message.startswith("2 processes ran, none joined a process group: each trained alone; node 0: ")
     assert "'Unable to locate sufficient 2 gpus to run this example. Exiting.'" in message
     assert "cloudtrain.runtime.init_distributed()" in message
+
+
+@pytest.mark.parametrize("cpu", [False, True])
+def test_accelerates_partial_state_ignores_accelerate_use_cpu_and_the_hint_says_so(cli, tmp_path: Path,
+                                                                                   cpu: bool) -> None:
+    """29.4: Accelerate's own test scripts ran alone with --env ACCELERATE_USE_CPU=1, and the hint said to set it."""
+    code, status = submit(cli, script(tmp_path, "accelerate_partial_state.py"), "--procs-per-node", "2", "--env",
+                          "ACCELERATE_USE_CPU=1", *(["--", "cpu"] if cpu else []), env=NO_GPU)
+    assert code == 0 and status["state"] == "succeeded"
+    if cpu:
+        assert status["message"] == ""
+    else:
+        assert "Accelerate ran each process on its own although ACCELERATE_USE_CPU is set" in status["message"]
+        assert "PartialState(cpu=True)" in status["message"]
+
+
+def test_lightning_with_one_device_says_how_to_give_it_the_job(cli, tmp_path: Path) -> None:
+    """29.4: Trainer(devices=1) under torchrun trains one whole model per process; the hint said it needed a GPU."""
+    code, status = submit(cli, script(tmp_path, "lightning_one_device.py"), "--procs-per-node", "2", env=NO_GPU)
+    assert code == 0 and status["state"] == "succeeded"
+    assert status["message"].startswith("2 processes ran, none joined a process group: each trained alone; node 0: "
+                                        "PyTorch Lightning ran each process on its own"), status["message"]
+    assert "Trainer(devices=2, num_nodes=1)" in status["message"] and "GPU provider" not in status["message"]
+
+
+def test_require_process_group_fails_a_run_whose_processes_trained_alone(cli, tmp_path: Path) -> None:
+    """29.4: for CI, a hollow run is a failure (exit 1) rather than a success with a note."""
+    code, status = submit(cli, script(tmp_path, "hollow.py"), "--procs-per-node", "2", "--require-process-group")
+    assert code == 1 and status["state"] == "failed"
+    assert status["message"].startswith("node 0 failed with exit code 1: 2 processes ran, none joined a process "
+                                        "group: each trained alone, and require_process_group is set: the script "
+                                        "never joined"), status["message"]
+    (tmp_path / "proj" / "plain_torchrun.py").write_text((REPO / "entrypoints" / "plain_torchrun.py").read_text())
+    ok, fine = submit(cli, str(tmp_path / "proj" / "plain_torchrun.py"), "--procs-per-node", "2",
+                      "--require-process-group")
+    assert ok == 0 and fine["state"] == "succeeded" and fine["message"] == ""  # a real DDP run passes
+
+
+def test_a_failure_after_init_process_group_names_the_first_exception(cli, tmp_path: Path) -> None:
+    """29.1: torch prefixes a worker's traceback with [rankN]: once it joined a group, and the job read only 'node 0
+    failed with exit code 1 (see its log)'. The rank that raised first is named (not rank 0, whose barrier then
+    failed with 'Connection closed by peer'), with the exception its own came from."""
+    code, status = submit(cli, script(tmp_path, "raises_after_init.py"), "--procs-per-node", "2", env=NO_GPU)
+    assert code == 1
+    assert status["message"] == ("node 0 failed with exit code 1: local rank 1: RuntimeError: dataset not found at "
+                                 "/nonexistent/train.bin (caused by FileNotFoundError: [Errno 2] No such file or "
+                                 "directory: '/nonexistent/train.bin')")
+
+
+def test_a_gpu_script_that_fails_after_joining_still_gets_the_gpu_hint(cli, tmp_path: Path) -> None:
+    """29.1: nanoGPT's pattern (join with gloo, then pin a CUDA device) failed with the [rankN]: prefix: unnamed."""
+    code, status = submit(cli, script(tmp_path, "gpu_after_init.py"), "--procs-per-node", "2", env=NO_GPU)
+    assert code == 1
+    message = status["message"]
+    assert message.startswith("node 0 failed with exit code 1: local rank "), message
+    assert "needs a GPU and this machine has none" in message and "_cuda_setDevice" in message
+    assert "cloudtrain.runtime.init_distributed()" in message
+
+
+def test_a_failure_recorded_in_an_elastic_error_file_is_named_from_it(cli, tmp_path: Path) -> None:
+    """29.1: a main wrapped in @record writes its exception to TORCHELASTIC_ERROR_FILE; a cleanup that raised at exit
+    left the last traceback in stderr, which is not the one that failed the run."""
+    code, status = submit(cli, script(tmp_path, "records_error.py"), "--procs-per-node", "2", env=NO_GPU)
+    assert code == 1
+    assert status["message"] == ("node 0 failed with exit code 1: local rank 0: ValueError: bad config: lr must be "
+                                 "positive, got -1")
 
 
 def test_a_failure_names_the_exception(cli, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from cloudtrain.packaging import DOWNLOAD_MARKER, PackageLimits, build_package
 from tests.test_packaging import make_tree
 
 _ALNUM = string.ascii_letters + string.digits
+_HEX = "0123456789abcdef"
 
 
 def rand(n: int, alphabet: str = _ALNUM, seed: int = 7) -> str:
@@ -46,6 +47,33 @@ CONTENT_CASES = [
     ("gcp.json", '{\n  "type": "service' + '_account",\n  "project_id": "p"\n}\n', 2, "gcp-service-account-key"),
     ("storage.py", 'CONN = "DefaultEndpointsProtocol=https;AccountName=a;Account'
      + f'Key={rand(86, _ALNUM + "+/")}==;"\n', 1, "azure-connection-string"),
+    # issue 28.3: the credential files ML people keep, under any name, found by what they hold
+    ("old/my-gcloud-creds.json", '{\n  "client_id": "764086051850-x.apps.googleusercontent.com",\n  "refresh_token": '
+     f'"1//0g{rand(90, _ALNUM + "_-")}",\n  "type": "authorized_user"\n}}\n', 3, "oauth-refresh-token"),
+    ("adc.json", '{"account": "", "client_id": "7.apps.googleusercontent.com", "type": "authorized' + '_user"}\n',
+     1, "gcloud-user-credentials"),
+    ("data/kaggle_token.json", '{"username":"ana","key":"' + rand(32, _HEX) + '"}', 1, "kaggle-api-key"),
+    ("dot_netrc", f"machine api.wandb.ai\n  login user\n  password {rand(40, _HEX)}\n", 3, "netrc-password"),
+    ("auth.txt", f"machine urs.earthdata.nasa.gov login ana password {rand(14)}\n", 1, "netrc-password"),
+    ("release/pypirc.ini", f"[pypi]\nusername = ana\npassword = {rand(18)}\n", 3, "ini-password"),
+    ("upload.cfg", f"[pypi]\nusername = __token__\npassword = pypi-Ag{'E'}{rand(80, _ALNUM + '_-')}\n", 3,
+     "ini-password"),
+    ("web/npmrc.txt", f"//registry.npmjs.org/:_authToken=npm_{rand(36)}\n", 1, "npm-token"),
+    ("docker.json", '{"auths": {"https://index.docker.io/v1/": {"au' + f'th": "{rand(28)}="}}}}}}\n', 1,
+     "docker-auth"),
+    ("azure_cache.json", '{"RefreshToken": {"k": {"credential_type": "Refresh' + 'Token", "secret": "x"}}}\n', 1,
+     "oauth-refresh-token"),
+    ("cluster.yaml", f"users:\n- name: u\n  user:\n    client-key-data: {rand(120, _ALNUM + '+/')}==\n", 4,
+     "kubeconfig-key"),
+    ("wandb_setup.py", 'os.environ["WANDB_API' + f'_KEY"] = "{rand(40, _HEX)}"\n', 1, "secret-assignment"),
+    ("notebook.py", f'import wandb\nwandb.login(key="{rand(40, _HEX)}")\n', 2, "wandb-api-key"),
+    ("prod.settings", f"DEBUG=0\nOPENAI_API_KEY={rand(48)}\n", 2, "secret-assignment"),
+    ("client_secret_1234.json", '{"installed": {"client_id": "1.apps.googleusercontent.com", "client_' + 'secret": '
+     f'"GOCSPX-{rand(28)}"}}}}\n', 1, "oauth-client-secret"),
+    ("git-creds.txt", f"https://ana:{rand(40)}@github.com\n", 1, "git-credentials"),
+    ("databricks.cfg", f"[DEFAULT]\nhost = https://x.cloud.databricks.com\ntoken = dap{'i'}{rand(32, _HEX)}\n", 3,
+     "token-formats"),
+    ("hf/token", "h" + "f_" + rand(34), 1, "huggingface-token"),
 ]
 CASE_IDS = [case[3] for case in CONTENT_CASES]
 
@@ -58,7 +86,8 @@ def refused(root: Path) -> PackagingError:
 
 
 @pytest.mark.parametrize("name", ["prod.env", ".ENV", "Prod.Env", "credentials.csv", "deploy_key",
-                                  ".docker/config.json", "gcp-key.json", "ID_RSA", "jane_accessKeys.csv"])
+                                  ".docker/config.json", "gcp-key.json", "ID_RSA", "jane_accessKeys.csv",
+                                  "kaggle.json", ".kaggle/kaggle.json", ".databrickscfg", ".s3cfg", ".boto"])
 def test_credential_files_are_refused_by_name_in_any_case(tmp_path: Path, name: str) -> None:
     root = make_tree(tmp_path / "src")
     (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -121,9 +150,17 @@ def test_ordinary_code_is_not_mistaken_for_credentials(tmp_path: Path) -> None:
         'AWS_DOCS_KEY = "AKIA' + 'IOSFODNN7EXAMPLE"\n'
         'AZURITE = "Account' + 'Key=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/'
         'KBHBeksoGMGw=="\n'
-        'weights = "high_weight_through_the_night_gh_pages"\n')
+        'weights = "high_weight_through_the_night_gh_pages"\n'
+        'password = os.environ["DB_PASSWORD"]\n'
+        'login(username=user, password=password)\n'
+        'cache = {"refresh_token": None, "auth": None}\n')
+    (root / "README.md").write_text(  # netrc and .pypirc as documented, with placeholders
+        "A machine learning project: no password needed.\n"
+        "machine api.wandb.ai login user password <your-api-key>\n"
+        "[pypi]\nusername = __token__\npassword = ${PYPI_TOKEN}\n")
+    (root / ".npmrc.example").write_text("//registry.npmjs.org/:_authToken=${NPM_TOKEN}\n")
     with build_package(root) as package:
-        assert "train.py" in [f["path"] for f in package.files]
+        assert {"train.py", "README.md", ".npmrc.example"} <= {f["path"] for f in package.files}
 
 
 def test_binary_files_are_not_scanned_and_a_key_split_across_reads_is_found(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ and saved plans: `plan -o json > plan.json` then `submit --plan plan.json` submi
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -163,3 +164,16 @@ def test_a_saved_plan_that_no_longer_holds_is_refused(cli, ct_home: Path, src: P
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert needle.format(plan=saved) in result.stderr, result.stderr
     assert not (ct_home / "jobs.db").exists() and not (ct_home / "store").exists(), "nothing staged or recorded"
+
+
+def test_many_more_local_processes_than_cpus_is_a_note_not_an_error(cli, src: Path) -> None:
+    """Issue 28.12: a local job runs every node on this machine; far more processes than its CPUs runs, slowly,
+    and the plan says so. Up to twice the CPUs (2 x 2 on a laptop) goes without saying."""
+    from cloudtrain.providers.local.provider import crowded_note
+
+    cpus = len(os.sched_getaffinity(0))
+    out = cli("plan", "train.py", "--nodes", "2", "--procs-per-node", str(8 * cpus), cwd=src)
+    assert out.returncode == 0, out.stderr
+    assert f"local: {16 * cpus} processes (2 node(s) x {8 * cpus}) on this machine's {cpus} CPU(s), 16 per CPU: it " \
+           "runs, slowly" in out.stdout
+    assert crowded_note(2, 2, cpus=2) is None and crowded_note(1, 5, cpus=2) is not None

@@ -153,3 +153,36 @@ def test_an_env_flag_without_a_name_is_not_echoed(cli, tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("print(1)\n")
     out = cli("plan", "train.py", "--env", HF, cwd=tmp_path)
     assert out.returncode == 2 and "--env" in out.stderr and HF not in out.stderr
+
+
+# Issue 28.5: a URL with credentials in an --env value, in every form people write one, masked in every plan
+URL_SECRETS = {
+    "DATABASE_URL": ("postgres://app:db-pw-7f3k2q9x@db:5432/x", "db-pw-7f3k2q9x"),
+    "REDIS_URL": ("redis://:redis-pw-93kd72hs@cache:6379/0", "redis-pw-93kd72hs"),
+    "REPO_URL": ("https://ghp0token0as0the0user0x83kd92@git.example.com/org/repo.git", "ghp0token0as0the0user0x83kd92"),
+    "WEBHOOK": ("https://hooks.example.com/notify?channel=ml&token=hook-tok-83jd72kd", "hook-tok-83jd72kd"),
+    "WEIGHTS_URL": ("https://b.s3.amazonaws.com/w.pt?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=5f3a9c0d2e1b7a4c",
+                    "5f3a9c0d2e1b7a4c"),
+}
+
+
+def test_urls_with_credentials_are_masked_in_the_local_plan_as_in_the_clouds(cli, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The password of user:password@ was masked already; a token standing for the user part, and a token in the
+    query string (a webhook, a presigned URL), were printed in clear by every plan, the local one included."""
+    from tests.test_export import SETTINGS
+
+    (tmp_path / "train.py").write_text("print(1)\n")
+    flags = [arg for name, (url, _) in URL_SECRETS.items() for arg in ("--env", f"{name}={url}")]
+    secrets = [secret for _, secret in URL_SECRETS.values()]
+    shown = ""
+    for command in (["plan"], ["plan", "-o", "json"], ["plan", "-o", "yaml"], ["submit", "--dry-run"]):
+        out = cli(*command, "train.py", "--nodes", "2", *flags, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        shown += out.stdout + out.stderr
+    assert "git.example.com/org/repo.git" in shown and "channel=ml" in shown  # the rest stays readable
+    for provider in ("aws", "gcp"):
+        out = cli("plan", "train.py", "-p", provider, *flags, "-o", "json", cwd=tmp_path, env_extra=SETTINGS)
+        assert out.returncode == 0, out.stderr
+        shown += out.stdout
+    assert not [secret for secret in secrets if secret in shown]

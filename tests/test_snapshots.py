@@ -158,8 +158,27 @@ def test_special_files_and_links_out_of_the_folder_are_never_opened(tmp_path: Pa
     (root / "link.txt").symlink_to(secret)
     save(root / "model.pt", 1.0)
     (root / "last.pt").symlink_to("model.pt")  # Lightning's save_last="link"
+    (root / "hf").mkdir()
+    (root / "hf" / ".tmpk3j2x9").write_bytes(b"safetensors being written, renamed when done")
+    (root / "hf" / ".metadata.tmp").write_bytes(b"DCP's metadata being written")
     assert sorted(snapshots.scan(root)) == ["last.pt", "model.pt"]
     assert snap.poll(final=True) == 1
     assert published(uri) == [(1, ["last.pt", "model.pt"])]
     assert snap.published == {**snapshots.scan(root)}  # what was there when the node started counts as in the store
     assert snapshots.Snapshotter(root, uri, keep=2, quiet=0.0).poll(final=True) is None
+
+
+def test_a_folder_of_one_family_takes_its_newest_member(tmp_path: Path) -> None:
+    """Accelerate's project_dir/checkpoints/checkpoint_<i>/: the newest checkpoint_<i> only, under its own path;
+    a step-<N> folder is an entry like any other when the folder is the script's own."""
+    root, uri = tmp_path / "proj", store(tmp_path)
+    snap = snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    for i in range(3):
+        save(root / "checkpoints" / f"checkpoint_{i}" / "model.pt", float(i))
+    save(root / "ckpt" / "step-7" / "x.pt", 7.0)
+    assert snap.poll(final=True) == 7
+    assert published(uri) == [(7, ["checkpoints/checkpoint_2/model.pt", "ckpt/step-7/x.pt"])]
+    fresh = tmp_path / "fresh"
+    checkpoints.restore_report(uri, fresh)
+    assert sorted(p.relative_to(fresh).as_posix() for p in fresh.rglob("*.pt")) == [
+        "checkpoints/checkpoint_2/model.pt", "ckpt/step-7/x.pt"]

@@ -17,10 +17,10 @@ from cloudtrain.cli.reference import markdown
 
 REPO = Path(__file__).resolve().parents[1]
 
-JOB_FLAGS = ["--allow-secret", "--checkpoint-dir", "--checkpoint-uri", "--emulate", "--env", "--file", "--gpus", "--image",
-             "--max-idle", "--max-restarts", "--max-runtime", "--module", "--name", "--no-spec", "--nodes", "--output",
-             "--output-uri", "--procs-per-node", "--profile", "--provider", "--resume-arg", "--set", "--source-dir", "--spot",
-             "--strategy"]
+JOB_FLAGS = ["--allow-secret", "--checkpoint-dir", "--checkpoint-uri", "--emulate", "--env", "--file", "--gpus",
+             "--image", "--max-idle", "--max-restarts", "--max-runtime", "--module", "--name", "--no-spec", "--nodes",
+             "--output", "--output-uri", "--procs-per-node", "--profile", "--provider", "--require-process-group",
+             "--resume-arg", "--set", "--source-dir", "--spot", "--strategy"]
 CLI = {
     "submit": sorted([*JOB_FLAGS, "--detach", "--dry-run", "--follow", "--plan"]),
     "plan": sorted([*JOB_FLAGS, "--export"]),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cloudtrain.worker_echo import MAX_LINE, PARTIAL_LINE_POLLS, WorkerEcho
+from cloudtrain.worker_echo import MAX_LINE, PARTIAL_LINE_POLLS, LauncherStderr, WorkerEcho
 
 
 def rank_logs(log_dir: Path, run: str, rank: int) -> Path:
@@ -93,3 +93,36 @@ def test_output_without_line_ends_is_let_through_in_pieces(tmp_path: Path) -> No
     assert outs.read("stdout.log") == b"[default0]:" + b"x" * (MAX_LINE + 10) + b"\n"
     echo.finish()
     outs.close()
+
+
+SIGNAL_TRACEBACK = (b"Traceback (most recent call last):\n  File \"run.py\", line 1032, in <module>\n    main()\n"
+                    b"torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15\n")
+
+
+def _launcher(tmp_path: Path, chunks: list[bytes], stop_after: int | None) -> tuple[bytes, bytes]:
+    """Feed torchrun's stderr through a pipe, as the bootstrap does; (what the node shows, what torchrun.log keeps)."""
+    tmp_path.mkdir()
+    shown = tmp_path / "node-stderr"
+    out = os.open(shown, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    read_end, write_end = os.pipe()
+    launcher = LauncherStderr(tmp_path / "torchrun.log", out=out)
+    launcher.start(os.fdopen(read_end, "rb"))
+    for i, chunk in enumerate(chunks):
+        if i == stop_after:
+            launcher.stopping()
+        os.write(write_end, chunk)
+    os.close(write_end)
+    launcher.finish()
+    os.close(out)
+    return shown.read_bytes(), (tmp_path / "torchrun.log").read_bytes()
+
+
+def test_torchruns_signal_traceback_stays_out_of_the_node_log_when_the_node_stopped_it(tmp_path: Path) -> None:
+    """29.2: after a stop the node forwarded, torchrun's SignalException traceback goes to torchrun.log only."""
+    warning = b"W1125 api.py:753] Received 15 death signal, shutting down workers\n"
+    shown, kept = _launcher(tmp_path / "a", [b"rendezvous ok\n", warning, SIGNAL_TRACEBACK], stop_after=1)
+    assert shown == b"rendezvous ok\n" + warning and kept == b"rendezvous ok\n" + warning + SIGNAL_TRACEBACK
+    # without a stop of ours (someone else signalled torchrun) it is shown, as is any other traceback after a stop
+    assert _launcher(tmp_path / "b", [SIGNAL_TRACEBACK], stop_after=None)[0] == SIGNAL_TRACEBACK
+    failed = b"Traceback (most recent call last):\n  File \"x\"\nChildFailedError: \n=====\nroot cause\n"
+    assert _launcher(tmp_path / "c", [failed], stop_after=0)[0] == failed

@@ -10,6 +10,7 @@ from typing import Any
 
 from cloudtrain.contract import EXIT_INTERRUPTED
 from cloudtrain.contract import EXIT_PREEMPTED as EXIT_TERMINATED  # 128 + SIGTERM, as a shell reports it
+from cloudtrain.errors import HomeError
 
 
 class Terminated(Exception):
@@ -48,6 +49,9 @@ def follow(provider: Any, handle: Any, max_restarts: int = 0, poll: float = 1.0)
             if following is None:
                 break
             handle = following
+    except HomeError as exc:  # the job database cannot be read (a full disk): the job itself runs on
+        raise HomeError(f"{exc.message}; {handle} runs on without this command",
+                        remedy=f"{exc.remedy}; then `cloudtrain logs -f {handle}` follows it again") from None
     except (KeyboardInterrupt, Terminated) as stop:
         _on_sigterm(previous)  # a second SIGTERM ends this process; the cancel below was asked for already
         print(f"\n{'SIGTERM' if isinstance(stop, Terminated) else 'interrupted'}: cancelling {handle} ...",

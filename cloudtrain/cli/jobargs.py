@@ -20,7 +20,7 @@ _JOB_FLAGS: dict[str, Any] = {
     "procs_per_node": None, "strategy": None, "gpus": None, "checkpoint_uri": None, "checkpoint_dir": None,
     "resume_arg": [], "output_uri": None, "image": None,
     "spot": None, "max_restarts": None, "max_runtime": None, "max_idle": None, "set_fields": [], "allow_secret": [],
-    "emulate": None}
+    "emulate": None, "require_process_group": None}
 
 
 def env_pairs(items: list[str]) -> dict[str, str]:
@@ -82,6 +82,7 @@ def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> tuple[An
         "output_uri": args.output_uri, "image.uri": args.image, "spot": args.spot,
         "max_restarts": args.max_restarts, "max_runtime": args.max_runtime, "max_idle": args.max_idle,
         "providers.local.emulate": args.emulate,  # a provider's name stands for its platform's (the spec maps it)
+        "require_process_group": args.require_process_group,
     }
     if args.source_dir is not None:
         overrides["source_dir"] = _resolved(args.source_dir, "--source-dir")
@@ -91,8 +92,11 @@ def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> tuple[An
         given = overrides.get("source_dir") or raw.get("source_dir")
         source = Path(_resolved(given, "source_dir")) if isinstance(given, str) else script.parent
         if not script.is_file():
-            raise SpecError(f"{args.script!r} does not exist", field="SCRIPT",
-                            remedy="give the path of your training script")
+            from cloudtrain.regular_files import special
+
+            kind = special(script)  # a FIFO is never opened
+            raise SpecError(f"{args.script!r} " + (f"is {kind}, not a regular file" if kind else "does not exist"),
+                            field="SCRIPT", remedy="give the path of your training script")
         if not script.is_relative_to(source):
             whose = "" if overrides.get("source_dir") or not raw.get("source_dir") else f" (source_dir of {spec_file})"
             raise SpecError(f"{args.script!r} is outside the source folder {source}{whose}", field="SCRIPT",

@@ -44,7 +44,7 @@ def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
 
     if args.saved_plan:
         from cloudtrain.cli.jobargs import env_pairs, refuse_job_flags_with_saved_plan
-        from cloudtrain.saved_plan import check_same_source, read_saved_plan, saved_spec
+        from cloudtrain.saved_plan import check_replanned, check_same_source, read_saved_plan, saved_spec
         from cloudtrain.staging import saved_job_id
 
         refuse_job_flags_with_saved_plan(args, script_args)
@@ -58,6 +58,7 @@ def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
             plan = plan_job(spec, provider, spec_file=spec_file)
         with plan:
             check_same_source(saved, plan.package)
+            check_replanned(saved, plan.to_dict())  # what runs is what the file shows
             if args.dry_run:
                 from cloudtrain.cli.render import plan_text
 

@@ -166,6 +166,9 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                    help="package a secret-looking file anyway (repeatable)")
     p.add_argument("--emulate", choices=Registered(_emulated), metavar="PLATFORM",
                    help="local only: run nodes under that platform's node contract (environment and files)")
+    p.add_argument("--require-process-group", action="store_true", default=None,
+                   help="fail the job when its processes each trained alone (none joined the job's process "
+                        "group) instead of calling it a success; for CI")
     _profile_flag(p)
     _output_flag(p)
 

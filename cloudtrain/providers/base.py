@@ -73,6 +73,10 @@ class Provider(ABC):
         self._check_capabilities(spec)
         plan = self._plan(spec, package)
         self._check_processes(plan)
+        from cloudtrain.images import torch_note
+
+        differs = torch_note(self.name, plan.runtime, plan.spec)  # what a local try-out runs, against the nodes
+        plan.notes += [differs] if differs else []
         if self.declaration.catalog:  # a provider that lists prices (a local job costs this computer's time)
             from cloudtrain.catalog import estimate
 

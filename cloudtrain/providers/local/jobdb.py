@@ -6,11 +6,14 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import cloudtrain.providers.local.db_faults as db_faults
+from cloudtrain.home_errors import os_problem
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -34,6 +37,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at);
 """
 _JSON_COLUMNS = {"nodes", "plan"}
+_T = TypeVar("_T")
 _ADDED_COLUMNS = {"lost_at": "REAL"}  # columns newer than the first schema: added to an older database on open
 
 
@@ -80,18 +84,24 @@ def _use_wal(conn: sqlite3.Connection) -> None:
 
 
 class JobDB:
-    """Short transactions in WAL mode: many CLI processes read and write at once without corrupting anything."""
+    """Short transactions in WAL mode: many CLI processes read and write at once without corrupting anything.
+    Every failure is one HomeError naming the file (locked past ``BUSY_SECONDS``, a full or read-only disk); a file
+    that is not a database any more is set aside, said on stderr, and a new one started."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._migrated = False
 
     @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
+    def _connect(self, exclusive: bool = False) -> Iterator[sqlite3.Connection]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=BUSY_SECONDS, isolation_level=None)
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_SECONDS * 1000}")
+            if exclusive:  # no shared-memory file, which a full disk has no room for: reads only
+                conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+                yield conn
+                return
             _use_wal(conn)
             conn.executescript(_SCHEMA)
             if not self._migrated:
@@ -105,6 +115,28 @@ class JobDB:
         finally:
             conn.close()
 
+    def _run(self, work: Callable[[sqlite3.Connection], _T], reads: bool = False) -> _T:
+        """``work`` on a fresh connection. A corrupt database is set aside once and ``work`` runs on a new one; a
+        read (``reads``) that failed for want of room on the disk runs again in exclusive mode."""
+        set_aside = False
+        shared_error: sqlite3.Error | None = None  # set: this read runs again in exclusive mode
+        while True:
+            try:
+                with self._connect(exclusive=shared_error is not None) as conn:
+                    return work(conn)
+            except sqlite3.Error as exc:
+                found = db_faults.kind(exc)
+                if found == "corrupt" and not set_aside and shared_error is None:
+                    set_aside = True
+                    db_faults.set_aside(self.path, str(exc))
+                    self._migrated = False
+                elif reads and shared_error is None and found in ("full", "io", "cannot open") and self.path.is_file():
+                    shared_error = exc
+                else:
+                    raise db_faults.db_problem(shared_error or exc, self.path, BUSY_SECONDS) from None
+            except OSError as exc:  # the home folder itself cannot be made
+                raise os_problem(exc, self.path.parent, "open the job database") from None
+
     @staticmethod
     def _row(row: sqlite3.Row | tuple[Any, ...]) -> JobRecord:
         values = dict(zip(_COLUMNS, row, strict=True))
@@ -115,16 +147,12 @@ class JobDB:
     def insert(self, record: JobRecord) -> bool:
         """Insert a new job; False (and no change) if the id exists already, which makes submit idempotent."""
         values = [json.dumps(getattr(record, c)) if c in _JSON_COLUMNS else getattr(record, c) for c in _COLUMNS]
-        with self._connect() as conn:
-            cur = conn.execute(
-                f"INSERT OR IGNORE INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
-                values,
-            )
-            return cur.rowcount == 1
+        sql = f"INSERT OR IGNORE INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+        return self._run(lambda conn: conn.execute(sql, values).rowcount == 1)
 
     def get(self, job_id: str) -> JobRecord | None:
-        with self._connect() as conn:
-            row = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        row = self._run(lambda conn: conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE id = ?",
+                                                  (job_id,)).fetchone(), reads=True)
         return self._row(row) if row else None
 
     def update(self, job_id: str, *, only_if_state: tuple[str, ...] = (), **changes: Any) -> bool:
@@ -136,12 +164,10 @@ class JobDB:
         if only_if_state:
             sql += f" AND state IN ({', '.join('?' * len(only_if_state))})"
             params += list(only_if_state)
-        with self._connect() as conn:
-            return conn.execute(sql, params).rowcount == 1
+        return self._run(lambda conn: conn.execute(sql, params).rowcount == 1)
 
     def list(self, limit: int = 50) -> list[JobRecord]:
-        with self._connect() as conn:
-            rows = conn.execute(
-                f"SELECT {', '.join(_COLUMNS)} FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,)
-            ).fetchall()
+        rows = self._run(lambda conn: conn.execute(
+            f"SELECT {', '.join(_COLUMNS)} FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall(),
+            reads=True)
         return [self._row(r) for r in rows]

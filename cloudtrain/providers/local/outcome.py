@@ -10,11 +10,12 @@ from typing import Any
 from cloudtrain.durations import format_duration
 from cloudtrain.rank_report import alone_text
 
-# Why the supervisor stopped the nodes; a node that saw our SIGTERM reports "preempted", which is the truth only
-# for the first of these.
+# Why the supervisor stopped the nodes; a node that saw our SIGTERM reports "preempted" (the first of these) or
+# "stopped" (the supervisor said why: the others).
 PREEMPT, CANCEL, MAX_RUNTIME, PEER_FAILED = "preempted", "cancelled", "max_runtime", "peer_failed"
 _STOPPED_AS = {PREEMPT: "preempted", CANCEL: "cancelled", MAX_RUNTIME: "stopped", PEER_FAILED: "stopped"}
-NODE_FIELDS = ("reason", "error", "note", "hint", "ranks")  # what a node's status file adds to its record
+# what a node's status file adds to its record (warnings: checkpoint files not published, files a restart loses)
+NODE_FIELDS = ("reason", "error", "note", "hint", "ranks", "warnings")
 
 
 def read_status(path: str | Path | None) -> dict[str, Any] | None:
@@ -34,11 +35,12 @@ def settle_node(node: dict[str, Any], stop: str | None) -> None:
     if status is not None:
         outcome = status["outcome"]
         node.update({k: status[k] for k in NODE_FIELDS if status.get(k)})
+        node["ended"] = status.get("ended")
     elif node.get("exit_code") == 0:
         outcome = "succeeded"
     else:  # it died before it could say: judge by what was done to it
         outcome = "preempted" if stop else "failed"
-    node["outcome"] = _STOPPED_AS.get(stop or "", outcome) if outcome == "preempted" else outcome
+    node["outcome"] = _STOPPED_AS.get(stop or "", outcome) if outcome in ("preempted", "stopped") else outcome
 
 
 def final_state(nodes: list[dict[str, Any]], *, cancelled: bool, stop: str | None, attempt: int,
@@ -50,8 +52,8 @@ def final_state(nodes: list[dict[str, Any]], *, cancelled: bool, stop: str | Non
         return "failed", f"max_runtime {format_duration(max_runtime)} exceeded: stopped after " \
                          f"{format_duration(ran_for or max_runtime)}"
     failed = [n for n in nodes if n.get("outcome") == "failed"]
-    if failed:
-        first = failed[0]
+    if failed:  # the one that failed first: the others may have failed because it did (connection closed by peer)
+        first = min(failed, key=lambda n: n.get("ended") or float("inf"))
         reason = first.get("reason") or first.get("error")  # error: the bootstrap's own (checkpoints, bundle)
         code = f" with exit code {first['exit_code']}" if first.get("exit_code") is not None else ""
         return "failed", f"node {first['rank']} failed{code}" + (f": {reason}" if reason else " (see its log)")

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,12 +19,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from cloudtrain import contract, registry, storage
-from cloudtrain.errors import HandleError, SpecError, UserError
+from cloudtrain.errors import HandleError, HomeError, SpecError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.home import cloudtrain_home, default_store_uri
+from cloudtrain.home_errors import os_problem
 from cloudtrain.images import this_machine
 from cloudtrain.nodes import bootstrap_args, job_env, node_command
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
@@ -112,7 +114,7 @@ class LocalProvider(Provider):
             "emulate": None if contract.name == "local" else contract.platform_name,
             "node_files": files,
         }
-        notes = []
+        notes = [note] if (note := crowded_note(spec.nodes, procs)) else []
         if spec.spot:
             notes.append("local: spot is emulated; a preempted job is restarted up to max_restarts times")
         return Plan(provider=self.name, job_id=job_id, spec=spec, package=package, request=request, nodes=nodes,
@@ -126,11 +128,16 @@ class LocalProvider(Provider):
             return handle  # the same plan submitted twice is one job
         stage_bundle(plan.package, plan.staging["prefix"])
         job_dir = Path(plan.request["job_dir"])
-        job_dir.mkdir(parents=True, exist_ok=True)
-        for node_files in plan.request.get("node_files", {}).values():
-            for path, content in node_files.items():
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-                Path(path).write_text(content)
+        created = not job_dir.exists()
+        try:
+            job_dir.mkdir(parents=True, exist_ok=True)
+            for node_files in plan.request.get("node_files", {}).values():
+                for path, content in node_files.items():
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+                    Path(path).write_text(content)
+        except OSError as exc:  # a full or read-only home
+            self._unmake(plan.job_id, job_dir, created)
+            raise os_problem(exc, job_dir, "write the job's folder") from None
         # The rendezvous port, chosen now (a plan binds nothing): each node's contract variables name it.
         port = free_port()
         module = registry.node_contract(self.contract(plan.spec).name)
@@ -142,12 +149,28 @@ class LocalProvider(Provider):
         recorded["request"]["rendezvous"] = recorded["request"]["rendezvous"].split(", on")[0] + f":{port}"
         record = JobRecord(id=plan.job_id, name=str(plan.spec.name), state="pending", job_dir=str(job_dir),
                            grace_period=float(plan.request["grace_period"]), plan=recorded)
-        if not self.db.insert(record):
+        try:
+            inserted = self.db.insert(record)
+        except HomeError:  # not recorded (locked, full, read-only): nothing of the job stays
+            self._unmake(plan.job_id, job_dir, created)
+            raise
+        if not inserted:
             return handle
-        self._start_supervisor(plan.job_id, job_dir, node_env)
+        self._start_supervisor(plan.job_id, job_dir, {"env": node_env,
+                                                      "argv": {str(n.rank): n.argv for n in plan.nodes}})
         return handle
 
-    def _start_supervisor(self, job_id: str, job_dir: Path, node_env: dict[str, dict[str, str]]) -> None:
+    def _unmake(self, job_id: str, job_dir: Path, created: bool) -> None:
+        """Remove the folder a failed submit made, unless the same plan submitted elsewhere recorded the job."""
+        with contextlib.suppress(HomeError):
+            if self.db.get(job_id) is not None:
+                return
+        if created:
+            shutil.rmtree(job_dir, ignore_errors=True)
+
+    def _start_supervisor(self, job_id: str, job_dir: Path, handed: dict[str, Any]) -> None:
+        """Start the job's supervisor and hand it, through a pipe, what the record on disk must not hold as it is:
+        each node's environment (secrets) and command line (the record's is masked for display)."""
         env = dict(os.environ)
         env[contract.HOME] = str(self.home)
         # The supervisor imports this very cloudtrain, installed or not.
@@ -164,11 +187,12 @@ class LocalProvider(Provider):
             self.db.update(job_id, state="failed", message=f"its supervisor could not start: {exc}",
                            ended_at=time.time(), only_if_state=_ACTIVE)
             raise UserError(f"the local supervisor for {job_id} could not start: {exc}") from exc
-        self.db.update(job_id, supervisor_pid=proc.pid, supervisor_start=start_ticks(proc.pid))
+        with contextlib.suppress(HomeError):  # it runs: it records its own pid when it claims the job
+            self.db.update(job_id, supervisor_pid=proc.pid, supervisor_start=start_ticks(proc.pid))
         assert proc.stdin is not None
         try:
             with proc.stdin:
-                proc.stdin.write(json.dumps(node_env).encode())
+                proc.stdin.write(json.dumps(handed).encode())
         except BrokenPipeError:  # it died at once; status reads its log and ends the job
             pass
 
@@ -176,8 +200,12 @@ class LocalProvider(Provider):
     def _record(self, handle: JobHandle) -> JobRecord:
         record = self.db.get(handle.job_id)
         if record is None:
+            aside = sorted(p for p in self.db.path.parent.glob(f"{self.db.path.name}.corrupt-*")
+                           if not p.name.endswith(("-wal", "-shm")))
             raise HandleError(f"no local job {handle.job_id!r} in {self.db.path}",
-                              remedy="`cloudtrain list --provider local` shows the known jobs")
+                              remedy="`cloudtrain list --provider local` shows the known jobs" + (
+                                  f"; a corrupt job database set aside as {aside[-1]} may have held it" if aside
+                                  else ""))
         return self._reconcile(record)
 
     def _reconcile(self, record: JobRecord) -> JobRecord:
@@ -341,6 +369,20 @@ def visible_gpus() -> int:
     from cloudtrain.nodes import bootstrap_module
 
     return int(bootstrap_module().visible_gpus(dict(os.environ)))
+
+
+def crowded_note(nodes: int, procs: int, cpus: int | None = None) -> str | None:
+    """A plan note when a local job's processes (every node runs on this machine) are far more than its CPUs: it
+    runs, each process on a sliver of a core, and only the note says why it crawls. Up to twice the CPUs is the
+    usual rehearsal of a layout (2 x 2 on a laptop) and goes without saying."""
+    if cpus is None:  # the CPUs this process may run on (a container's or taskset's share), not the machine's
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    total = nodes * procs
+    if total <= 2 * cpus:
+        return None
+    return (f"local: {total} processes ({nodes} node(s) x {procs}) on this machine's {cpus} CPU(s), {total / cpus:.0f} "
+            "per CPU: it runs, slowly (start-up and every collective wait on the crowded cores); fine to rehearse the "
+            "layout, for training use fewer --procs-per-node here or a cloud provider")
 
 
 def _shown_port(node: NodeCommand) -> NodeCommand:

@@ -20,22 +20,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cloudtrain import contract
 from cloudtrain.durations import format_duration
 from cloudtrain.home import cloudtrain_home
 from cloudtrain.node_watch import GRACE_ENV, SUPERVISOR_FD
 from cloudtrain.procs import TAG_VAR, kill_tagged, signal_group, start_ticks
 from cloudtrain.providers.local import outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
+from cloudtrain.providers.local.steady_db import RESERVE_NAME, SteadyDB
 
 POLL_SECONDS = 0.2
 _ACTIVE = ("pending", "running", "stopping")
 
 
 class Supervisor:
-    def __init__(self, db: JobDB, job_id: str, node_env: dict[str, dict[str, str]] | None = None) -> None:
+    def __init__(self, db: JobDB, job_id: str, node_env: dict[str, dict[str, str]] | None = None,
+                 node_argv: dict[str, list[str]] | None = None) -> None:
         self.db = db
         self.job_id = job_id
         self.node_env = node_env or {}  # unredacted, from the submitter's pipe; never written to disk
+        # the nodes' command lines as planned: the record's are masked for display (a secret value that also
+        # occurs in a path, demo.py with DB_PASSWORD=demo, would start ****.py)
+        self.node_argv = node_argv or {}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.stop: str | None = None  # one of outcome.PREEMPT, CANCEL, MAX_RUNTIME, PEER_FAILED
         self.stop_sent_at: float | None = None
@@ -44,6 +50,7 @@ class Supervisor:
         # every node's read returns end-of-file.
         self.lifeline, self._lifeline_w = os.pipe()
         self.exited = threading.Event()  # set by a node's waiter thread: watch() looks at once, not a poll later
+        self.stop_file: Path | None = None  # where the nodes read why they were stopped, when not preempted
 
     def request_stop(self, signum: int, _frame: Any) -> None:
         # SIGUSR1 is `cloudtrain preempt` (a rehearsed spot interruption); SIGTERM/SIGINT is a cancel.
@@ -51,6 +58,8 @@ class Supervisor:
 
     def start_nodes(self, record: JobRecord, attempt: int) -> list[dict[str, Any]]:
         nodes = []
+        self.stop_file = Path(record.job_dir) / "stop-reason"
+        self.stop_file.unlink(missing_ok=True)  # an earlier attempt's
         for node in record.plan["nodes"]:
             rank = node["rank"]
             log_path = Path(record.job_dir) / f"node-{rank}.log"
@@ -58,13 +67,13 @@ class Supervisor:
             status_file.unlink(missing_ok=True)
             tag = f"{self.job_id}/node-{rank}"
             env = {**os.environ, **self.node_env[str(rank)], TAG_VAR: tag, SUPERVISOR_FD: str(self.lifeline),
-                   GRACE_ENV: f"{record.grace_period:g}"}
+                   GRACE_ENV: f"{record.grace_period:g}", contract.STOP_REASON_FILE: str(self.stop_file)}
             with open(log_path, "ab") as log:
                 if attempt:
                     log.write(f"[cloudtrain] restart {attempt} after preemption\n".encode())
-                proc = subprocess.Popen(node["argv"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, cwd=record.job_dir, start_new_session=True,
-                                        pass_fds=(self.lifeline,))
+                argv = self.node_argv.get(str(rank), node["argv"])
+                proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        cwd=record.job_dir, start_new_session=True, pass_fds=(self.lifeline,))
             self.procs[rank] = proc
             threading.Thread(target=self._await, args=(proc,), name=f"node-{rank}-exit", daemon=True).start()
             nodes.append({"rank": rank, "pid": proc.pid, "pgid": proc.pid, "start": start_ticks(proc.pid),
@@ -154,16 +163,27 @@ class Supervisor:
 
     def _stopping_message(self, nodes: list[dict[str, Any]]) -> str:
         if self.stop == outcome.PEER_FAILED:
+            return f"{self._stop_reason(nodes)}: stopping the others"
+        if self.stop == outcome.MAX_RUNTIME:
+            return f"{self._stop_reason(nodes)}: stopping"
+        return "cancel requested" if self.stop == outcome.CANCEL else "preempted: SIGTERM sent to every node"
+
+    def _stop_reason(self, nodes: list[dict[str, Any]]) -> str:
+        """Why the nodes are being stopped, as a stopped node says it ('stopped: node 1 failed')."""
+        if self.stop == outcome.PEER_FAILED:
             failed = next((n for n in nodes if n["outcome"] == "failed"), None)
-            return f"node {failed['rank'] if failed else '?'} failed: stopping the others"
+            return f"node {failed['rank'] if failed else '?'} failed"
         if self.stop == outcome.MAX_RUNTIME:
             record = self.db.get(self.job_id)
             limit = record.plan.get("spec", {}).get("max_runtime", 0) if record else 0
-            return f"max_runtime {format_duration(limit)} exceeded: stopping"
-        return "cancel requested" if self.stop == outcome.CANCEL else "preempted: SIGTERM sent to every node"
+            return f"max_runtime {format_duration(limit)} exceeded"
+        return "cancelled by user" if self.stop == outcome.CANCEL else "preempted"
 
     def _signal_nodes(self, nodes: list[dict[str, Any]]) -> None:
         self.stop_sent_at = time.monotonic()
+        if self.stop != outcome.PREEMPT and self.stop_file is not None:  # else each node reports "preempted"
+            with contextlib.suppress(OSError):
+                self.stop_file.write_text(self._stop_reason(nodes) + "\n")
         for node in nodes:
             if node["exit_code"] is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -175,12 +195,17 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m cloudtrain.providers.local.supervisor JOB_ID", file=sys.stderr)
         return 2
-    db = JobDB(cloudtrain_home() / "jobs.db")
+    home = cloudtrain_home()
+    # a full disk or a long-held lock does not kill the supervisor: see steady_db
+    db = SteadyDB(home / "jobs.db", reserve=home / "jobs" / args[0] / RESERVE_NAME)
     try:
-        node_env = json.loads(sys.stdin.read() or "{}")
+        handed = json.loads(sys.stdin.read() or "{}")
     except ValueError:  # cut short: the submitter died while writing it
-        node_env = {}
-    return Supervisor(db, args[0], node_env).run()
+        handed = {}
+    try:
+        return Supervisor(db, args[0], handed.get("env", {}), handed.get("argv", {})).run()
+    finally:
+        db.settle()
 
 
 if __name__ == "__main__":
