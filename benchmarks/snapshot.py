@@ -183,9 +183,6 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
     os.environ.setdefault("AZURITE_BIN", str(REPO / ".nox" / "node" / "node_modules" / ".bin" / "azurite-blob"))
-    from cloudtrain import storage
-    from tests.emulators import STARTERS, create_bucket
-
     tmp = Path(tempfile.mkdtemp(prefix="ct-snapshot-"))
     load = os.getloadavg()
     print(f"one {args.mb} MiB torch.save file; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on "
@@ -194,18 +191,9 @@ def main() -> None:
     try:
         blocked(tmp, args.mb)
         for scheme in args.stores.split(","):
-            emulator = STARTERS[scheme](tmp)
-            transfer.EMULATOR_PID[:] = [emulator.proc.pid]
-            try:
-                os.environ.update(emulator.env)
-                storage._store.cache_clear()
-                create_bucket(scheme)
+            with transfer.emulated(scheme, tmp):
                 print(f"{scheme}:")
                 results[scheme] = bench(scheme, tmp / scheme, args.mb, args.repeat)
-            finally:
-                emulator.stop()
-                for var in emulator.env:
-                    os.environ.pop(var, None)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("ratios (SDK best / cloudtrain, throughput): " + "; ".join(

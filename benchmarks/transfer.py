@@ -27,6 +27,7 @@ and noisy, so run it more than once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -368,6 +370,26 @@ def bench_upload(scheme: str, root: str, source: Path, files: list[dict[str, Any
     return ratios
 
 
+@contextlib.contextmanager
+def emulated(scheme: str, tmp: Path) -> Iterator[None]:
+    """``scheme``'s emulator started (as tests/emulators.py starts it, on 127.0.0.1) with the bucket made and this
+    process's clients pointed at it; stopped and forgotten afterwards. Its pid is what ``emulator_cpu`` reads."""
+    from cloudtrain import storage
+    from tests.emulators import STARTERS, create_bucket
+
+    emulator = STARTERS[scheme](tmp)
+    EMULATOR_PID[:] = [emulator.proc.pid]
+    try:
+        os.environ.update(emulator.env)
+        storage._store.cache_clear()
+        create_bucket(scheme)
+        yield
+    finally:
+        emulator.stop()
+        for var in emulator.env:
+            os.environ.pop(var, None)
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--baseline"]:
         run_baseline(sys.argv[2:])
@@ -383,7 +405,6 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("AZURITE_BIN", str(REPO / ".nox" / "node" / "node_modules" / ".bin" / "azurite-blob"))
     from cloudtrain import checkpoints, storage
-    from tests.emulators import STARTERS, create_bucket
 
     tmp = Path(tempfile.mkdtemp(prefix="ct-transfer-"))
     source = tmp / "checkpoint"
@@ -395,12 +416,7 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     try:
         for scheme in args.stores.split(","):
-            emulator = STARTERS[scheme](tmp)
-            EMULATOR_PID[:] = [emulator.proc.pid]
-            try:
-                os.environ.update(emulator.env)
-                storage._store.cache_clear()
-                create_bucket(scheme)
+            with emulated(scheme, tmp):
                 root = f"{scheme}://{BUCKET}/bench"
                 remote = storage.join(root, checkpoints.step_dir(1))
                 checkpoints.upload_files(source, files, remote)
@@ -410,10 +426,6 @@ def main() -> None:
                 print(f"{scheme}:")
                 results[scheme] = bench_store(scheme, root, source, names, files, tmp, env, args.repeat,
                                                args.parts.split(","))
-            finally:
-                emulator.stop()
-                for var in emulator.env:
-                    os.environ.pop(var, None)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("ratios (SDK best / cloudtrain, throughput): " + "; ".join(

@@ -155,20 +155,6 @@ def list_complete(uri: str, log: Log = _print) -> list[Checkpoint]:
     return _complete(uri, _steps_present(uri, log=log), log)
 
 
-def resume_point(uri: str | None) -> str:
-    """What a restart of a job with this checkpoint URI starts from, in words: ``from checkpoint N (...) under URI``
-    or ``from scratch: ...`` (what `preempt`, `wait` and `status` say, so a restart never claims a resume)."""
-    if not uri:
-        return "from scratch: the job has no checkpoint.uri"
-    complete = list_complete(uri, log=lambda _message: None)
-    if not complete:
-        return f"from scratch: no checkpoint is published under {uri} yet"
-    newest = complete[-1]
-    entries = newest.manifest.get("entries") if is_dir_layout(newest.manifest) else None
-    what = f" ({', '.join(map(str, entries))})" if isinstance(entries, list) and entries else ""
-    return f"from checkpoint {newest.step}{what} under {uri}"
-
-
 def describe_files(root: Path, rel_paths: list[str]) -> list[dict[str, Any]]:
     return [{"path": rel, "size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)} for rel in rel_paths]
 

@@ -183,7 +183,7 @@ def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
-RESTART_RESUMES = "restart_resumes"  # a status detail: what a restart starts from (cloudtrain.checkpoints.resume_point)
+RESTART_RESUMES = "restart_resumes"  # a status detail: what a restart starts from (cloudtrain.snapshots.resume_point)
 
 
 def status_text(status: JobStatus, colour: bool = False) -> str:

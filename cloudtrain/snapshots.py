@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Dict, NamedTuple
 
 from cloudtrain import checkpoints, contract, storage
-from cloudtrain.checkpoint_manifest import LAYOUT_DIR, step_dir, step_of
+from cloudtrain.checkpoint_manifest import LAYOUT_DIR, is_dir_layout, step_dir, step_of
 
 QUIET = 2.0  # seconds a snapshot must stay unchanged before it is taken for complete (CLOUDTRAIN_CHECKPOINT_QUIET)
 LIVE_AFTER = 10  # a file of no known format that changed at this many scans in a row is a log, not a checkpoint
@@ -356,6 +356,20 @@ def _by_entry(files: Files) -> dict[str, Files]:
     for rel, state in files.items():
         found.setdefault(entry_of(rel, boxes), {})[rel] = state
     return found
+
+
+def resume_point(uri: str | None) -> str:
+    """What a restart of a job with this checkpoint URI starts from, in words: ``from checkpoint N (...) under URI``
+    or ``from scratch: ...`` (what `preempt`, `wait` and `status` say, so a restart never claims a resume)."""
+    if not uri:
+        return "from scratch: the job has no checkpoint.uri"
+    complete = checkpoints.list_complete(uri, log=lambda _message: None)
+    if not complete:
+        return f"from scratch: no checkpoint is published under {uri} yet"
+    newest = complete[-1]
+    entries = newest.manifest.get("entries") if is_dir_layout(newest.manifest) else None
+    what = f" ({', '.join(map(str, entries))})" if isinstance(entries, list) and entries else ""
+    return f"from checkpoint {newest.step}{what} under {uri}"
 
 
 def _state(path: Path) -> FileState | None:

@@ -109,7 +109,7 @@ def _with_restart_point(status: Any) -> Any:
     if "checkpoint_uri" not in status.details or status.state.value in ("succeeded", "failed", "cancelled"):
         return status
     try:
-        from cloudtrain.checkpoints import resume_point
+        from cloudtrain.snapshots import resume_point
 
         status.details[RESTART_RESUMES] = resume_point(status.details["checkpoint_uri"])
     except (CloudtrainError, OSError, ImportError, ValueError):
