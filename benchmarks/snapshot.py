@@ -196,8 +196,7 @@ def main() -> None:
                 results[scheme] = bench(scheme, tmp / scheme, args.mb, args.repeat)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("ratios (SDK best / cloudtrain, throughput): " + "; ".join(
-        f"{s} " + " ".join(f"{k} {v:.2f}x" for k, v in r.items()) for s, r in results.items()))
+    print(transfer.ratios_line(results))
 
 
 if __name__ == "__main__":

@@ -428,8 +428,13 @@ def main() -> None:
                                                args.parts.split(","))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("ratios (SDK best / cloudtrain, throughput): " + "; ".join(
-        f"{s} " + " ".join(f"{k} {v:.2f}x" for k, v in r.items()) for s, r in results.items()))
+    print(ratios_line(results))
+
+
+def ratios_line(results: dict[str, dict[str, float]]) -> str:
+    """The run's last line: each store's ratios, SDK best / cloudtrain."""
+    return "ratios (SDK best / cloudtrain, throughput): " + "; ".join(
+        f"{s} " + " ".join(f"{k} {v:.2f}x" for k, v in r.items()) for s, r in results.items())
 
 
 if __name__ == "__main__":
