@@ -25,7 +25,7 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,14 +128,27 @@ def _builtin_declaration(name: str) -> Declaration:
     return found
 
 
-def _entry_points() -> dict[str, str]:
-    """``cloudtrain.providers`` entry points (name -> "module:attr"), read from the installed distributions'
-    ``entry_points.txt`` on sys.path, first distribution of a name first (as importlib.metadata orders them), read
-    afresh each time (sys.path may change). Read directly: importing importlib.metadata alone costs ~35 ms, this
-    whole scan ~3 ms (tests/test_conformance.py checks both find the same)."""
-    found: dict[str, str] = {}
+PLUGINS_ENV = "CLOUDTRAIN_PLUGINS"  # unset: every installed plugin; "none": none; "a,b": only those
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One ``cloudtrain.providers`` entry point, and the distribution that registers it."""
+
+    name: str
+    value: str  # "module:attr"
+    distribution: str
+    where: str  # its .dist-info folder: changes there change the cache key
+
+
+def _scan(path: tuple[str, ...]) -> dict[str, Entry]:
+    """``cloudtrain.providers`` entry points read from the installed distributions' ``entry_points.txt`` on
+    ``path``, first distribution of a name first (as importlib.metadata orders them). Read directly: importing
+    importlib.metadata alone costs ~35 ms, this whole scan ~3 ms (tests/test_conformance.py checks both find the
+    same)."""
+    found: dict[str, Entry] = {}
     seen: set[str] = set()
-    for folder in sys.path:
+    for folder in path:
         try:
             entries = sorted(os.scandir(folder or "."), key=lambda e: e.name)
         except OSError:
@@ -143,7 +156,8 @@ def _entry_points() -> dict[str, str]:
         for entry in entries:
             if not entry.name.endswith((".dist-info", ".egg-info")):
                 continue
-            dist = re.sub(r"[-_.]+", "_", entry.name.rsplit(".", 1)[0].split("-")[0]).lower()
+            distribution = entry.name.rsplit(".", 1)[0].split("-")[0]
+            dist = re.sub(r"[-_.]+", "_", distribution).lower()
             if dist in seen:
                 continue
             seen.add(dist)
@@ -152,8 +166,48 @@ def _entry_points() -> dict[str, str]:
             except OSError:
                 continue
             for name, value in _group(text, GROUP):
-                found.setdefault(name, value)
+                found.setdefault(name, Entry(name, value, distribution, entry.path))
     return found
+
+
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path or ".").st_mtime_ns
+    except OSError:
+        return -1
+
+
+# The last scan and what it depended on: sys.path, each entry's mtime (installing or removing a distribution adds or
+# removes its .dist-info folder there), each plugin's .dist-info mtime, and the switch. Checking that costs a stat per
+# sys.path entry (~20 us); rescanning costs ~3-13 ms, which every lookup of a plugin used to pay.
+_scanned: tuple[tuple[Any, ...], dict[str, Entry]] | None = None
+_loaded: dict[Entry, Declaration | str] = {}  # a plugin's declaration, or why it cannot be loaded
+_warned: set[Entry] = set()
+
+
+def _key(path: tuple[str, ...], found: dict[str, Entry] | None) -> tuple[Any, ...]:
+    dists = tuple(sorted({e.where for e in found.values()})) if found else ()
+    return (path, os.environ.get(PLUGINS_ENV), tuple(_mtime(p) for p in path), tuple(_mtime(d) for d in dists))
+
+
+def _entries() -> dict[str, Entry]:
+    """The entry points of the plugins in use (the switch applied), rescanned only when the key changed."""
+    global _scanned
+    path = tuple(sys.path)
+    if _scanned is not None and _key(path, _scanned[1]) == _scanned[0]:
+        return _scanned[1]
+    found = _scan(path)
+    wanted = os.environ.get(PLUGINS_ENV)
+    if wanted is not None:  # the test suites' switch: plugins installed beside cloudtrain stay out of its own tests
+        keep = {n.strip() for n in wanted.split(",")} - {"none", ""}
+        found = {n: e for n, e in found.items() if n in keep}
+    _scanned = (_key(path, found), found)
+    return found
+
+
+def _entry_points() -> dict[str, str]:
+    """``cloudtrain.providers`` entry points in use: name -> "module:attr"."""
+    return {name: entry.value for name, entry in _entries().items()}
 
 
 def _group(text: str, group: str) -> list[tuple[str, str]]:
@@ -169,49 +223,80 @@ def _group(text: str, group: str) -> list[tuple[str, str]]:
     return lines
 
 
-def _from_entry(name: str, value: str) -> Declaration:
-    module, _, attr = value.partition(":")
-    try:
-        loaded: Any = importlib.import_module(module.strip())
-        for part in attr.strip().split(".") if attr.strip() else []:
-            loaded = getattr(loaded, part)
-    except Exception as exc:  # a broken plugin must not break every command
-        raise ProviderNotFound(f"provider {name!r} ({value}) cannot be loaded: {type(exc).__name__}: {exc}",
-                               field="--provider", remedy="reinstall the package that provides it") from None
+def _from_entry(entry: Entry) -> Declaration:
+    """A plugin's declaration, imported once (until its distribution changes). Raises ProviderNotFound, naming the
+    distribution, for one that cannot be loaded."""
+    if entry not in _loaded:
+        try:
+            _loaded[entry] = _load_entry(entry)
+        except Exception as exc:  # a broken plugin: anything its import raises
+            _loaded[entry] = f"{type(exc).__name__}: {exc}"
+    found = _loaded[entry]
+    if isinstance(found, str):
+        raise ProviderNotFound(f"provider {entry.name!r} from distribution {entry.distribution!r} ({entry.value}) "
+                               f"cannot be loaded: {found}", field="--provider",
+                               remedy=f"reinstall {entry.distribution} (pip install --force-reinstall "
+                                      f"{entry.distribution}) or uninstall it")
+    return found
+
+
+def _load_entry(entry: Entry) -> Declaration:
+    module, _, attr = entry.value.partition(":")
+    loaded: Any = importlib.import_module(module.strip())
+    for part in attr.strip().split(".") if attr.strip() else []:
+        loaded = getattr(loaded, part)
     if isinstance(loaded, Declaration):
-        return loaded if loaded.name == name else replace(loaded, name=name)
+        if loaded.name != entry.name:  # a provider's name is stated once: its declaration's
+            raise ValueError(f"the entry point is named {entry.name!r} but its declaration {loaded.name!r}")
+        return loaded
+    if not isinstance(loaded, type):
+        raise TypeError(f"{entry.value} is a {type(loaded).__name__}, not a Declaration")
     # a bare Provider subclass (the older form): a provider with no options, checks or contract of its own
     package, _, leaf = module.rpartition(".")
-    return Declaration(name=name, summary=f"plugin {value}", package=package or module,
-                       provider=f"{leaf if package else ''}:{attr}")
+    return Declaration(name=entry.name, summary=f"plugin {entry.value}", package=package or module,
+                       provider=f"{leaf if package else ''}:{attr}", distribution=entry.distribution)
+
+
+def _usable(entry: Entry) -> Declaration | None:
+    """A plugin's declaration, or None (and one warning per process, naming the distribution) when it cannot be
+    loaded: a broken plugin never breaks a command that does not name it."""
+    try:
+        return _from_entry(entry)
+    except ProviderNotFound as exc:
+        if entry not in _warned:
+            _warned.add(entry)
+            print(f"cloudtrain: warning: skipping the plugin {entry.name!r} of distribution {entry.distribution!r}: "
+                  f"{exc.message.split(' cannot be loaded: ', 1)[-1]}; {exc.remedy}", file=sys.stderr)
+        return None
 
 
 def plugins() -> dict[str, Declaration]:
-    """Declarations registered through entry points, less any that would shadow a built-in."""
-    return {name: _from_entry(name, value) for name, value in _entry_points().items() if name not in BUILTIN}
+    """Declarations registered through entry points, less any that would shadow a built-in or cannot be loaded."""
+    found = {name: _usable(entry) for name, entry in _entries().items() if name not in BUILTIN}
+    return {name: decl for name, decl in found.items() if decl is not None}
 
 
 def names() -> list[str]:
-    """Every provider: built-ins first, then plugins."""
-    return [*BUILTIN, *(name for name in _entry_points() if name not in BUILTIN)]
+    """Every provider: built-ins first, then the plugins that load."""
+    return [*BUILTIN, *plugins()]
 
 
 def declaration(name: str) -> Declaration:
     if name in BUILTIN:
         return _builtin_declaration(name)
-    value = _entry_points().get(name)
-    if value is None:
+    entry = _entries().get(name)
+    if entry is None:
         raise ProviderNotFound(f"unknown provider {name!r}", field="--provider",
                                remedy="choose one of: " + ", ".join(names()))
-    return _from_entry(name, value)
+    return _from_entry(entry)
 
 
 def declarations() -> dict[str, Declaration]:
-    return {name: declaration(name) for name in names()}
+    return {**{name: _builtin_declaration(name) for name in BUILTIN}, **plugins()}
 
 
 def exists(name: str) -> bool:
-    return name in BUILTIN or name in _entry_points()
+    return name in BUILTIN or name in plugins()
 
 
 def by_platform(platform: str) -> Declaration | None:

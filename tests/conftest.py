@@ -16,6 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 # A developer's own ~/.config/cloudtrain profile must not leak into what the tests plan (subprocesses inherit this).
 os.environ["CLOUDTRAIN_CONFIG"] = str(Path(tempfile.mkdtemp(prefix="ct-config-")) / "config.yaml")
 os.environ.pop("CLOUDTRAIN_PROFILE", None)
+# Plugins installed on this machine stay out of cloudtrain's own tests (tests/plugins.py lets a test's own back in).
+os.environ["CLOUDTRAIN_PLUGINS"] = "none"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 

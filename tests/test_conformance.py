@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,29 +19,11 @@ import pytest
 from cloudtrain import registry
 from cloudtrain.handles import JobHandle
 from cloudtrain.providers.base import JobState
+from tests import plugins
 from tests.conformance import Harness, ProviderConformance
-from tests.conftest import REPO, cli_env, ddp_project
+from tests.conftest import cli_env, ddp_project
 
-PLUGIN = Path(__file__).resolve().parent / "plugin"
-
-
-@pytest.fixture
-def toy_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """toyprov installed as a distribution is: its .dist-info (entry point included) on sys.path, beside its code.
-    Subprocesses (the CLI, the toy's runner, local nodes) get the same path."""
-    site = tmp_path / "site"
-    dist = site / "toyprov-0.1.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyprov\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[cloudtrain.providers]\ntoy = toyprov:PROVIDER\n")
-    monkeypatch.syspath_prepend(str(PLUGIN))
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), str(PLUGIN), str(REPO),
-                                                                  os.environ.get("PYTHONPATH")])))
-    yield site
-    for name in [m for m in sys.modules if m == "toyprov" or m.startswith("toyprov.")]:
-        del sys.modules[name]
-
+toy_plugin = plugins.toy_plugin  # a fixture
 
 # -- the harnesses: the platform's part, per provider ------------------------------------------------
 
