@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.testing.fixtures import ddp_project, stop_every_job  # shipped for plugins' tests too
+
 REPO = Path(__file__).resolve().parents[1]
 
 # A developer's own ~/.config/cloudtrain profile must not leak into what the tests plan (subprocesses inherit this).
@@ -19,23 +21,6 @@ os.environ.pop("CLOUDTRAIN_PROFILE", None)
 # Plugins installed on this machine stay out of cloudtrain's own tests (tests/plugins.py lets a test's own back in).
 os.environ["CLOUDTRAIN_PLUGINS"] = "none"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-
-
-def stop_every_job(home: Path) -> None:
-    """A failed test must not leave its jobs running (they would hold ports and cores for the rest of the run)."""
-    import signal
-
-    from cloudtrain.procs import is_alive, kill_tagged
-    from cloudtrain.providers.local.provider import LocalProvider
-
-    if not (home / "jobs.db").exists():
-        return
-    for record in LocalProvider(home).db.list(1000):
-        if record.state in ("pending", "running", "stopping"):
-            if is_alive(record.supervisor_pid, record.supervisor_start):
-                os.kill(record.supervisor_pid, signal.SIGKILL)  # type: ignore[arg-type]
-            for node in record.nodes:
-                kill_tagged(node.get("tag"))
 
 
 @pytest.fixture
@@ -65,14 +50,6 @@ def cli(ct_home: Path, tmp_path: Path) -> Callable[..., subprocess.CompletedProc
                               capture_output=True, text=True, timeout=timeout)
 
     return run
-
-
-def ddp_project(root: Path) -> Path:
-    """``root/proj`` holding the reference DDP trainer (train_ddp.py): the project most plan tests submit."""
-    proj = root / "proj"
-    proj.mkdir()
-    (proj / "train_ddp.py").write_bytes((REPO / "entrypoints" / "train_ddp.py").read_bytes())
-    return proj
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from cloudtrain.providers.slurm import clients
 from cloudtrain.providers.slurm.node import detect, expand_hostlist
 from cloudtrain.providers.slurm.status import STATES, job_state
 from cloudtrain.sdk import Job, plan_job
-from tests.conformance import Harness, ProviderConformance
+from cloudtrain.testing import Harness, ProviderConformance
 from tests.conftest import REPO, cli_env, ddp_project, wait_for
 from tests.slurm_cluster import PARTITION, SlurmCluster, slurm, slurm_cluster  # noqa: F401 - fixtures
 from tests.sshd import ALIAS, Sshd, sshd  # noqa: F401 - a fixture

@@ -1,17 +1,24 @@
-"""One conformance suite every provider passes, like the storage suite (tests/test_storage.py) and fsspec's abstract
-tests: ``ProviderConformance`` holds the tests, and each provider's class in tests/test_conformance.py inherits them
-with a ``harness`` fixture that plays the platform's part (a fake control plane, or the real processes).
+"""One conformance suite every provider passes, like fsspec's abstract tests: ``ProviderConformance`` holds the
+tests, and each provider's test class inherits them with a ``harness`` fixture that plays the platform's part (a fake
+control plane, or the real processes). cloudtrain's own providers use it in tests/test_conformance.py and
+tests/test_slurm.py; a plugin's package uses it the same way, with cloudtrain installed (no source checkout).
 
 What every provider must do: plan offline into the same shape, refusing bad options by their field; submit once
 per plan, even when the reply to a create is lost and the submit is retried; map every state of its platform onto
 cloudtrain's; end ``logs(follow=True)`` when the job ends; cancel idempotently; resubmit where it declares it can;
-and its node contract, emulated on this machine by the local provider, runs the plan's job.
+show up wherever providers are listed (``--help``, ``schema``, ``config``, ``doctor``, ``--emulate``); and its node
+contract, emulated on this machine by the local provider, runs the plan's job.
+
+Fixtures it uses: ``harness`` (yours) and ``ct_home`` (cloudtrain's pytest plugin, cloudtrain.testing.fixtures).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -22,10 +29,10 @@ import pytest
 from cloudtrain import registry
 from cloudtrain.errors import SpecError, UserError
 from cloudtrain.handles import JobHandle
+from cloudtrain.home import resource_dir
 from cloudtrain.providers.base import JobState, Provider
 from cloudtrain.sdk import Job, plan_job
 from cloudtrain.spec import JobSpec, validate_spec
-from tests.conftest import REPO
 
 PRINTS = "import os\nprint('conformance says hi from rank', os.environ['RANK'], flush=True)\n"
 SLEEPS = "import time\ntime.sleep(300)\n"
@@ -56,6 +63,13 @@ class Harness(ABC):
 
     def preempt(self, handle: JobHandle) -> None:
         raise NotImplementedError
+
+
+def cli(home: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``cloudtrain ARGS`` as a user runs it, seeing the modules (and so the plugins) this process sees."""
+    path = os.pathsep.join(p for p in sys.path if p)
+    return subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "CLOUDTRAIN_HOME": str(home), "PYTHONPATH": path}, timeout=240)
 
 
 def _written(home: Path) -> set[str]:
@@ -152,7 +166,8 @@ class ProviderConformance:
         """The local provider runs two nodes under this provider's node contract (the same module the plan's
         torchrun lines come from, shipped in the bundle): they meet, all-reduce, and the job succeeds."""
         platform = registry.declaration(harness.provider.name).platform_name
-        (harness.project / "plain_torchrun.py").write_text((REPO / "entrypoints" / "plain_torchrun.py").read_text())
+        trainer = resource_dir("entrypoints") / "plain_torchrun.py"
+        (harness.project / "plain_torchrun.py").write_text(trainer.read_text())
         emulate = {} if platform == "local" else {"providers": {"local": {"emulate": platform}}}
         job = Job(script="plain_torchrun.py", source_dir=str(harness.project), nodes=2, procs_per_node=1, **emulate)
         with job.plan("local") as plan:
@@ -166,3 +181,36 @@ class ProviderConformance:
         for rank, line in enumerate(planned):
             assert f"node {rank}/2 on {platform}" in logs
             assert line[line.index("--nnodes") + 1] == "2"
+
+    def test_shows_up_wherever_providers_are_listed(self, harness: Harness, ct_home: Path) -> None:
+        """``--help``, ``schema`` (its options block, unknown keys refused), ``config`` (each setting it declares),
+        ``doctor`` (its checks) and ``--emulate`` (its node contract) name the provider, as they name the built-ins."""
+        decl = registry.declaration(harness.provider.name)
+        name, project = decl.name, harness.project
+        helped = cli(ct_home, "plan", "--help", cwd=project)
+        assert helped.returncode == 0 and name in helped.stdout, helped.stderr[-2000:]
+        contract = decl.node and name != "local"
+        if contract:
+            assert decl.platform_name in helped.stdout  # --emulate's choices
+        assert name in cli(ct_home, "doctor", "--help", cwd=project).stdout
+        schema = json.loads(cli(ct_home, "schema", cwd=project).stdout)
+        block = schema["$defs"]["ProviderOptions"]["properties"][name]
+        if decl.options:
+            ref = next(s["$ref"] for s in [block, *block.get("anyOf", [])] if "$ref" in s).rsplit("/", 1)[1]
+            assert schema["$defs"][ref]["additionalProperties"] is False
+        shown = cli(ct_home, "config", "-p", name, "-o", "json", cwd=project)
+        assert shown.returncode == 0, shown.stderr[-2000:]
+        keys = {s["key"] for s in json.loads(shown.stdout)["settings"]}
+        assert {f"providers.{name}.{key}" for key in decl.env} <= keys
+        checked = cli(ct_home, "doctor", "-p", name, "-o", "json", cwd=project)
+        assert checked.returncode in (0, 1), checked.stderr[-2000:]  # 1: something is missing on this machine
+        assert any(c["area"] == name for c in json.loads(checked.stdout)) or not decl.doctor
+        if contract:
+            (project / "prints.py").write_text(PRINTS)
+            planned = cli(ct_home, "plan", "prints.py", "--nodes", "2", "--emulate", decl.platform_name, "-o", "json",
+                          cwd=project)
+            assert planned.returncode == 0, planned.stderr[-2000:]
+            plan = json.loads(planned.stdout)
+            assert plan["request"]["emulate"] == decl.platform_name
+            argv = plan["nodes"][0]["argv"]
+            assert argv[argv.index("--node-contract") + 1] == decl.node_path()  # shipped in the bundle's lib/

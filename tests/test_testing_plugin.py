@@ -1,0 +1,98 @@
+"""The conformance suite ships with cloudtrain (``cloudtrain.testing``, a ``pytest11`` plugin): a provider package's
+tests, run where cloudtrain is installed as a wheel installs it and no cloudtrain source checkout exists, inherit
+``ProviderConformance`` and get its fixtures from the plugin (no conftest). And the plugin stays out of the way of
+every other pytest run and of the CLI: its module top imports nothing heavy."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import tomllib
+
+from tests.conftest import REPO
+from tests.plugins import PLUGIN
+from tests.test_import_cost import HEAVY, imported_modules
+
+PLUGIN_TESTS = '''
+import pytest
+
+from cloudtrain.registry import get_provider
+from cloudtrain.testing import Harness, ProviderConformance, ddp_project
+
+
+class ToyHarness(Harness):
+    fields = {"providers": {"toy": {"queue": "batch"}}}
+
+    def __init__(self, project):
+        from toyprov.provider import STATES, job_state
+
+        self.project, self.provider, self.job_state = project, get_provider("toy"), job_state
+        self.status_table = list(STATES.items())
+
+    def state_of(self, native):
+        return self.job_state(native)
+
+    def lose_next_submit_reply(self):
+        self.provider.lose_next_reply = True
+
+
+class TestToy(ProviderConformance):
+    @pytest.fixture
+    def harness(self, ct_home, tmp_path):
+        return ToyHarness(ddp_project(tmp_path))
+'''
+
+
+def installed_like_a_wheel(site: Path) -> None:
+    """cloudtrain as its wheel installs it (pyproject's hatch config): the package with entrypoints/ inside, and a
+    .dist-info holding the entry points pyproject declares."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    shutil.copytree(REPO / "cloudtrain", site / "cloudtrain", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "entrypoints", site / "cloudtrain" / "_entrypoints")
+    dist = site / f"cloudtrain-{project['version']}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: cloudtrain\nVersion: {project['version']}\n")
+    groups = project.get("entry-points", {})
+    (dist / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()) for group, entries in groups.items()))
+
+
+def test_a_plugin_package_runs_the_shipped_suite_without_a_cloudtrain_checkout(tmp_path: Path) -> None:
+    site, package = tmp_path / "site", tmp_path / "toyprov-src"
+    installed_like_a_wheel(site)
+    shutil.copytree(PLUGIN / "toyprov", package / "toyprov", ignore=shutil.ignore_patterns("__pycache__"))
+    dist = site / "toyprov-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyprov\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[cloudtrain.providers]\ntoy = toyprov:PROVIDER\n")
+    (package / "tests").mkdir()
+    (package / "tests" / "test_toy.py").write_text(PLUGIN_TESTS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLOUDTRAIN_")}  # as on the plugin author's machine
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(package)])
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+                           "tests/test_toy.py", "-W", "error::pytest.PytestUnknownMarkWarning"],
+                          cwd=package, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "7 passed" in done.stdout and "1 deselected" in done.stdout, done.stdout[-2000:]
+    probe = subprocess.run([sys.executable, "-c", "import cloudtrain, tests.conftest"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert probe.returncode != 0 and "No module named 'tests" in probe.stderr  # no checkout on that path
+
+
+def test_the_pytest_plugin_module_imports_nothing_heavy() -> None:
+    names = imported_modules("import cloudtrain.testing.fixtures")
+    assert sorted(n for n in names if n.split(".")[0] in HEAVY) == []
+    assert {n for n in names if n.startswith("cloudtrain")} <= {"cloudtrain", "cloudtrain._lazy",
+                                                                 "cloudtrain.testing", "cloudtrain.testing.fixtures"}
+
+
+def test_the_cli_never_imports_the_suite(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    env = {**os.environ, "CLOUDTRAIN_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+    code = "from cloudtrain.cli.main import main\nraise SystemExit(main(['plan', 'train.py', '--provider', 'local']))"
+    names = imported_modules(code, cwd=tmp_path, env=env)
+    assert "cloudtrain.spec" in names and not [n for n in names if n.startswith("cloudtrain.testing")]
