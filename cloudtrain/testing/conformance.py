@@ -102,9 +102,9 @@ class ProviderConformance:
                     provider.contract(plan.spec).name).node_path() in node.argv
             document = json.loads(json.dumps(plan.to_dict()))
             assert document["job_id"] == plan.job_id and document["request"]
-        with pytest.raises(SpecError) as refused:  # its options model, unknown keys refused by their field
+        with pytest.raises(SpecError) as unknown:  # its options model, unknown keys refused by their field
             validate_spec({"script": "prints.py", "providers": {provider.name: {"no_such_option": 1}}})
-        assert f"providers.{provider.name}.no_such_option" in refused.value.message
+        assert f"providers.{provider.name}.no_such_option" in unknown.value.message
 
     def test_submit_retried_after_a_lost_reply_creates_one_job(self, harness: Harness) -> None:
         provider = harness.provider
@@ -168,7 +168,7 @@ class ProviderConformance:
         platform = registry.declaration(harness.provider.name).platform_name
         trainer = resource_dir("entrypoints") / "plain_torchrun.py"
         (harness.project / "plain_torchrun.py").write_text(trainer.read_text())
-        emulate = {} if platform == "local" else {"providers": {"local": {"emulate": platform}}}
+        emulate: dict[str, Any] = {} if platform == "local" else {"providers": {"local": {"emulate": platform}}}
         job = Job(script="plain_torchrun.py", source_dir=str(harness.project), nodes=2, procs_per_node=1, **emulate)
         with job.plan("local") as plan:
             assert plan.request["emulate"] == (None if platform == "local" else platform)
