@@ -191,13 +191,13 @@ def status_text(status: JobStatus, colour: bool = False) -> str:
              + (f"  ({status.message})" if status.message else "")]
     lines.append(f"  created {_when(status.created_at)}  started {_when(status.started_at)}  "
                  f"ended {_when(status.ended_at)}")
-    scalars = {k: v for k, v in status.details.items() if v is not None and not isinstance(v, (list, dict))
+    scalars = {k: v for k, v in status.facts().items() if v is not None and not isinstance(v, (list, dict))
                and k != RESTART_RESUMES}
     if scalars:
         lines.append("  " + "  ".join(f"{k} {v}" for k, v in scalars.items()))
-    if status.details.get(RESTART_RESUMES):
-        lines.append(f"  a restart resumes {status.details[RESTART_RESUMES]}")
-    for node in status.details.get("nodes", []):
+    if status.restart_resumes:
+        lines.append(f"  a restart resumes {status.restart_resumes}")
+    for node in status.nodes or []:
         code = node.get("exit_code")
         lines.append(f"  node {node['rank']}: pid {node.get('pid')}  "
                      + (f"exit {code} ({node.get('outcome')})" if code is not None else "running")

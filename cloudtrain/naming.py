@@ -1,10 +1,16 @@
-"""Tags (labels) as each platform accepts them: one spec's ``tags:`` may hold what one cloud allows and another
+"""Job names and tags (labels) as each platform accepts them.
+
+A job name is checked against the provider's declared ``name_pattern`` (registry.Declaration) when it is planned or
+resubmitted, so a name the platform would refuse is a spec error naming the rule, not a failed submit.
+
+Tags (labels) as each platform accepts them: one spec's ``tags:`` may hold what one cloud allows and another
 refuses. Characters a platform refuses become '_' and over-long parts are cut; every change is reported, so a plan
 says what it did instead of a submit failing minutes later. The rule (which characters, how long) is each provider's,
 in its request.py; applying it and reporting changes is done here, once."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from cloudtrain.errors import SpecError
@@ -25,3 +31,11 @@ def platform_tags(provider: str, tags: dict[str, str], rule: Rule) -> tuple[dict
             notes.append(f"{provider}: tag {key}={value!r} sent as {new_key}={new_value!r} (platform rules)")
         out[new_key] = new_value
     return out, notes
+
+
+def check_job_name(provider: str, name: str, pattern: str | None, rule: str = "") -> None:
+    """Refuse a job name the platform would refuse (``pattern``: the provider's ``Declaration.name_pattern``)."""
+    if pattern is None or re.fullmatch(pattern, name):
+        return
+    raise SpecError(f"job name {name!r} breaks {provider}'s rule for job names: {rule or pattern}", field="name",
+                    remedy="choose a shorter name of lowercase letters, digits and '-' (--name)")

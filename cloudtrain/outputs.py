@@ -33,7 +33,7 @@ class OutputFile:
 
 def output_uri(provider: Any, handle: JobHandle) -> str:
     """The job's output location, as the platform holds the job (so it works from any machine)."""
-    uri = provider.describe(handle).details.get("output_uri")
+    uri = provider.describe(handle).output_uri
     if not uri:
         raise UserError(f"{handle} has no output location cloudtrain can read",
                         remedy="set output_uri in the spec (s3://, gs://, az:// or file://) for jobs you submit; "

@@ -78,7 +78,7 @@ def begin(provider: Provider, handle: JobHandle, *, max_restarts: int | None = N
     if state is None:
         limit = max_restarts
         if limit is None:  # the platform remembers what the spec asked for (a tag / label)
-            limit = int(provider.describe(handle).details.get("max_restarts") or 0)
+            limit = provider.describe(handle).max_restarts or 0
         state = RecoveryState(root=str(handle), max_restarts=limit, retry_failed=retry_failed, chain=[str(handle)])
         save(state)
     elif max_restarts is not None and max_restarts != state.max_restarts:
@@ -119,5 +119,5 @@ def wait_with_recovery(provider: Provider, handle: JobHandle, *, max_restarts: i
         status = provider.wait(current, timeout=left, poll=poll)
         current = advance(provider, state, status, log)
         if current is None:
-            status.details["recovery"] = {"chain": state.chain, "restarts": state.restarts}
+            status.recovery = {"chain": state.chain, "restarts": state.restarts}
             return status

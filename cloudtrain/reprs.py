@@ -86,7 +86,7 @@ def status_html(status: JobStatus) -> str:
     rows: list[tuple[str, Any]] = [("state", badge(status.state.value)), ("message", status.message or "-"),
                                    ("created", when(status.created_at)), ("started", when(status.started_at)),
                                    ("ended", when(status.ended_at))]
-    rows += [(k, v) for k, v in status.details.items() if v is not None and not isinstance(v, (list, dict))]
+    rows += [(k, v) for k, v in status.facts().items() if v is not None and not isinstance(v, (list, dict))]
     return table(f"Run {status.handle}", rows)
 
 

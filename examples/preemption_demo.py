@@ -34,7 +34,7 @@ def main() -> None:
             get_provider("local").preempt(run.handle)  # the same as `cloudtrain preempt <handle>`
             preempted = True
     status = run.wait()
-    print(f"\n{run.handle}: {status.state.value} after {status.details['restarts']} restart(s); "
+    print(f"\n{run.handle}: {status.state.value} after {status.restarts} restart(s); "
           f"checkpoints in {store / 'checkpoints'}, final model in {store / 'output' / 'model.pt'}")
     if status.state.value != "succeeded" or not preempted:
         raise SystemExit(1)

@@ -509,9 +509,9 @@ class Soak:
             return False
         self.report.interruptions.append(record)
         if kind == "sigterm":
-            self.preempt(handle, status.details["restarts"])
+            self.preempt(handle, status.restarts)
         else:
-            self.kill(handle, status.details["nodes"], record)
+            self.kill(handle, status.nodes, record)
         self.retire()
         c.log(f"interruption {len(self.report.interruptions)}: {kind}/{moment} at step {record.at_step} "
               f"({in_flight})")
@@ -528,17 +528,17 @@ class Soak:
         """SIGTERM to every node, as `cloudtrain preempt` sends it; the supervisor restarts the job."""
         from cloudtrain.procs import is_alive
 
-        old = [n["pid"] for n in self.status(handle).details["nodes"]]
+        old = [n["pid"] for n in self.status(handle).nodes]
         self.provider.preempt(handle)
         deadline = time.monotonic() + self.cfg.timeout
         while time.monotonic() < deadline:
             status = self.status(handle)
-            if status.details["restarts"] > restarts or status.state.value not in ("pending", "running", "stopping"):
+            if status.restarts > restarts or status.state.value not in ("pending", "running", "stopping"):
                 break
             time.sleep(0.05)
         else:
             raise AssertionError(f"{self.handle} was not restarted after preemption")
-        current = {n["pid"] for n in self.status(handle).details["nodes"]}
+        current = {n["pid"] for n in self.status(handle).nodes}
         alive = [pid for pid in old if is_alive(pid) and pid not in current]
         if alive:
             self.report.problems.append(f"preempted nodes {alive} still alive after the restart")
@@ -585,7 +585,7 @@ class Soak:
         done = sum(a.last_step - a.begin for a in attempts.values())
         self.report.attempts = len(attempts)
         self.report.steps_redone = done - self.report.total_steps
-        self.report.restarts = sum(self.status(JobHandle("local", job)).details["restarts"] for job in self.jobs)
+        self.report.restarts = sum(self.status(JobHandle("local", job)).restarts for job in self.jobs)
 
     def check_cleanup(self) -> None:
         from cloudtrain import checkpoints
@@ -596,7 +596,7 @@ class Soak:
         while home_processes(self.home) and time.monotonic() < deadline:
             time.sleep(0.2)
         orphans = home_processes(self.home)
-        tags = [n["tag"] for job in self.jobs for n in self.status(JobHandle("local", job)).details["nodes"]]
+        tags = [n["tag"] for job in self.jobs for n in self.status(JobHandle("local", job)).nodes]
         if orphans or any(tag_alive(t) for t in tags):
             described = []
             for pid in orphans:

@@ -280,7 +280,7 @@ def test_sdk_recovery_stops_when_restarts_run_out_and_never_retries_user_failure
     azure.set_status(first, "Failed", PREEMPTED)
     threading.Timer(1.0, lambda: azure.set_status(f"{first[:55]}-r1", "Failed", PREEMPTED)).start()
     status = run.wait(timeout=60, poll=0.1, recover=True)
-    assert status.state is JobState.PREEMPTED and status.details["recovery"]["restarts"] == 1
+    assert status.state is JobState.PREEMPTED and status.recovery["restarts"] == 1
     assert run.handle.job_id == f"{first[:55]}-r1"  # the Run follows the newest submission
 
     failing = Job(script="train_ddp.py", source_dir=str(project), max_restarts=3, providers={"azure": WORKSPACE},

@@ -350,10 +350,10 @@ def test_sdk_recovery_resubmits_a_job_preempted_twice(vertex: VertexFake, projec
     run = Job(script="train_ddp.py", source_dir=str(project), nodes=2, spot=True, max_restarts=2,
               checkpoint={"uri": f"gs://{BUCKET}/ckpt"}).submit("gcp")
     root = run.handle
-    assert provider.describe(root).details["max_restarts"] == 2  # read back from the job's label
+    assert provider.describe(root).max_restarts == 2  # read back from the job's label
     status = run.wait(poll=0.01, recover=True)
     assert status.state is JobState.SUCCEEDED
-    assert status.details["recovery"]["restarts"] == 2 and len(vertex.jobs) == 3
+    assert status.recovery["restarts"] == 2 and len(vertex.jobs) == 3
     jobs = sorted(vertex.jobs.values(), key=lambda j: j["createTime"])
     names = [j["displayName"] for j in jobs]
     assert names[1:] == [f"{root.job_id}-r1", f"{root.job_id}-r2"]  # recovery names restarts after the root's id

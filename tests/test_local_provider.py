@@ -256,7 +256,7 @@ def test_ctrl_c_or_sigterm_in_the_foreground_cancels_cleanly(ct_home: Path, tmp_
     assert f"{said}: cancelling local://sleeper-" in err and "cancelled" in err
     job = LocalProvider(ct_home).list()[0]
     assert job.state.value == "cancelled"
-    wait_for(lambda: not any(group_alive(n["pid"]) or tag_alive(n["tag"]) for n in job.details["nodes"]), timeout=10)
+    wait_for(lambda: not any(group_alive(n["pid"]) or tag_alive(n["tag"]) for n in job.nodes), timeout=10)
 
 
 def test_plan_text_shows_what_the_nodes_will_run(cli, tmp_path: Path) -> None:

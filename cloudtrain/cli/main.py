@@ -104,14 +104,13 @@ def _with_restart_point(status: Any) -> Any:
     """A job that may restart (running, stopping, preempted) says what a restart starts from: the newest checkpoint
     its store holds, or "from scratch" (read from the store here; said nothing where this machine cannot read it)."""
     from cloudtrain.errors import CloudtrainError
-    from cloudtrain.formatting import RESTART_RESUMES
 
-    if "checkpoint_uri" not in status.details or status.state.value in ("succeeded", "failed", "cancelled"):
+    if not status.checkpoint_uri or status.state.value in ("succeeded", "failed", "cancelled"):
         return status
     try:
         from cloudtrain.snapshots import resume_point
 
-        status.details[RESTART_RESUMES] = resume_point(status.details["checkpoint_uri"])
+        status.restart_resumes = resume_point(status.checkpoint_uri)
     except (CloudtrainError, OSError, ImportError, ValueError):
         pass
     return status
@@ -139,12 +138,9 @@ def cmd_preempt(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import emit, status_text
 
     provider, handle = _provider_for(args.handle)
-    if not hasattr(provider, "preempt"):
-        raise UserError(f"provider {handle.provider!r} cannot be preempted on request",
-                        remedy="`cloudtrain preempt` rehearses spot interruptions on local jobs")
-    status = _with_restart_point(provider.preempt(handle))
+    status = _with_restart_point(provider.preempt(handle))  # refused where not declared (Capability.PREEMPT)
     if args.output != "text":
-        sent = sum(1 for n in status.details.get("nodes", []) if n.get("exit_code") is None)
+        sent = sum(1 for n in status.nodes or [] if n.get("exit_code") is None)
         emit({**status.to_dict(), "sent": {"signal": "SIGTERM", "nodes": sent}}, args.output)
         return 0
     from cloudtrain.cli.render import preempt_text

@@ -9,7 +9,6 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.formatting import (
-    RESTART_RESUMES,
     _when,
     columns,
     estimate_text,
@@ -42,10 +41,10 @@ def emit(data: Any, fmt: str) -> None:
 
 def preempt_text(status: JobStatus) -> str:
     """What `cloudtrain preempt` did, and what will follow: a restart that resumes, or the end of the job."""
-    nodes = [n for n in status.details.get("nodes", []) if n.get("exit_code") is None]
-    restarts, most = int(status.details.get("restarts") or 0), int(status.details.get("max_restarts") or 0)
+    nodes = [n for n in status.nodes or [] if n.get("exit_code") is None]
+    restarts, most = status.restarts or 0, status.max_restarts or 0
     lines = [f"sent SIGTERM to {len(nodes)} node(s) of {status.handle}, as a spot interruption would"]
-    resumes = status.details.get(RESTART_RESUMES) or "from its newest checkpoint"
+    resumes = status.restart_resumes or "from its newest checkpoint"
     if restarts < most:
         lines.append(f"it restarts (restart {restarts + 1} of {most}) and resumes {resumes}"
                      if not resumes.startswith("from scratch") else

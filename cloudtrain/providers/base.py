@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from cloudtrain import registry
-from cloudtrain.errors import CloudtrainError, SpecError, UserError
+from cloudtrain.errors import CloudtrainError, HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
+from cloudtrain.naming import check_job_name
 
 if TYPE_CHECKING:
     from cloudtrain.packaging import Package
@@ -38,8 +39,31 @@ class JobState(str, enum.Enum):
         return self in {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED}
 
 
+class Capability(str, enum.Enum):
+    """What a provider can do, declared in ``Provider.capabilities`` and checked before anything is sent: a plan
+    (spot, several nodes, accelerators), ``resubmit`` (cloudtrain's recovery resubmits a preempted job) and
+    ``preempt`` (``cloudtrain preempt`` rehearses a spot interruption)."""
+
+    MULTI_NODE = "multi_node"  # a job of several nodes
+    SPOT = "spot"  # preemptible capacity (spot, low priority, a preemptible partition)
+    ACCELERATORS = "accelerators"  # GPUs (spec.accelerator)
+    RESUBMIT = "resubmit"  # Provider._resubmit: an ended job submitted again from the definition the platform holds
+    PREEMPT = "preempt"  # Provider._preempt: every node of a running job gets SIGTERM, as from the platform
+
+    __hash__ = str.__hash__  # so "spot" in capabilities is also true (plugins written before the enum use strings)
+
+
+# The keys of JobStatus.to_dict() that are typed fields: where a provider puts what the core reads.
+TYPED = ("nodes", "restarts", "max_restarts", "output_uri", "checkpoint_uri", "restart_resumes", "recovery")
+_ALWAYS = ("output_uri", "checkpoint_uri")  # shown as null when unknown; the others only when set
+
+
 @dataclass
 class JobStatus:
+    """One job as its platform describes it. What the core reads is typed (below ``details``); ``details`` holds
+    the platform's own facts (shown by ``status``, never read by the core). ``to_dict()`` (``-o json``) puts both
+    in one flat object, as earlier releases did."""
+
     handle: JobHandle
     name: str
     state: JobState
@@ -48,6 +72,26 @@ class JobStatus:
     started_at: float | None = None
     ended_at: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    # -- read by the core ---------------------------------------------------------------------------------
+    output_uri: str | None = None  # where the job's outputs are (`cloudtrain outputs`), as the platform holds it
+    checkpoint_uri: str | None = None  # the store a restart resumes from (status says from which checkpoint)
+    restarts: int | None = None  # restarts so far (the platform's, or cloudtrain's); None: not counted
+    max_restarts: int | None = None  # what the spec allowed, as the platform holds it (recovery reads it)
+    nodes: builtins.list[dict[str, Any]] | None = None  # per node: rank, pid, exit_code, outcome, log ...
+    restart_resumes: str | None = None  # set by the CLI: what a restart would start from
+    recovery: dict[str, Any] | None = None  # set by `wait --recover`: the chain of resubmissions
+
+    def __post_init__(self) -> None:
+        for key in TYPED:  # a provider written before these fields were typed put them in details
+            if key in self.details:
+                value = self.details.pop(key)
+                if getattr(self, key) is None:
+                    setattr(self, key, value)
+
+    def facts(self) -> dict[str, Any]:
+        """Everything known beyond state, message and times: the typed fields that are set, then details."""
+        typed = {k: getattr(self, k) for k in TYPED if getattr(self, k) is not None or k in _ALWAYS}
+        return {**typed, **self.details}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -58,20 +102,46 @@ class JobStatus:
             "created_at": self.created_at,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
-            **self.details,
+            **self.facts(),
         }
 
 
+class _ByName:
+    """``Provider.declaration`` of a provider class that states only a ``name`` (the older form): the registry's."""
+
+    def __get__(self, obj: object, owner: type[Provider]) -> registry.Declaration:
+        return registry.declaration(owner.name)
+
+
 class Provider(ABC):
-    name: ClassVar[str]
+    """A platform, plan-first. A subclass states its declaration (``declaration = PROVIDER``, from its folder's
+    ``__init__.py``); its ``name`` is the declaration's."""
+
+    declaration: ClassVar[registry.Declaration] = _ByName()  # type: ignore[assignment]
+    name: ClassVar[str]  # = declaration.name, set for each subclass
     # Declared up front and checked at plan time, so a spec never reaches a platform that cannot honour it.
-    capabilities: ClassVar[frozenset[str]] = frozenset()
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
     poll_seconds: float = 5.0  # between status checks while waiting (a cloud's API has rate limits)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("declaration")
+        if declared is not None:
+            if cls.__dict__.get("name", declared.name) != declared.name:
+                raise TypeError(f"{cls.__name__}.name {cls.__dict__['name']!r} differs from its declaration's "
+                                f"{declared.name!r}: state the name once, in the declaration")
+            cls.name = declared.name
+        try:  # strings are accepted (plugins written before the enum); anything else is a mistake, said now
+            cls.capabilities = frozenset(Capability(c) for c in cls.capabilities)
+        except ValueError as exc:
+            raise TypeError(f"{cls.__name__}.capabilities: {exc}; one of "
+                            f"{', '.join(c.value for c in Capability)}") from None
 
     # -- public template methods ------------------------------------------------------------------------
     def plan(self, spec: JobSpec, package: Package) -> Plan:
         self._check_capabilities(spec)
         plan = self._plan(spec, package)
+        check_job_name(self.name, plan.job_id, self.declaration.name_pattern, self.declaration.name_rule)
         self._check_processes(plan)
         from cloudtrain.images import torch_note
 
@@ -122,10 +192,19 @@ class Provider(ABC):
         checkpoint URI and environment), so it resumes from its newest checkpoint. Nothing is read from local disk:
         a laptop that never saw the first submit can recover the job. A job already named ``new_name`` that is a
         resubmission of ``handle`` is returned as is (the call was retried)."""
-        if "resubmit" not in self.capabilities:
+        if Capability.RESUBMIT not in self.capabilities:
             raise UserError(f"provider {self.name!r} cannot resubmit jobs",
                             remedy="submit the same spec again; it resumes from checkpoint.uri")
+        check_job_name(self.name, new_name, self.declaration.name_pattern, self.declaration.name_rule)
         return self._resubmit(self._own(handle), new_name)
+
+    def preempt(self, handle: JobHandle) -> JobStatus:
+        """Rehearse a spot interruption of a running job (where declared: ``Capability.PREEMPT``): every node gets
+        SIGTERM as from the platform; the job restarts where it has restarts left, else it ends preempted."""
+        if Capability.PREEMPT not in self.capabilities:
+            raise UserError(f"provider {self.name!r} cannot be preempted on request",
+                            remedy="`cloudtrain preempt` rehearses spot interruptions on local jobs")
+        return self._preempt(self._own(handle))
 
     def wait(self, handle: JobHandle, timeout: float | None = None, poll: float = 1.0,
              on_poll: Callable[[JobStatus], None] | None = None) -> JobStatus:
@@ -142,10 +221,6 @@ class Provider(ABC):
             time.sleep(poll)
 
     # -- what every provider's plan shares ---------------------------------------------------------------
-    @property
-    def declaration(self) -> registry.Declaration:
-        return registry.declaration(self.name)
-
     def contract(self, spec: JobSpec) -> registry.Declaration:
         """The provider whose node contract this job's nodes run under: this one's (local: the emulated one's)."""
         return self.declaration
@@ -218,8 +293,9 @@ class Provider(ABC):
 
     # -- hooks -----------------------------------------------------------------------------------------
     def _check_capabilities(self, spec: JobSpec) -> None:
-        needs = {"spot": spec.spot, "multi_node": spec.nodes > 1, "accelerators": bool(spec.accelerator)}
-        missing = [feature for feature, wanted in needs.items() if wanted and feature not in self.capabilities]
+        needs = {Capability.SPOT: spec.spot, Capability.MULTI_NODE: spec.nodes > 1,
+                 Capability.ACCELERATORS: bool(spec.accelerator)}
+        missing = [feature.value for feature, wanted in needs.items() if wanted and feature not in self.capabilities]
         if missing:
             raise UserError(f"provider {self.name!r} does not support: {', '.join(missing)}",
                             remedy="remove those settings or choose another provider")
@@ -243,9 +319,19 @@ class Provider(ABC):
         """How the job is billed: on_demand or spot (Vertex adds flex_start)."""
         return "spot" if spec.spot else "on_demand"
 
+    def handle(self, job_id: str, scope: tuple[str, ...] = ()) -> JobHandle:
+        """Hook: the handle of one of this provider's jobs. ``scope`` names where the job lives, in the order the
+        declaration's ``handle_scope`` says (aws: the region; azure: subscription, resource group, workspace)."""
+        if len(scope) != len(self.declaration.handle_scope):
+            raise ValueError(f"a {self.name} handle names {self.declaration.handle_form()}, not scope {scope!r}")
+        return JobHandle(self.name, job_id, scope)
+
     def _own(self, handle: JobHandle) -> JobHandle:
         if handle.provider != self.name:
             raise UserError(f"{handle} belongs to provider {handle.provider!r}, not {self.name!r}")
+        if len(handle.scope) != len(self.declaration.handle_scope):
+            raise HandleError(f"{handle} is not a {self.name} job handle: those are {self.declaration.handle_form()}",
+                              remedy="copy the handle exactly as `cloudtrain submit` or `cloudtrain list` prints it")
         return handle
 
     @abstractmethod
@@ -267,4 +353,7 @@ class Provider(ABC):
     def _list(self, limit: int) -> builtins.list[JobStatus]: ...
 
     def _resubmit(self, handle: JobHandle, new_name: str) -> JobHandle:
-        raise NotImplementedError  # providers that declare the "resubmit" capability implement it
+        raise NotImplementedError  # providers that declare Capability.RESUBMIT implement it
+
+    def _preempt(self, handle: JobHandle) -> JobStatus:
+        raise NotImplementedError  # providers that declare Capability.PREEMPT implement it

@@ -14,4 +14,6 @@ PROVIDER = Declaration(
                   "bucket": "set-providers-aws-bucket"},
     doctor="doctor:checks", node="node", platform="sagemaker", catalog="catalog.json",
     instance_option="providers.aws.instance_type", torch_minors="images:offered_minors", export="export",
+    name_pattern=r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", name_rule="TrainingJobName: letters, digits and '-', at most 63",
+    handle_scope=("region",),
 )

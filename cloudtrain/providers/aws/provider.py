@@ -19,12 +19,13 @@ from cloudtrain.images import Runtime, custom
 from cloudtrain.nodes import bootstrap_args, launcher_note
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
+from cloudtrain.providers.aws import PROVIDER
 from cloudtrain.providers.aws import request as rq
 from cloudtrain.providers.aws.clients import aws_errors, configured_region, session
 from cloudtrain.providers.aws.images import runtime_for
 from cloudtrain.providers.aws.status import describe_details, job_state
 from cloudtrain.providers.aws.validate import check_request
-from cloudtrain.providers.base import JobStatus, Provider
+from cloudtrain.providers.base import Capability, JobStatus, Provider
 from cloudtrain.spec import JobSpec, project_options
 from cloudtrain.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
 
@@ -36,8 +37,8 @@ class _Exists(Exception):
 
 
 class SageMakerProvider(Provider):
-    name = "aws"
-    capabilities = frozenset({"multi_node", "spot", "accelerators"})
+    declaration = PROVIDER
+    capabilities = frozenset({Capability.MULTI_NODE, Capability.SPOT, Capability.ACCELERATORS})
 
     def __init__(self, client_config: Any = None, log_poll: float | None = None) -> None:
         self.client_config = client_config  # a botocore Config (timeouts, retries); tests shorten them
@@ -96,7 +97,7 @@ class SageMakerProvider(Provider):
     def _submit(self, plan: Plan) -> JobHandle:
         request = plan.request  # a placeholder left in it was refused by Provider.submit
         region = plan.staging["region"]
-        handle = JobHandle(self.name, plan.job_id, (region,))
+        handle = self.handle(plan.job_id, (region,))
         with aws_errors(f"staging the bundle under {plan.staging['prefix']}"):
             stage_bundle(plan.package, plan.staging["prefix"])
         sm = self._client("sagemaker", region)
@@ -177,7 +178,7 @@ class SageMakerProvider(Provider):
 
         return JobStatus(handle=handle, name=job.get("TrainingJobName", handle.job_id), state=state, message=message,
                          created_at=stamp("CreationTime"), started_at=stamp("TrainingStartTime"),
-                         ended_at=stamp("TrainingEndTime"), details=details)
+                         ended_at=stamp("TrainingEndTime"), output_uri=details.pop("output_uri"), details=details)
 
     def _describe(self, handle: JobHandle) -> JobStatus:
         return self._status(handle, self._job(handle))
@@ -209,7 +210,7 @@ class SageMakerProvider(Provider):
                 if not token:
                     break
         found.sort(key=lambda j: j.get("CreationTime") or 0, reverse=True)
-        return [self._status(JobHandle(self.name, j["TrainingJobName"], (region,)), j) for j in found[:limit]]
+        return [self._status(self.handle(j["TrainingJobName"], (region,)), j) for j in found[:limit]]
 
     def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]:
         """Every node's CloudWatch stream (``<job>/algo-<n>-<epoch>``), each line prefixed with its host."""

@@ -10,4 +10,6 @@ PROVIDER = Declaration(
     options="options:AzureOptions", settings="settings:platform_setting", doctor="doctor:checks", node="node",
     platform="azureml", catalog="catalog.json", instance_option="providers.azure.instance_type",
     images="images.json", torch_minors="images:offered_minors", export="export",
+    name_pattern=r"[a-zA-Z0-9][a-zA-Z0-9_-]{0,254}", name_rule="a job name: letters, digits, '-' and '_', at most 255",
+    handle_scope=("subscription", "resource_group", "workspace"),
 )

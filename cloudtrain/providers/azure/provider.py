@@ -20,11 +20,11 @@ from cloudtrain.handles import JobHandle
 from cloudtrain.nodes import bootstrap_args
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
+from cloudtrain.providers.azure import PROVIDER, rest, schema
 from cloudtrain.providers.azure import job as aj
-from cloudtrain.providers.azure import rest, schema
 from cloudtrain.providers.azure.status import job_state
 from cloudtrain.providers.azure.workspace import azure_errors, ml_client, workspace_of
-from cloudtrain.providers.base import JobStatus, Provider
+from cloudtrain.providers.base import Capability, JobStatus, Provider
 from cloudtrain.spec import JobSpec
 from cloudtrain.staging import new_job_id
 
@@ -48,8 +48,8 @@ def load_validated(job: dict[str, Any], code: str) -> Any:
 
 
 class AzureMLProvider(Provider):
-    name = "azure"
-    capabilities = frozenset({"multi_node", "spot", "accelerators", "resubmit"})
+    declaration = PROVIDER
+    capabilities = frozenset({Capability.MULTI_NODE, Capability.SPOT, Capability.ACCELERATORS, Capability.RESUBMIT})
 
     def __init__(self, credential: Any = None, transport: Any = None, log_poll: float | None = None) -> None:
         self.credential, self.transport = credential, transport  # injected by tests; default: the Azure chain
@@ -104,7 +104,7 @@ class AzureMLProvider(Provider):
     def _submit(self, plan: Plan) -> JobHandle:
         options = plan.spec.providers.azure
         scope = workspace_of(options)
-        handle = JobHandle(self.name, plan.job_id, scope)
+        handle = self.handle(plan.job_id, scope)
         ml = self._client(scope, options)
 
         def find() -> JobHandle | None:  # the job this plan created already (a retried submit), if any
@@ -138,7 +138,7 @@ class AzureMLProvider(Provider):
 
     def _resubmit(self, handle: JobHandle, new_name: str) -> JobHandle:
         ml = self._client(self._scope(handle))
-        again = JobHandle(self.name, new_name, handle.scope)
+        again = self.handle(new_name, handle.scope)
         existing = self._get(ml, new_name)
         if existing is not None:
             if (existing.tags or {}).get(aj.RESTART_OF_TAG) == handle.job_id:
@@ -177,13 +177,13 @@ class AzureMLProvider(Provider):
         state, message = job_state(status, error)
         tags = job.tags or {}
         created: Any = getattr(getattr(job, "creation_context", None), "created_at", None)
-        details = {"azure_status": status, "max_restarts": int(tags.get(aj.RESTARTS_TAG, "0") or 0),
-                   "restart_of": tags.get(aj.RESTART_OF_TAG), "compute": job.compute,
-                   "experiment": job.experiment_name, "studio_url": getattr(job, "studio_url", None),
-                   "output_uri": (getattr(job, "environment_variables", None) or {}).get(contract.OUTPUT_URI)}
+        details = {"azure_status": status, "restart_of": tags.get(aj.RESTART_OF_TAG), "compute": job.compute,
+                   "experiment": job.experiment_name, "studio_url": getattr(job, "studio_url", None)}
         return JobStatus(handle=handle, name=job.display_name or job.name, state=state, message=message,
                          created_at=float(created.timestamp()) if hasattr(created, "timestamp") else None,
-                         details={k: v for k, v in details.items() if v is not None})
+                         details={k: v for k, v in details.items() if v is not None},
+                         max_restarts=int(tags.get(aj.RESTARTS_TAG, "0") or 0),
+                         output_uri=(getattr(job, "environment_variables", None) or {}).get(contract.OUTPUT_URI))
 
     def _describe(self, handle: JobHandle) -> JobStatus:
         ml = self._client(self._scope(handle))
@@ -211,7 +211,7 @@ class AzureMLProvider(Provider):
         with azure_errors("listing Azure ML jobs"):
             for job in ml.jobs.list():
                 if (job.tags or {}).get(aj.MANAGED_TAG) == "true":
-                    found.append(self._status(ml, JobHandle(self.name, job.name, scope), job))
+                    found.append(self._status(ml, self.handle(job.name, scope), job))
                 if len(found) >= limit:
                     break
         return found

@@ -15,4 +15,7 @@ PROVIDER = Declaration(
     doctor="doctor:checks", node="node", platform="vertex", catalog="catalog.json",
     instance_option="providers.gcp.machine_type", images="images.json", torch_minors="images:offered_minors",
     export="export",
+    name_pattern=r"[a-z0-9][a-z0-9_-]{0,62}",
+    name_rule="a label value (cloudtrain finds its jobs by it): lowercase letters, digits, '-' and '_', at most 63",
+    handle_scope=("project", "region"),
 )

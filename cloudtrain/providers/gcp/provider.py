@@ -23,7 +23,8 @@ from cloudtrain.images import Runtime, custom
 from cloudtrain.nodes import bootstrap_args
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
-from cloudtrain.providers.base import JobStatus, Provider
+from cloudtrain.providers.base import Capability, JobStatus, Provider
+from cloudtrain.providers.gcp import PROVIDER
 from cloudtrain.providers.gcp import request as rq
 from cloudtrain.providers.gcp.clients import (
     DEFAULT_REGION,
@@ -50,8 +51,8 @@ OUTPUT_ONLY = ("name", "state", "create_time", "start_time", "end_time", "update
 
 
 class VertexProvider(Provider):
-    name = "gcp"
-    capabilities = frozenset({"multi_node", "spot", "accelerators", "resubmit"})
+    declaration = PROVIDER
+    capabilities = frozenset({Capability.MULTI_NODE, Capability.SPOT, Capability.ACCELERATORS, Capability.RESUBMIT})
 
     def __init__(self, endpoint: str | None = None, credentials: Any = None, logging_endpoint: str | None = None,
                  log_poll: float | None = None) -> None:
@@ -142,13 +143,13 @@ class VertexProvider(Provider):
 
         def find() -> JobHandle | None:  # the job this plan created (it carries the plan's label), if any
             found = self._find(client, parent, plan.job_id, digest)
-            return JobHandle(self.name, found, (project, region)) if found else None
+            return self.handle(found, (project, region)) if found else None
 
         lost = (api.DeadlineExceeded, api.ServiceUnavailable, api.InternalServerError, OSError)
 
         def create() -> JobHandle:
             created = client.create_custom_job(parent=parent, custom_job=job, timeout=self.create_timeout)
-            return JobHandle(self.name, created.name.rsplit("/", 1)[1], (project, region))
+            return self.handle(created.name.rsplit("/", 1)[1], (project, region))
 
         # a lost answer (timeout, 5xx): the job may exist, and it is ours if it carries this plan's label
         with gcp_errors(f"creating custom job {plan.job_id}"):
@@ -185,7 +186,7 @@ class VertexProvider(Provider):
         parent = f"projects/{project}/locations/{region}"
         found = self._find(client, parent, new_name)
         if found:
-            return JobHandle(self.name, found, handle.scope)
+            return self.handle(found, handle.scope)
         with gcp_errors(f"reading {handle} to resubmit it"):
             job = client.get_custom_job(name=self._resource(handle))
         copy = CustomJob.deserialize(CustomJob.serialize(job))
@@ -196,7 +197,7 @@ class VertexProvider(Provider):
         copy.labels[rq.RESUBMIT_LABEL] = handle.job_id
         with gcp_errors(f"resubmitting {handle} as {new_name}"):
             created = client.create_custom_job(parent=parent, custom_job=copy, timeout=self.create_timeout)
-        return JobHandle(self.name, created.name.rsplit("/", 1)[1], handle.scope)
+        return self.handle(created.name.rsplit("/", 1)[1], handle.scope)
 
     # -- follow ----------------------------------------------------------------------------------------
     @staticmethod
@@ -227,9 +228,11 @@ class VertexProvider(Provider):
             value = job.get(key)
             return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
 
+        details = describe_details(job)
         return JobStatus(handle=handle, name=job.get("displayName", handle.job_id), state=state, message=message,
                          created_at=stamp("createTime"), started_at=stamp("startTime"), ended_at=stamp("endTime"),
-                         details=describe_details(job))
+                         max_restarts=details.pop("max_restarts"), output_uri=details.pop("output_uri", None),
+                         details=details)
 
     def _describe(self, handle: JobHandle) -> JobStatus:
         return self._status(handle, self._job(handle))
@@ -259,7 +262,7 @@ class VertexProvider(Provider):
                 if len(found) >= limit:
                     break
         found.sort(key=lambda j: j.get("createTime") or "", reverse=True)
-        return [self._status(JobHandle(self.name, j["name"].rsplit("/", 1)[1], (project, region)), j)
+        return [self._status(self.handle(j["name"].rsplit("/", 1)[1], (project, region)), j)
                 for j in found[:limit]]
 
     def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]:

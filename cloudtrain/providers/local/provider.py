@@ -31,8 +31,8 @@ from cloudtrain.nodes import bootstrap_args, job_env, node_command
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import NodeCommand, Plan
 from cloudtrain.procs import is_alive, kill_tagged, signal_group, start_ticks, tag_alive
-from cloudtrain.providers.base import JobState, JobStatus, Provider
-from cloudtrain.providers.local import outcome
+from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider
+from cloudtrain.providers.local import PROVIDER, outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.spec import JobSpec
 from cloudtrain.staging import bundle_prefix, default_output_uri, new_job_id, stage_bundle
@@ -50,8 +50,8 @@ def free_port() -> int:
 
 
 class LocalProvider(Provider):
-    name = "local"
-    capabilities = frozenset({"multi_node", "spot", "accelerators"})
+    declaration = PROVIDER
+    capabilities = frozenset({Capability.MULTI_NODE, Capability.SPOT, Capability.ACCELERATORS, Capability.PREEMPT})
     poll_seconds = 0.2  # a local job's status is a file read
 
     def __init__(self, home: Path | None = None) -> None:
@@ -123,7 +123,7 @@ class LocalProvider(Provider):
 
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:
-        handle = JobHandle(self.name, plan.job_id)
+        handle = self.handle(plan.job_id)
         if self.db.get(plan.job_id) is not None:
             return handle  # the same plan submitted twice is one job
         stage_bundle(plan.package, plan.staging["prefix"])
@@ -264,14 +264,13 @@ class LocalProvider(Provider):
         nodes = [{**{k: n.get(k) for k in ("rank", "pid", "exit_code", "outcome", "log", "tag")},
                   **{k: n[k] for k in outcome.NODE_FIELDS if k in n}} for n in record.nodes]
         plan = record.plan.get("request", {})
-        restarts = {"restarts": record.attempt, "max_restarts": plan.get("max_restarts", 0)}
+        spec = record.plan.get("spec", {})
         return JobStatus(
-            handle=JobHandle(self.name, record.id), name=record.name, state=JobState(record.state),
+            handle=self.handle(record.id), name=record.name, state=JobState(record.state),
             message=record.message, created_at=record.created_at, started_at=record.started_at,
-            ended_at=record.ended_at,
-            details={"nodes": nodes, "world_size": plan.get("world_size"), "job_dir": record.job_dir, **restarts,
-                     "output_uri": record.plan.get("spec", {}).get("output_uri"),
-                     "checkpoint_uri": (record.plan.get("spec", {}).get("checkpoint") or {}).get("uri")},
+            ended_at=record.ended_at, details={"world_size": plan.get("world_size"), "job_dir": record.job_dir},
+            nodes=nodes, restarts=record.attempt, max_restarts=plan.get("max_restarts", 0),
+            output_uri=spec.get("output_uri"), checkpoint_uri=(spec.get("checkpoint") or {}).get("uri"),
         )
 
     def _describe(self, handle: JobHandle) -> JobStatus:
@@ -294,10 +293,9 @@ class LocalProvider(Provider):
         else:
             self._reconcile(self.db.get(record.id) or record)
 
-    def preempt(self, handle: JobHandle) -> JobStatus:
-        """Rehearse a spot interruption: every node gets SIGTERM as from the platform; with max_restarts left the
-        job restarts and resumes from its checkpoints, otherwise it ends 'preempted'."""
-        record = self._record(self._own(handle))
+    def _preempt(self, handle: JobHandle) -> JobStatus:
+        """Every node gets SIGTERM as from the platform, through the job's supervisor."""
+        record = self._record(handle)
         if record.state != "running" or not is_alive(record.supervisor_pid, record.supervisor_start):
             raise UserError(f"{handle} is {record.state}; only a running job can be preempted")
         assert record.supervisor_pid

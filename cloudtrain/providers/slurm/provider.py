@@ -25,7 +25,7 @@ from cloudtrain.handles import JobHandle
 from cloudtrain.nodes import bootstrap_args, job_env
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
-from cloudtrain.providers.base import JobState, JobStatus, Provider
+from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider
 from cloudtrain.providers.slurm import PROVIDER, clients
 from cloudtrain.providers.slurm import request as rq
 from cloudtrain.providers.slurm.files import SharedFiles
@@ -43,8 +43,9 @@ class LostReply(ConnectionError):
 
 
 class SlurmProvider(Provider):
-    name = "slurm"
-    capabilities = frozenset({"multi_node", "accelerators", "spot"})  # spot: the cluster's preemptible capacity
+    declaration = PROVIDER
+    # spot: the cluster's preemptible capacity
+    capabilities = frozenset({Capability.MULTI_NODE, Capability.ACCELERATORS, Capability.SPOT})
     poll_seconds = 2.0  # squeue answers in milliseconds; a shared slurmctld deserves some restraint
 
     def __init__(self, log_poll: float = 1.0) -> None:
@@ -106,7 +107,7 @@ class SlurmProvider(Provider):
         return clients.Commands(login or lookup(self.name, "login"))
 
     def _submit(self, plan: Plan) -> JobHandle:
-        request, handle = plan.request, JobHandle(self.name, plan.job_id)
+        request, handle = plan.request, self.handle(plan.job_id)
         layout = rq.Layout(request["job_dir"])
         slurm = self.commands(request.get("login"))
         shared = SharedFiles(slurm)
@@ -178,12 +179,13 @@ class SlurmProvider(Provider):
             message += f" ({reason})"
         details: dict[str, Any] = {
             "slurm_job_id": job.get("JobId") or job.get("JobID"), "slurm_state": native, "exit_code": code,
-            "restarts": restarts, "max_restarts": int(record.get("max_restarts") or 0), "job_dir": job.get("WorkDir"),
-            "output_uri": record.get("output_uri"), "checkpoint_uri": record.get("checkpoint_uri"),
-            "node_list": job.get("NodeList"), "source": job["source"], "login": slurm.login}
+            "job_dir": job.get("WorkDir"), "node_list": job.get("NodeList"), "source": job["source"],
+            "login": slurm.login}
         return JobStatus(handle=handle, name=handle.job_id, state=state, message=message,
                          created_at=_epoch(job.get("SubmitTime")), started_at=_epoch(job.get("StartTime")),
-                         ended_at=_epoch(job.get("EndTime")) if state.terminal else None, details=details)
+                         ended_at=_epoch(job.get("EndTime")) if state.terminal else None, details=details,
+                         restarts=restarts, max_restarts=int(record.get("max_restarts") or 0),
+                         output_uri=record.get("output_uri"), checkpoint_uri=record.get("checkpoint_uri"))
 
     def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]:
         slurm = self.commands()
@@ -230,7 +232,7 @@ class SlurmProvider(Provider):
 
     def _row_status(self, name: str, native: str, code: str, submitted: str) -> JobStatus:
         state, message = job_state(native, code)
-        return JobStatus(handle=JobHandle(self.name, name), name=name, state=state, message=message,
+        return JobStatus(handle=self.handle(name), name=name, state=state, message=message,
                          created_at=_epoch(submitted), details={"slurm_state": native})
 
 

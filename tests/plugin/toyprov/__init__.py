@@ -10,4 +10,5 @@ PROVIDER = Declaration(
     provider="provider:ToyProvider", title="Toy batch", options="options:ToyOptions",
     env={"queue": ("TOY_QUEUE",)}, placeholders={"queue": "set-providers-toy-queue"},
     doctor="doctor:checks", node="node", platform="toybatch",
+    name_pattern=r"[a-z0-9][a-z0-9-]{0,47}", name_rule="the spool's folder names: lowercase, digits, '-', at most 48",
 )

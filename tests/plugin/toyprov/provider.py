@@ -23,7 +23,7 @@ from cloudtrain.home import cloudtrain_home
 from cloudtrain.nodes import bootstrap_args, job_env
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
-from cloudtrain.providers.base import JobState, JobStatus, Provider
+from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider
 from cloudtrain.spec import JobSpec
 from cloudtrain.staging import bundle_prefix, new_job_id, stage_bundle
 from toyprov import PROVIDER
@@ -43,8 +43,8 @@ def job_state(native: str) -> JobState:
 
 
 class ToyProvider(Provider):
-    name = "toy"
-    capabilities = frozenset({"multi_node"})
+    declaration = PROVIDER  # its name, "toy", is stated there once
+    capabilities = frozenset({Capability.MULTI_NODE})
 
     def __init__(self) -> None:
         self.lose_next_reply = False  # the tests' lever: the next create's answer is lost
@@ -87,7 +87,7 @@ class ToyProvider(Provider):
             if json.loads(job.read_text())["digest"] != plan.package.digest:
                 raise UserError(f"a toy job named {plan.job_id} already exists and is not this plan's",
                                 remedy="plan the job again (it gets a new name)")
-            return JobHandle(self.name, plan.job_id)
+            return self.handle(plan.job_id)
 
         def create() -> JobHandle:
             folder = spool / plan.job_id
@@ -105,7 +105,7 @@ class ToyProvider(Provider):
             if self.lose_next_reply:
                 self.lose_next_reply = False
                 raise LostReply("the scheduler did not answer")
-            return JobHandle(self.name, plan.job_id)
+            return self.handle(plan.job_id)
 
         return self.created_once(find, create, lost=(LostReply,))
 
@@ -152,4 +152,4 @@ class ToyProvider(Provider):
             return []
         folders = sorted((f for f in spool.iterdir() if (f / "job.json").is_file()),
                          key=lambda f: (f / "job.json").stat().st_mtime, reverse=True)
-        return [self._describe(JobHandle(self.name, f.name)) for f in folders[:limit]]
+        return [self._describe(self.handle(f.name)) for f in folders[:limit]]
