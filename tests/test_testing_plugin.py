@@ -16,35 +16,9 @@ import tomllib
 from tests.conftest import REPO
 from tests.plugins import PLUGIN
 from tests.test_import_cost import HEAVY, imported_modules
+from tests.test_provider_guide import block
 
-PLUGIN_TESTS = '''
-import pytest
-
-from cloudtrain.registry import get_provider
-from cloudtrain.testing import Harness, ProviderConformance, ddp_project
-
-
-class ToyHarness(Harness):
-    fields = {"providers": {"toy": {"queue": "batch"}}}
-
-    def __init__(self, project):
-        from toyprov.provider import STATES, job_state
-
-        self.project, self.provider, self.job_state = project, get_provider("toy"), job_state
-        self.status_table = list(STATES.items())
-
-    def state_of(self, native):
-        return self.job_state(native)
-
-    def lose_next_submit_reply(self):
-        self.provider.lose_next_reply = True
-
-
-class TestToy(ProviderConformance):
-    @pytest.fixture
-    def harness(self, ct_home, tmp_path):
-        return ToyHarness(ddp_project(tmp_path))
-'''
+PLUGIN_TESTS = block("The conformance suite")  # the guide's example, as a plugin package writes it
 
 
 def installed_like_a_wheel(site: Path) -> None:

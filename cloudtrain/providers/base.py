@@ -54,7 +54,7 @@ class Capability(str, enum.Enum):
 
 
 # The keys of JobStatus.to_dict() that are typed fields: where a provider puts what the core reads.
-TYPED = ("nodes", "restarts", "max_restarts", "output_uri", "checkpoint_uri", "restart_resumes", "recovery")
+TYPED = ("output_uri", "checkpoint_uri", "restarts", "max_restarts", "nodes", "restart_resumes", "recovery")
 _ALWAYS = ("output_uri", "checkpoint_uri")  # shown as null when unknown; the others only when set
 
 
