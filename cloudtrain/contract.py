@@ -97,6 +97,8 @@ VARIABLES = (
              "cloudtrain (jobs, local store, temp files)", "host"),
     Variable("CLOUDTRAIN_CONFIG", "the settings file (profiles)", "you", "cloudtrain.config", "host"),
     Variable("CLOUDTRAIN_PROFILE", "the profile to use (default: default)", "you", "cloudtrain.config", "host"),
+    Variable("CLOUDTRAIN_PLUGINS", "the provider plugins used: unset, every installed one; 'none'; or their names "
+             "('toy,other'). cloudtrain's own tests set 'none'", "you", "cloudtrain.registry", "host"),
 )
 NAMES = {v.name for v in VARIABLES}
 
@@ -112,7 +114,7 @@ TRANSFER_THREADS = "CLOUDTRAIN_TRANSFER_THREADS"
 SUPERVISOR_FD, GRACE_PERIOD, PROCESS_TAG, RANK_REPORTS, SECRET_ARG_PREFIX, FORCE_CPU = (
     "CLOUDTRAIN_SUPERVISOR_FD", "CLOUDTRAIN_GRACE_PERIOD", "CLOUDTRAIN_PROCESS_TAG", "CLOUDTRAIN_RANK_REPORTS",
     "CLOUDTRAIN_SECRET_ARG_", "CLOUDTRAIN_FORCE_CPU")
-HOME, CONFIG, PROFILE = "CLOUDTRAIN_HOME", "CLOUDTRAIN_CONFIG", "CLOUDTRAIN_PROFILE"
+HOME, CONFIG, PROFILE, PLUGINS = "CLOUDTRAIN_HOME", "CLOUDTRAIN_CONFIG", "CLOUDTRAIN_PROFILE", "CLOUDTRAIN_PLUGINS"
 REQUIRE_PROCESS_GROUP, STOP_REASON_FILE = "CLOUDTRAIN_REQUIRE_PROCESS_GROUP", "CLOUDTRAIN_STOP_REASON_FILE"
 
 # cloudtrain's node variables a script's args (and resume_args) may name as ${NAME}: the node replaces each with its

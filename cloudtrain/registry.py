@@ -30,6 +30,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cloudtrain import contract
 from cloudtrain.errors import ProviderNotFound, ProviderNotInstalled
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def _builtin_declaration(name: str) -> Declaration:
     return found
 
 
-PLUGINS_ENV = "CLOUDTRAIN_PLUGINS"  # unset: every installed plugin; "none": none; "a,b": only those
+PLUGINS_ENV = contract.PLUGINS  # unset: every installed plugin; "none": none; "a,b": only those
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from cloudtrain import registry
+from cloudtrain import contract, registry
 from cloudtrain.errors import SpecError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.home import resource_dir
@@ -69,7 +69,7 @@ def cli(home: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """``cloudtrain ARGS`` as a user runs it, seeing the modules (and so the plugins) this process sees."""
     path = os.pathsep.join(p for p in sys.path if p)
     return subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "CLOUDTRAIN_HOME": str(home), "PYTHONPATH": path}, timeout=240)
+                          env={**os.environ, contract.HOME: str(home), "PYTHONPATH": path}, timeout=240)
 
 
 def _written(home: Path) -> set[str]:

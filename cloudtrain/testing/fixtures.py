@@ -43,10 +43,12 @@ def ddp_project(root: Path) -> Path:
 def ct_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An isolated cloudtrain home (job database, local store, logs) and profile for one test; local jobs still
     running at its end are stopped."""
+    from cloudtrain import contract
+
     home = tmp_path / "ct-home"
-    monkeypatch.setenv("CLOUDTRAIN_HOME", str(home))
-    monkeypatch.setenv("CLOUDTRAIN_CONFIG", str(tmp_path / "ct-config.yaml"))  # a developer's profile stays out
-    monkeypatch.delenv("CLOUDTRAIN_PROFILE", raising=False)
+    monkeypatch.setenv(contract.HOME, str(home))
+    monkeypatch.setenv(contract.CONFIG, str(tmp_path / "ct-config.yaml"))  # a developer's profile stays out
+    monkeypatch.delenv(contract.PROFILE, raising=False)
     yield home
     stop_every_job(home)
 
