@@ -400,26 +400,22 @@ def _config_check(ctx: Context) -> Check:
                  f"choose an existing profile, or add settings to {user.profile!r} with `cloudtrain config set`")
 
 
-def setting(ctx: Context, provider: str, key: str) -> tuple[str, str] | None:
-    """(value, where) as a plan resolves a setting: the project's spec, then (config.lookup) the environment, then the
-    profile."""
-    value = ctx.spec.get(provider, {}).get(key)
-    if value not in (None, ""):
-        return str(value), f"./cloudtrain.yaml providers.{provider}.{key}"
-    found = config.from_environment(provider, key, ctx.env)
-    if found:
-        return found[1], found[0]
-    value = ctx.user.settings(provider).get(key)
-    if value not in (None, ""):
-        return str(value), f"cloudtrain profile {ctx.user.profile}"
-    return None
+def setting(ctx: Context, provider: str, key: str, platform: tuple[str, str] | None = None) -> tuple[str, str] | None:
+    """(value, where) as a plan resolves a setting (config.resolve): the project's spec, the environment, the
+    profile, then what the platform's tools hold (``platform``, read by the provider's checks from ``ctx.home``)."""
+    found = config.resolve(provider, key, spec=ctx.spec.get(provider, {}).get(key),
+                           spec_source=f"./cloudtrain.yaml providers.{provider}.{key}", env=ctx.env,
+                           profile=(ctx.user.settings(provider), f"cloudtrain profile {ctx.user.profile}"),
+                           platform=platform)
+    where = found.source.removeprefix("env ")  # doctor names the variable alone
+    return (str(found.value), where) if found.found else None
 
 
 def setting_check(ctx: Context, provider: str, key: str, what: str, unset: str, example: str,
                    platform: tuple[str, str] | None = None, platform_place: str = "", platform_fix: str = "") -> Check:
     """A provider setting: found (value and where), else a warning naming every place looked in and every way to set
     it. A warning, not "missing": a spec given with -f may still set it."""
-    found = setting(ctx, provider, key) or platform
+    found = setting(ctx, provider, key, platform)
     if found:
         return Check(provider, key, "ok", f"{found[0]} ({found[1]})")
     variables = config.env_names(provider, key)
