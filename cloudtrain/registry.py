@@ -71,6 +71,11 @@ class Declaration:
     images: str | None = None  # a JSON file in the folder: the images its plans pick, dated
     torch_minors: str | None = None  # fn() -> torch minors it has an image for
     export: str | None = None  # module: export(plan, request, folder) -> files (`plan --export`); unset(plan)
+    # -- the plan summary and doctor (issue 32.3): what the core used to know about each platform --------------
+    plan_summary: str | None = None  # fn(plan) -> plan.Summary: the "where" line, a machine the catalog can't
+    #                                  name, the spot wait the platform will use
+    cloud_vm: str | None = None  # fn() -> bool: this machine is one of the platform's VMs (firmware strings, no
+    #                              network), so doctor says its own identity may supply credentials
 
     @property
     def platform_name(self) -> str:

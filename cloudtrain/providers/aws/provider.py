@@ -14,11 +14,12 @@ from typing import Any
 from cloudtrain import catalog, registry
 from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, UserError
+from cloudtrain.formatting import where
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
 from cloudtrain.nodes import bootstrap_args, launcher_note
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
-from cloudtrain.plan import Plan
+from cloudtrain.plan import Plan, Summary
 from cloudtrain.providers.aws import request as rq
 from cloudtrain.providers.aws.clients import aws_errors, configured_region, session
 from cloudtrain.providers.aws.images import runtime_for
@@ -33,6 +34,13 @@ LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 class _Exists(Exception):
     """CreateTrainingJob said the name is taken: the retry of a create whose answer was lost, if the job is ours."""
+
+
+def plan_summary(plan: Plan) -> Summary:
+    """The plan summary's SageMaker lines: the region, and the spot wait StoppingCondition will use."""
+    condition = plan.request.get("StoppingCondition")
+    wait = condition.get("MaxWaitTimeInSeconds") if isinstance(condition, dict) else None
+    return Summary(where=where(("region", plan.staging.get("region"))), max_wait=wait)
 
 
 class SageMakerProvider(Provider):

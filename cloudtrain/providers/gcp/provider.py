@@ -18,11 +18,12 @@ from typing import Any
 from cloudtrain import catalog
 from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, SpecError, UserError
+from cloudtrain.formatting import where
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
 from cloudtrain.nodes import bootstrap_args
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
-from cloudtrain.plan import Plan
+from cloudtrain.plan import Plan, Summary
 from cloudtrain.providers.base import JobStatus, Provider
 from cloudtrain.providers.gcp import request as rq
 from cloudtrain.providers.gcp.clients import (
@@ -47,6 +48,11 @@ from cloudtrain.staging import bundle_prefix, cloud_locations, new_job_id, stage
 # CustomJob fields the service sets: cleared before a job is created again from a copy.
 OUTPUT_ONLY = ("name", "state", "create_time", "start_time", "end_time", "update_time", "error", "web_access_uris",
                "satisfies_pzs", "satisfies_pzi")
+
+
+def plan_summary(plan: Plan) -> Summary:
+    """The plan summary's Vertex line: the project and region."""
+    return Summary(where=where(("project", plan.staging.get("project")), ("region", plan.staging.get("region"))))
 
 
 class VertexProvider(Provider):

@@ -9,5 +9,6 @@ from cloudtrain.registry import Declaration
 PROVIDER = Declaration(
     name="local", summary="torchrun processes with gloo on this machine", package=__name__,
     provider="provider:LocalProvider", title="this machine", extra="local", requires=("torch",),
-    options="options:LocalOptions", doctor="doctor:checks", node="node", platform="local",
+    options="options:LocalOptions", plan_summary="provider:plan_summary", doctor="doctor:checks", node="node",
+    platform="local",
 )

@@ -29,7 +29,7 @@ from cloudtrain.home_errors import os_problem
 from cloudtrain.images import this_machine
 from cloudtrain.nodes import bootstrap_args, job_env, node_command
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
-from cloudtrain.plan import NodeCommand, Plan
+from cloudtrain.plan import NodeCommand, Plan, Summary
 from cloudtrain.procs import is_alive, kill_tagged, signal_group, start_ticks, tag_alive
 from cloudtrain.providers.base import JobState, JobStatus, Provider
 from cloudtrain.providers.local import outcome
@@ -47,6 +47,11 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def plan_summary(plan: Plan) -> Summary:
+    """The plan summary's local line: every node is this machine."""
+    return Summary(instance="this machine")
 
 
 class LocalProvider(Provider):

@@ -13,5 +13,5 @@ PROVIDER = Declaration(
          "partition": ("CLOUDTRAIN_SLURM_PARTITION", "SBATCH_PARTITION"),
          "account": ("CLOUDTRAIN_SLURM_ACCOUNT", "SBATCH_ACCOUNT"), "qos": ("CLOUDTRAIN_SLURM_QOS", "SBATCH_QOS")},
     placeholders={"staging": "/set-providers-slurm-staging"},
-    doctor="doctor:checks", node="node", platform="slurm",
+    plan_summary="provider:plan_summary", doctor="doctor:checks", node="node", platform="slurm",
 )
