@@ -234,12 +234,12 @@ def _modules_check(area: str, name: str, decl: registry.Declaration) -> Check:
 _DMI = Path("/sys/class/dmi/id")
 
 
-def dmi(name: str, folder: Path = _DMI) -> str:
+def dmi(name: str, folder: Path | None = None) -> str:
     """A firmware string (``sys_vendor``, ``product_name``, ``chassis_asset_tag`` ...; or a file of another
     ``folder``), "" when unreadable: what a provider's ``cloud_vm`` hook reads to tell its own cloud's VMs, without
     asking a metadata server."""
     try:
-        return (folder / name).read_text().strip()
+        return ((folder or _DMI) / name).read_text().strip()
     except (OSError, ValueError):
         return ""
 

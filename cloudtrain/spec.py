@@ -58,6 +58,11 @@ class Providers(Model):
                 raise
             return options_model(name)()
 
+    def held(self, name: str) -> Any:
+        """``name``'s block when this model holds it (the spec names it, or a plan is made for it), else None:
+        unlike attribute access, it builds no model for a provider that is not in play."""
+        return getattr(self, name) if name in type(self).model_fields else None
+
 
 @functools.cache
 def _provider_options(names: tuple[str, ...]) -> type[BaseModel]:
