@@ -9,11 +9,11 @@ import os
 import shlex
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from cloudtrain import registry
 from cloudtrain.durations import format_duration
-from cloudtrain.plan import Summary
 
 if TYPE_CHECKING:
     from cloudtrain.plan import Plan
@@ -23,6 +23,15 @@ _CODES = {"red": "31", "green": "32", "yellow": "33", "blue": "34", "bold": "1",
 STATE_COLOURS = {"succeeded": "green", "running": "blue", "pending": "yellow", "stopping": "yellow",
                  "failed": "red", "cancelled": "dim", "preempted": "yellow", "ok": "green", "warn": "yellow",
                  "missing": "red"}
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a provider adds to a plan's summary (its ``plan_summary`` hook in the registry)."""
+
+    where: str = ""  # the account-side place the job goes, e.g. "project p, region us-central1"
+    instance: str = ""  # each node's machine when the catalog names none ("this machine")
+    max_wait: int | None = None  # spot: the seconds the platform waits for capacity plus runs, default included
 
 
 def colour_enabled(stream: TextIO) -> bool:

@@ -34,15 +34,6 @@ class NodeCommand:
         return {"rank": self.rank, "argv": self.argv, "env": self.env, "torchrun": self.torchrun}
 
 
-@dataclass(frozen=True)
-class Summary:
-    """What a provider adds to a plan's summary (its ``plan_summary`` hook in the registry)."""
-
-    where: str = ""  # the account-side place the job goes, e.g. "project p, region us-central1"
-    instance: str = ""  # each node's machine when the catalog names none ("this machine")
-    max_wait: int | None = None  # spot: the seconds the platform waits for capacity plus runs, default included
-
-
 @dataclass(repr=False)
 class Plan:
     """What a provider would send for a spec. ``print(plan)`` shows the summary `cloudtrain plan` prints and

@@ -14,12 +14,12 @@ from typing import Any
 from cloudtrain import catalog, registry
 from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, UserError
-from cloudtrain.formatting import where
+from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
 from cloudtrain.nodes import bootstrap_args, launcher_note
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
-from cloudtrain.plan import Plan, Summary
+from cloudtrain.plan import Plan
 from cloudtrain.providers.aws import request as rq
 from cloudtrain.providers.aws.clients import aws_errors, configured_region, session
 from cloudtrain.providers.aws.images import runtime_for

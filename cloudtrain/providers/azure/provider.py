@@ -16,11 +16,11 @@ import yaml
 
 from cloudtrain import catalog, contract
 from cloudtrain.errors import HandleError, SpecError, UserError
-from cloudtrain.formatting import where
+from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
 from cloudtrain.nodes import bootstrap_args
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
-from cloudtrain.plan import Plan, Summary
+from cloudtrain.plan import Plan
 from cloudtrain.providers.azure import job as aj
 from cloudtrain.providers.azure import rest, schema
 from cloudtrain.providers.azure.status import job_state

@@ -18,12 +18,12 @@ from typing import Any
 from cloudtrain import catalog
 from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, SpecError, UserError
-from cloudtrain.formatting import where
+from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
 from cloudtrain.nodes import bootstrap_args
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
-from cloudtrain.plan import Plan, Summary
+from cloudtrain.plan import Plan
 from cloudtrain.providers.base import JobStatus, Provider
 from cloudtrain.providers.gcp import request as rq
 from cloudtrain.providers.gcp.clients import (

@@ -23,13 +23,14 @@ from typing import IO, Any
 
 from cloudtrain import contract, registry, storage
 from cloudtrain.errors import HandleError, HomeError, SpecError, UserError
+from cloudtrain.formatting import Summary
 from cloudtrain.handles import JobHandle
 from cloudtrain.home import cloudtrain_home, default_store_uri
 from cloudtrain.home_errors import os_problem
 from cloudtrain.images import this_machine
 from cloudtrain.nodes import bootstrap_args, job_env, node_command
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
-from cloudtrain.plan import NodeCommand, Plan, Summary
+from cloudtrain.plan import NodeCommand, Plan
 from cloudtrain.procs import is_alive, kill_tagged, signal_group, start_ticks, tag_alive
 from cloudtrain.providers.base import JobState, JobStatus, Provider
 from cloudtrain.providers.local import outcome

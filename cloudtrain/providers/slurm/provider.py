@@ -21,10 +21,11 @@ from cloudtrain import storage
 from cloudtrain.catalog import Machine
 from cloudtrain.config import lookup, placeholder_note, with_defaults
 from cloudtrain.errors import HandleError, UserError
+from cloudtrain.formatting import Summary
 from cloudtrain.handles import JobHandle
 from cloudtrain.nodes import bootstrap_args, job_env
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
-from cloudtrain.plan import Plan, Summary
+from cloudtrain.plan import Plan
 from cloudtrain.providers.base import JobState, JobStatus, Provider
 from cloudtrain.providers.slurm import PROVIDER, clients
 from cloudtrain.providers.slurm import request as rq
