@@ -53,7 +53,7 @@ _RESET = "\033[0m"
 
 @dataclass(frozen=True)
 class Check:
-    area: str  # "cloudtrain", "local", "aws", "azure" or "gcp"
+    area: str  # "cloudtrain" or a provider's name
     name: str  # "extra", "credentials", "region", "torch" ...
     status: str  # "ok", "warn" or "missing"
     detail: str  # what was found (versions, names of variables and files; never a secret value)
