@@ -15,7 +15,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, create_model, field_validator, model_validator
 
 from cloudtrain import contract, registry
 from cloudtrain.errors import SpecError
@@ -175,7 +175,17 @@ class JobSpec(_Model):
                            "process group) instead of calling it a success; for CI")
     tags: dict[str, str] = Field(default_factory=dict)
     package: PackageSpec = Field(default_factory=PackageSpec)
-    providers: ProviderBlocks = Field(default_factory=ProviderOptions)
+    # SerializeAsAny: the block is a Providers subclass holding the providers in play, dumped with their fields
+    providers: SerializeAsAny[ProviderBlocks] = Field(default_factory=ProviderOptions)
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _providers(cls, value: Any) -> Any:
+        """A mapping is validated by a model of the providers it names (built on first use): no provider's
+        options model is built until a spec names it. Errors keep their place (providers.aws.region)."""
+        if isinstance(value, dict):
+            return _provider_options(_providers_named({"providers": value})).model_validate(value)
+        return value
 
     @field_validator("procs_per_node", mode="before")
     @classmethod
@@ -308,7 +318,8 @@ def derive_name(entry: str) -> str:
 
 @functools.cache
 def spec_model(names: tuple[str, ...] = ()) -> type[JobSpec]:
-    """JobSpec whose ``providers`` block holds these providers' options (JobSpec itself: none yet)."""
+    """JobSpec whose ``providers`` block declares these providers' options: what `json_schema` describes (JobSpec
+    itself validates any registered provider's block)."""
     if not names:
         return JobSpec
     options = _provider_options(names)
@@ -332,10 +343,12 @@ def options_of(spec: JobSpec, provider: str) -> Any:
 def with_provider(spec: JobSpec, provider: str) -> JobSpec:
     """The spec under a model that holds ``provider``'s options (a plugin the spec did not name), unchanged
     otherwise: what plans for that provider need, so ``spec.providers.<provider>`` exists."""
-    if provider in type(spec.providers).model_fields:
+    held = type(spec.providers).model_fields
+    if provider in held:
         return spec
-    model = spec_model(tuple(sorted({*type(spec.providers).model_fields, provider})))
-    return model.model_validate(spec.model_dump(exclude_unset=True))
+    model = _provider_options(tuple(sorted({*held, provider})))
+    blocks = model(**{name: getattr(spec.providers, name) for name in spec.providers.model_fields_set})
+    return spec.model_copy(update={"providers": blocks})
 
 
 # -- loading, overriding, error translation ------------------------------------------------------------
@@ -346,11 +359,10 @@ def validate_spec(raw: dict[str, Any], source: str | None = None) -> JobSpec:
     if bad:
         where, what = bad
         raise SpecError(what, field=where, remedy=f"remove that character from {where} (in {source or 'the flags'})")
-    model = spec_model(_providers_named(raw))
     try:
-        return model.model_validate(raw)
+        return JobSpec.model_validate(raw)
     except ValidationError as exc:
-        raise spec_error_from(exc, source, model) from None
+        raise spec_error_from(exc, source, spec_model(_providers_named(raw))) from None
     except RecursionError:
         raise SpecError("the spec nests values too deeply to check", remedy="a spec needs a few levels at most "
                         "(`cloudtrain schema` lists every field)") from None
