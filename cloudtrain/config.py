@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,12 +72,34 @@ def _options_model(provider: str) -> Any:
     return options_model(provider)
 
 
+# the parsed and checked config file, keyed on what changes when it is rewritten (`_write` replaces the file, so its
+# inode changes too): a plan asks for a dozen settings, and each read + check cost 12-73 ms
+_CACHE: dict[Path, tuple[tuple[int, int, int, int], dict[str, dict[str, dict[str, Any]]]]] = {}
+
+
 def read_config(path: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     """Every profile in the file, each provider block checked against the spec's own option models (so a typo is
-    an error naming the profile and key, not a silently ignored setting). A missing file is an empty config."""
+    an error naming the profile and key, not a silently ignored setting). A missing file is an empty config. Read
+    once per version of the file; callers must not change what it returns."""
+    path = path or config_path()
+    try:
+        st = path.stat()
+    except OSError:
+        stamp = None
+    else:
+        stamp = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
+        cached = _CACHE.get(path)
+        if cached and cached[0] == stamp:
+            return cached[1]
+    data = _read_config(path)
+    if stamp is not None:
+        _CACHE[path] = (stamp, data)
+    return data
+
+
+def _read_config(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
     from cloudtrain.regular_files import read_text
 
-    path = path or config_path()
     try:
         text = read_text(path)  # never a FIFO: opening one would wait for a writer
     except FileNotFoundError:
@@ -127,13 +149,81 @@ def from_environment(provider: str, key: str, env: Mapping[str, str] | None = No
 
 
 def lookup(provider: str, key: str, explicit: Any = None) -> Any:
-    """A setting as providers resolve it: the spec's value, else the environment, else the active profile."""
-    if explicit not in (None, "", []):
-        return explicit
-    found = from_environment(provider, key)
-    if found:
-        return found[1]
-    return profile_settings(provider).get(key)
+    """A setting as providers resolve it (`resolve`): the spec's value (``explicit``), else the environment, the
+    active profile, the platform's own tools; None when none sets it."""
+    return resolve(provider, key, spec=explicit).value
+
+
+# -- the one precedence: flag, spec, environment, profile, the platform's own tools, default ----------------------
+
+_UNSET = object()
+
+
+def _given(value: Any) -> bool:
+    return value is not _UNSET and value is not None and not (isinstance(value, (str, list, dict)) and not value)
+
+
+@dataclass(frozen=True)
+class Found:
+    """One setting's value and the place it came from."""
+
+    value: Any
+    source: str  # flag | spec | env NAME | profile NAME (path) | <the platform's tool, e.g. "aws profile (...)"> |
+    #              default | unset
+    kind: str  # flag | spec | env | profile | platform | default | unset
+    shadowed: tuple[Found, ...] = ()  # lower places that set it too, each losing to this one
+
+    @property
+    def found(self) -> bool:
+        return self.kind != "unset"
+
+
+def resolve(provider: str, key: str, *, flag: Any = None, spec: Any = None, spec_source: str = "spec",
+            env: Mapping[str, str] | None = None, profile: tuple[Mapping[str, Any], str] | None = None,
+            platform: bool | tuple[Any, str] | None = True, default: Any = _UNSET, every: bool = False) -> Found:
+    """``providers.<provider>.<key>`` from the first place that sets it: a flag, the spec, an environment variable
+    (the provider's ``env``), the profile (default: the active one in the config file), the platform's own tools
+    (True: the provider's ``settings`` hook; or a (value, where) found by the caller; None/False: not asked),
+    the model's ``default``. With ``every``, the places below the winner are read too and listed in ``shadowed``
+    (what `config` warns about). Plan, doctor and `config` all resolve through here."""
+
+    def env_found() -> Found | None:
+        hit = from_environment(provider, key, env)
+        return Found(hit[1], f"env {hit[0]}", "env") if hit else None
+
+    def profile_found() -> Found | None:
+        block, where = profile if profile is not None else (
+            profile_settings(provider), f"profile {profile_name()} ({config_path()})")
+        value = block.get(key, _UNSET)
+        return Found(value, where, "profile") if _given(value) else None
+
+    def platform_found() -> Found | None:
+        hit = _platform_setting(provider, key) if platform is True else platform or None
+        return Found(hit[0], hit[1], "platform") if hit and _given(hit[0]) else None
+
+    def default_found() -> Found | None:  # an empty list or mapping is no value: "unset"
+        return None if default is _UNSET or default is None or default in ([], {}) else \
+            Found(default, "default", "default")
+
+    places: list[Callable[[], Found | None]] = [
+        lambda: Found(flag, "flag", "flag") if _given(flag) else None,
+        lambda: Found(spec, spec_source, "spec") if _given(spec) else None,
+        env_found, profile_found, platform_found, default_found]
+    winner: Found | None = None
+    shadowed: list[Found] = []
+    for place in places:
+        if winner is not None and (not every or place is platform_found):  # asking the tools costs (botocore)
+            continue
+        hit = place()
+        if hit is None:
+            continue
+        if winner is None:
+            winner = hit
+        elif hit.kind != "default":
+            shadowed.append(hit)
+    if winner is None:
+        return Found(None, "unset", "unset")
+    return replace(winner, shadowed=tuple(shadowed)) if shadowed else winner
 
 
 def placeholder_note(provider: str, key: str) -> str:
@@ -150,9 +240,10 @@ def with_defaults(spec: JobSpec, provider: str) -> JobSpec:
 
     spec = with_provider(spec, provider)
     options = getattr(spec.providers, provider)
-    filled = {key: value for key in type(options).model_fields
-              if (key not in options.model_fields_set or getattr(options, key) is None)
-              and (value := lookup(provider, key)) is not None}
+    # cloudtrain's own places only: a value the platform's tools hold stays theirs (the SDK reads it at submit)
+    found = {key: resolve(provider, key, platform=False) for key in type(options).model_fields
+             if key not in options.model_fields_set or getattr(options, key) is None}
+    filled = {key: hit.value for key, hit in found.items() if hit.found}
     if not filled:
         return spec
     from pydantic import ValidationError
@@ -162,8 +253,9 @@ def with_defaults(spec: JobSpec, provider: str) -> JobSpec:
     except ValidationError as exc:  # a bad value in the environment or the profile, not in the spec
         err = exc.errors()[0]
         key = str(err["loc"][0]) if err["loc"] else ""
-        found = from_environment(provider, key)
-        where = f"environment variable {found[0]}" if found else f"profile {profile_name()!r} ({config_path()})"
+        hit = found.get(key)
+        where = f"environment variable {hit.source.removeprefix('env ')}" if hit and hit.kind == "env" \
+            else f"profile {profile_name()!r} ({config_path()})"
         raise UserError(f"from {where}: {friendly_error(err)}",
                         field=f"providers.{provider}.{key}",
                         remedy=f"correct it there, or set providers.{provider}.{key} in the spec") from None
@@ -179,12 +271,17 @@ class Setting:
     key: str  # providers.aws.region
     value: Any
     source: str  # flag | spec | env NAME | profile NAME (path) | <platform's own config> | default | unset
+    overrides: tuple[Found, ...] = ()  # what else sets it, each losing to this value
+    kind: str = ""  # the winner's place: flag | spec | env | profile | platform | default | unset
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "value": self.value, "source": self.source}
+        found = {"key": self.key, "value": self.value, "source": self.source}
+        if self.overrides:
+            found["overrides"] = [{"value": o.value, "source": o.source} for o in self.overrides]
+        return found
 
 
-def _platform_default(provider: str, key: str) -> tuple[Any, str] | None:
+def _platform_setting(provider: str, key: str) -> tuple[Any, str] | None:
     """What the platform's own tools are configured with, read offline (below cloudtrain's profile), or the
     provider's own default: its ``settings`` hook (registry)."""
     decl = registry.declaration(provider)
@@ -195,38 +292,49 @@ def _platform_default(provider: str, key: str) -> tuple[Any, str] | None:
 
 
 def explain(provider: str, spec_raw: Mapping[str, Any], flags: Mapping[str, Any]) -> list[Setting]:
-    """Every ``providers.<provider>`` setting with its value and source. ``spec_raw`` is the spec file as read,
-    ``flags`` the dotted ``--set`` values."""
-    model = _options_model(provider)
-    in_spec = ((spec_raw.get("providers") or {}).get(provider) or {})
-    profile = profile_name()
-    from_profile = profile_settings(provider, profile)
-    path = config_path()
+    """Every ``providers.<provider>`` setting with its value, its source and what it overrides. ``spec_raw`` is the
+    spec file as read, ``flags`` the dotted ``--set`` values."""
+    providers = spec_raw.get("providers")
+    block = providers.get(provider) if isinstance(providers, dict) else None
+    in_spec = block if isinstance(block, dict) else {}
     settings = []
-    for key, field in model.model_fields.items():
+    for key, field in _options_model(provider).model_fields.items():
         dotted = f"providers.{provider}.{key}"
-        env = from_environment(provider, key)
-        platform = None if env or from_profile.get(key) is not None else _platform_default(provider, key)
-        if flags.get(dotted) is not None:
-            found = Setting(dotted, flags[dotted], "flag")
-        elif in_spec.get(key) is not None:
-            found = Setting(dotted, in_spec[key], "spec")
-        elif env:
-            found = Setting(dotted, env[1], f"env {env[0]}")
-        elif from_profile.get(key) is not None:
-            found = Setting(dotted, from_profile[key], f"profile {profile} ({path})")
-        elif platform:
-            found = Setting(dotted, platform[0], platform[1])
-        elif field.default not in (None, [], {}) or field.default_factory is not None:
-            default = field.get_default(call_default_factory=True)
-            found = Setting(dotted, default, "default") if default not in ([], {}) else Setting(dotted, None, "unset")
-        else:
-            found = Setting(dotted, None, "unset")
-        settings.append(found)
+        default = field.get_default(call_default_factory=True)
+        found = resolve(provider, key, flag=flags.get(dotted), spec=in_spec.get(key), default=default, every=True)
+        settings.append(Setting(dotted, found.value, found.source, found.shadowed, found.kind))
     return settings
 
 
-# -- `cloudtrain config set/unset` ------------------------------------------------------------------------
+def profile_loses(setting: Setting, spec_file: str | None = None) -> str | None:
+    """A note when the profile sets ``setting`` but a flag, the spec or an environment variable wins over it (a
+    `config set` that would silently change nothing); None otherwise."""
+    lost = next((f for f in setting.overrides if f.kind == "profile"), None)
+    if lost is None or setting.kind not in ("flag", "spec", "env"):
+        return None
+    variable = setting.source.removeprefix("env ")
+    winner, fix = {
+        "flag": ("--set", "drop the flag"),
+        "spec": (f"the spec {spec_file or ''}".rstrip(), f"remove it from {spec_file or 'the spec'}"),
+        "env": (f"environment variable {variable}", f"unset {variable}"),
+    }[setting.kind]
+    return (f"{setting.key}: {winner} sets {setting.value!r}, which wins over {lost.value!r} from {lost.source}; "
+            f"to use the profile's value, {fix}")
+
+
+def after_set(key: str) -> str | None:
+    """For `config set KEY`: the note saying that the project's spec here (./cloudtrain.yaml) or the environment
+    overrides the profile's new value, if either does."""
+    from cloudtrain.specfile import project_spec, read_spec_file
+
+    provider, name = _split_key(key)
+    path = project_spec()
+    providers = (read_spec_file(path) if path else {}).get("providers")
+    block = providers.get(provider) if isinstance(providers, dict) else None
+    found = resolve(provider, name, spec=block.get(name) if isinstance(block, dict) else None, platform=False,
+                    every=True)
+    return profile_loses(Setting(f"providers.{provider}.{name}", found.value, found.source, found.shadowed,
+                                 found.kind), f"./{path}" if path else None)
 
 
 def _split_key(key: str) -> tuple[str, str]:

@@ -17,8 +17,9 @@ Statuses:
   is absent or expired, a setting the job spec may still supply (region, role, bucket, workspace, project).
 
 No credentials at all is ``missing``, except on a VM of that same cloud, where it is ``warn``: there the instance's
-own identity (EC2 instance role, Azure managed identity, GCE service account) comes from the metadata server, which
-an offline check cannot ask. Whether this is such a VM is read from the firmware's vendor strings (DMI files).
+own identity (an instance role, a managed identity, a service account) comes from the metadata server, which an
+offline check cannot ask. Whether this is such a VM each provider tells from the firmware's vendor strings (its
+``cloud_vm`` hook, reading DMI files through `dmi`).
 
 Settings (region, role, bucket, project, workspace) resolve as the providers resolve them: the project's job spec
 (``./cloudtrain.yaml``, its ``providers:`` block, as every other command reads it), the environment, then
@@ -52,7 +53,7 @@ _RESET = "\033[0m"
 
 @dataclass(frozen=True)
 class Check:
-    area: str  # "cloudtrain", "local", "aws", "azure" or "gcp"
+    area: str  # "cloudtrain" or a provider's name
     name: str  # "extra", "credentials", "region", "torch" ...
     status: str  # "ok", "warn" or "missing"
     detail: str  # what was found (versions, names of variables and files; never a secret value)
@@ -231,27 +232,25 @@ def _modules_check(area: str, name: str, decl: registry.Declaration) -> Check:
 # -- shared helpers ----------------------------------------------------------------------------------------------
 
 _DMI = Path("/sys/class/dmi/id")
-_XEN_UUID = Path("/sys/hypervisor/uuid")  # older (Xen) EC2 instances: starts with "ec2"
-_AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"  # the chassis asset tag every Azure VM reports
 
 
-def _read(path: Path) -> str:
+def dmi(name: str, folder: Path | None = None) -> str:
+    """A firmware string (``sys_vendor``, ``product_name``, ``chassis_asset_tag`` ...; or a file of another
+    ``folder``), "" when unreadable: what a provider's ``cloud_vm`` hook reads to tell its own cloud's VMs, without
+    asking a metadata server."""
     try:
-        return path.read_text().strip()
+        return ((folder or _DMI) / name).read_text().strip()
     except (OSError, ValueError):
         return ""
 
 
 def _cloud_vm() -> str | None:
-    """The cloud ("aws", "azure", "gcp") whose VM this machine is, from the firmware's vendor strings: a file read,
-    unlike asking the metadata server. Tests replace it."""
-    vendor, product = _read(_DMI / "sys_vendor"), _read(_DMI / "product_name")
-    if vendor == "Amazon EC2" or _read(_XEN_UUID).lower().startswith("ec2"):
-        return "aws"
-    if vendor == "Google" or product == "Google Compute Engine":
-        return "gcp"
-    if _read(_DMI / "chassis_asset_tag") == _AZURE_ASSET_TAG:
-        return "azure"
+    """The provider whose cloud this machine is a VM of (its ``cloud_vm`` hook says so), else None. Tests replace
+    it."""
+    for name in registry.names():
+        decl = registry.declaration(name)
+        if decl.cloud_vm and decl.load("cloud_vm")():
+            return name
     return None
 
 
@@ -400,26 +399,22 @@ def _config_check(ctx: Context) -> Check:
                  f"choose an existing profile, or add settings to {user.profile!r} with `cloudtrain config set`")
 
 
-def setting(ctx: Context, provider: str, key: str) -> tuple[str, str] | None:
-    """(value, where) as a plan resolves a setting: the project's spec, then (config.lookup) the environment, then the
-    profile."""
-    value = ctx.spec.get(provider, {}).get(key)
-    if value not in (None, ""):
-        return str(value), f"./cloudtrain.yaml providers.{provider}.{key}"
-    found = config.from_environment(provider, key, ctx.env)
-    if found:
-        return found[1], found[0]
-    value = ctx.user.settings(provider).get(key)
-    if value not in (None, ""):
-        return str(value), f"cloudtrain profile {ctx.user.profile}"
-    return None
+def setting(ctx: Context, provider: str, key: str, platform: tuple[str, str] | None = None) -> tuple[str, str] | None:
+    """(value, where) as a plan resolves a setting (config.resolve): the project's spec, the environment, the
+    profile, then what the platform's tools hold (``platform``, read by the provider's checks from ``ctx.home``)."""
+    found = config.resolve(provider, key, spec=ctx.spec.get(provider, {}).get(key),
+                           spec_source=f"./cloudtrain.yaml providers.{provider}.{key}", env=ctx.env,
+                           profile=(ctx.user.settings(provider), f"cloudtrain profile {ctx.user.profile}"),
+                           platform=platform)
+    where = found.source.removeprefix("env ")  # doctor names the variable alone
+    return (str(found.value), where) if found.found else None
 
 
 def setting_check(ctx: Context, provider: str, key: str, what: str, unset: str, example: str,
                    platform: tuple[str, str] | None = None, platform_place: str = "", platform_fix: str = "") -> Check:
     """A provider setting: found (value and where), else a warning naming every place looked in and every way to set
     it. A warning, not "missing": a spec given with -f may still set it."""
-    found = setting(ctx, provider, key) or platform
+    found = setting(ctx, provider, key, platform)
     if found:
         return Check(provider, key, "ok", f"{found[0]} ({found[1]})")
     variables = config.env_names(provider, key)

@@ -9,6 +9,7 @@ import os
 import shlex
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from cloudtrain import registry
@@ -22,6 +23,15 @@ _CODES = {"red": "31", "green": "32", "yellow": "33", "blue": "34", "bold": "1",
 STATE_COLOURS = {"succeeded": "green", "running": "blue", "pending": "yellow", "stopping": "yellow",
                  "failed": "red", "cancelled": "dim", "preempted": "yellow", "ok": "green", "warn": "yellow",
                  "missing": "red"}
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a provider adds to a plan's summary (its ``plan_summary`` hook in the registry)."""
+
+    where: str = ""  # the account-side place the job goes, e.g. "project p, region us-central1"
+    instance: str = ""  # each node's machine when the catalog names none ("this machine")
+    max_wait: int | None = None  # spot: the seconds the platform waits for capacity plus runs, default included
 
 
 def colour_enabled(stream: TextIO) -> bool:
@@ -98,6 +108,7 @@ def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
     spec = plan.spec
     pkg = plan.package
     nproc = plan.nproc_per_node
+    summary = provider_summary(plan)
     machine = plan.machine
     if machine is not None:
         if machine.gpu:
@@ -109,7 +120,7 @@ def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
             gpus = "no GPU"
         instance = f"{machine.instance_type} ({gpus})"
     else:
-        instance = "this machine" if plan.provider == "local" else "the compute cluster's VM size"
+        instance = summary.instance or "the machine the platform picks"
 
     def row(label: str, value: str) -> str:
         return f"{paint(label.ljust(12), 'bold', colour)} {_unset(value, plan.provider)}"
@@ -122,12 +133,12 @@ def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
         row("layout", (f"{spec.nodes} node(s) x {nproc} process(es) = world size {spec.nodes * nproc}" if nproc else
                        f"{spec.nodes} node(s) x one process per GPU of the node (only known on the node)")
             + f", strategy {spec.strategy}"),
-        *([row("where", where)] if (where := _where(plan.staging)) else []),
+        *([row("where", summary.where)] if summary.where else []),
         row("instance", instance),
         row("image", plan.image or "this machine's Python and torch"),
         row("each node", plan.runtime.summary() if plan.runtime else "the torch and Python the nodes have (only known "
                                                                      "there)"),
-        row("spot", _spot(plan)),
+        row("spot", _spot(plan, summary.max_wait)),
         row("max runtime", format_duration(spec.max_runtime)
             + (f", stopped if idle for {format_duration(spec.max_idle)}" if spec.max_idle else "")),
         row("checkpoint", spec.checkpoint.uri or "none"),
@@ -150,15 +161,13 @@ def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
     return "\n".join(lines)
 
 
-def _spot(plan: Plan) -> str:
+def _spot(plan: Plan, wait: int | None) -> str:
     """Spot or not; for spot, the restarts and max_wait (the time a platform waits for capacity plus runs), where
-    the platform uses one."""
+    the platform uses one (``wait``: what its summary hook says it will use, default included)."""
     spec = plan.spec
     if not spec.spot:
         return "no"
     parts = ["yes", f"up to {spec.max_restarts} restart(s)" if spec.max_restarts else "no restarts (max_restarts 0)"]
-    condition = plan.request.get("StoppingCondition")  # SageMaker: the wait it will use, default included
-    wait = condition.get("MaxWaitTimeInSeconds") if isinstance(condition, dict) else None
     if wait:
         parts.append(f"max_wait {format_duration(wait)} (capacity wait plus run time)")
     elif spec.max_wait:
@@ -173,10 +182,15 @@ def _unset(text: str, provider: str) -> str:
     return text
 
 
-def _where(staging: dict[str, str]) -> str:
-    """The account-side place a job goes: region, project, workspace and cluster, as the plan resolved them."""
-    return ", ".join(f"{key} {staging[key]}" for key in ("project", "region", "workspace", "compute")
-                     if staging.get(key))
+def provider_summary(plan: Plan) -> Summary:
+    """The provider's own part of the summary (its ``plan_summary`` hook), or nothing."""
+    decl = registry.declaration(plan.provider)
+    return decl.load("plan_summary")(plan) if decl.plan_summary else Summary()
+
+
+def where(*places: tuple[str, str | None]) -> str:
+    """A "where" line from (what, value) pairs, e.g. ``where(("region", "us-east-1"))``: what summary hooks return."""
+    return ", ".join(f"{what} {value}" for what, value in places if value)
 
 
 def _when(ts: float | None) -> str:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from cloudtrain import contract
 
@@ -58,3 +60,28 @@ def resource_dir(name: str) -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"cloudtrain's {name}/ folder is missing from this installation; reinstall cloudtrain")
+
+
+def derived(name: str, key: str, build: Callable[[], Any]) -> Any:
+    """JSON data derived from installed files (a slice of an SDK's service model ...), kept in ``<home>/cache`` under
+    ``name`` and the hash of ``key`` (what it was derived from, e.g. the SDK's files' stamps), so a plan does not
+    parse a large file each time. Built afresh when the key changes; a cache that cannot be read or written (a
+    read-only home) only costs the build."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    path = cloudtrain_home() / "cache" / f"{name}-{digest}.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    data = build()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(tmp, path)  # a reader sees the whole file or none
+    except OSError:
+        tmp.unlink(missing_ok=True)
+    return data

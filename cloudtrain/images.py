@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain import registry
-from cloudtrain.errors import SpecError
+from cloudtrain.errors import ProviderNotFound, SpecError
 
 if TYPE_CHECKING:
     from cloudtrain.spec import JobSpec
@@ -91,13 +91,16 @@ def torch_note(provider: str, runtime: Runtime | None, spec: JobSpec) -> str | N
 
 @functools.cache
 def data() -> dict[str, Any]:
-    """The shared rules, and under each provider's name the image table it ships (``images`` in its entry)."""
-    found = dict(json.loads(DATA.read_text(encoding="utf-8")))
-    for name in registry.BUILTIN:
-        decl = registry.declaration(name)
-        if decl.images:
-            found[name] = decl.data("images")
-    return found
+    """The rules every provider shares (``min_python`` ...); a provider's own image table is `table`."""
+    return dict(json.loads(DATA.read_text(encoding="utf-8")))
+
+
+@functools.cache
+def table(provider: str) -> dict[str, Any]:
+    """The image table a provider ships (``images`` in its registry entry, a plugin's too), read when first asked:
+    a plan reads its own provider's only. {} when it declares none."""
+    decl = registry.declaration(provider)
+    return dict(decl.data("images")) if decl.images else {}
 
 
 def minor(version: str) -> str:
@@ -137,16 +140,16 @@ def choose_minor(provider: str, offered: list[str], spec: JobSpec) -> tuple[str,
 
 
 def common_minors() -> list[str]:
-    """Torch minors every built-in cloud has a known image for (each provider's ``torch_minors``; one whose table
-    is not installed, such as SageMaker's without sagemaker-core, is left out)."""
+    """Torch minors every provider with images has a known image for (each provider's ``torch_minors``, plugins'
+    too; one whose table is not installed, such as SageMaker's without sagemaker-core, is left out)."""
     minors: set[str] | None = None
-    for name in registry.BUILTIN:
-        decl = registry.declaration(name)
-        if not decl.torch_minors:
-            continue
+    for name in registry.names():
         try:
+            decl = registry.declaration(name)
+            if not decl.torch_minors:
+                continue
             offered = set(decl.load("torch_minors")())
-        except SpecError:
+        except (SpecError, ProviderNotFound):  # a table not installed, a plugin that cannot be loaded
             continue
         minors = offered if minors is None else minors & offered
     return sorted(minors or set(), key=version_key)

@@ -76,6 +76,11 @@ class Declaration:
     name_pattern: str | None = None  # a regex every job name (plan.job_id, a resubmission's) matches in full
     name_rule: str = ""  # that rule in words, for the message when a name breaks it
     handle_scope: tuple[str, ...] = ()  # what a handle names before the job id: aws://<region>/<job> -> ("region",)
+    # -- the plan summary and doctor (issue 32.3): what the core used to know about each platform --------------
+    plan_summary: str | None = None  # fn(plan) -> plan.Summary: the "where" line, a machine the catalog can't
+    #                                  name, the spot wait the platform will use
+    cloud_vm: str | None = None  # fn() -> bool: this machine is one of the platform's VMs (firmware strings, no
+    #                              network), so doctor says its own identity may supply credentials
 
     @property
     def platform_name(self) -> str:

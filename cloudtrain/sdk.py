@@ -98,7 +98,8 @@ def _own_folders(spec: JobSpec, source: Path) -> tuple[tuple[str, str], ...]:
     places += [(uri, what) for uri, what in (
         (spec.checkpoint.uri, "the job's checkpoint store (checkpoint.uri)"),
         (spec.output_uri, "the job's output store (output_uri)"),
-        (spec.providers.local.store_uri, "the local provider's store (providers.local.store_uri)"))
+        (getattr(spec.providers.held("local"), "store_uri", None),
+         "the local provider's store (providers.local.store_uri)"))
         if uri and uri.startswith("file://")]
     own = []
     for place, what in places:

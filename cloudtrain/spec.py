@@ -3,29 +3,30 @@
 Unknown keys are errors everywhere (``extra="forbid"``). Field names in YAML, in error messages and in
 ``cloudtrain schema`` are the same, so a message such as ``nodes: must be >= 1`` points at the line to edit.
 
-``providers.<name>`` blocks are each provider's own options model, found through the registry: the built-ins' when
-this module loads, a plugin's only when a spec names it (or a plan is made for it), so plain specs never read the
-installed packages' entry points.
+``providers.<name>`` blocks are each provider's own options model, found through the registry and built only when a
+spec names that provider or a plan is made for it, so a plan builds one provider's model and plain specs never read
+the installed packages' entry points.
 """
 
 from __future__ import annotations
 
-import difflib
 import functools
 import re
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, create_model, field_validator, model_validator
 
 from cloudtrain import contract, registry
 from cloudtrain.errors import SpecError
+from cloudtrain.spec_errors import friendly_error, spec_error_from, unusable_text
 from cloudtrain.spec_fields import Duration, Model, Uri, one_token, parse_duration
 from cloudtrain.specfile import SPEC_FILENAME, project_options, read_spec_file
 from cloudtrain.storage.uris import SCHEMES as STORAGE_SCHEMES
 
-__all__ = ["SPEC_FILENAME", "STORAGE_SCHEMES", "JobSpec", "apply_overrides", "check_local_paths", "json_schema",
-           "load_spec", "parse_duration", "project_options", "read_spec_file", "validate_spec"]
+__all__ = ["SPEC_FILENAME", "STORAGE_SCHEMES", "JobSpec", "apply_overrides", "check_local_paths", "friendly_error",
+           "json_schema", "load_spec", "parse_duration", "project_options", "read_spec_file", "spec_error_from",
+           "validate_spec"]
 
 # Processes per node: the largest machines any of the platforms rents have 8-16 accelerators and under 200 vCPUs;
 # more processes than that on one node only oversubscribe it (and 100,000 would fork-bomb a local run).
@@ -44,16 +45,37 @@ def options_model(provider: str) -> type[BaseModel]:
     return decl.load("options") if decl.options else NoOptions
 
 
+class Providers(Model):
+    """The spec's ``providers:`` block. It holds the options models of the providers a spec names (and of the one a
+    plan is made for, `with_provider`), built when first needed: building every provider's model at import cost
+    more than a local plan's own work. Any other registered provider reads as its defaults."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)  # type: ignore[misc]
+        except AttributeError:
+            if name.startswith("_") or not registry.exists(name):
+                raise
+            return options_model(name)()
+
+    def held(self, name: str) -> Any:
+        """``name``'s block when this model holds it (the spec names it, or a plan is made for it), else None:
+        unlike attribute access, it builds no model for a provider that is not in play."""
+        return getattr(self, name) if name in type(self).model_fields else None
+
+
 @functools.cache
 def _provider_options(names: tuple[str, ...]) -> type[BaseModel]:
+    if not names:
+        return Providers
     fields: dict[str, Any] = {}
     for name in names:
         model = options_model(name)
         fields[name] = (model, Field(default_factory=model))
-    return create_model("ProviderOptions", __base__=Model, **fields)
+    return create_model("ProviderOptions", __base__=Providers, **fields)
 
 
-ProviderOptions = _provider_options(tuple(registry.BUILTIN))
+ProviderOptions = Providers
 if TYPE_CHECKING:  # built from the registry at run time: to the type checker, any provider's block
     ProviderBlocks = Any
 else:
@@ -153,7 +175,17 @@ class JobSpec(_Model):
                            "process group) instead of calling it a success; for CI")
     tags: dict[str, str] = Field(default_factory=dict)
     package: PackageSpec = Field(default_factory=PackageSpec)
-    providers: ProviderBlocks = Field(default_factory=ProviderOptions)
+    # SerializeAsAny: the block is a Providers subclass holding the providers in play, dumped with their fields
+    providers: SerializeAsAny[ProviderBlocks] = Field(default_factory=ProviderOptions)
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _providers(cls, value: Any) -> Any:
+        """A mapping is validated by a model of the providers it names (built on first use): no provider's
+        options model is built until a spec names it. Errors keep their place (providers.aws.region)."""
+        if isinstance(value, dict):
+            return _provider_options(_providers_named({"providers": value})).model_validate(value)
+        return value
 
     @field_validator("procs_per_node", mode="before")
     @classmethod
@@ -285,19 +317,20 @@ def derive_name(entry: str) -> str:
 
 
 @functools.cache
-def spec_model(plugins: tuple[str, ...] = ()) -> type[JobSpec]:
-    """JobSpec whose ``providers`` block also holds these plugins' options (JobSpec itself: the built-ins')."""
-    if not plugins:
+def spec_model(names: tuple[str, ...] = ()) -> type[JobSpec]:
+    """JobSpec whose ``providers`` block declares these providers' options: what `json_schema` describes (JobSpec
+    itself validates any registered provider's block)."""
+    if not names:
         return JobSpec
-    options = _provider_options((*registry.BUILTIN, *plugins))
-    return create_model("JobSpec", __base__=JobSpec,
-                        providers=(options, Field(default_factory=options)))
+    options = _provider_options(names)
+    return create_model("JobSpec", __base__=JobSpec, providers=(options, Field(default_factory=options)))
 
 
-def _plugins_named(raw: Any) -> tuple[str, ...]:
-    """The registered plugins a raw spec's ``providers:`` block names (unknown names stay: the model refuses them)."""
+def _providers_named(raw: Any) -> tuple[str, ...]:
+    """The registered providers a raw spec's ``providers:`` block names (unknown names stay out: the model refuses
+    them, suggesting a registered name)."""
     block = raw.get("providers") if isinstance(raw, dict) else None
-    names = [k for k in block if isinstance(k, str) and not registry.builtin(k)] if isinstance(block, dict) else []
+    names = [k for k in block if isinstance(k, str)] if isinstance(block, dict) else []
     return tuple(sorted(n for n in names if registry.exists(n)))
 
 
@@ -310,112 +343,26 @@ def options_of(spec: JobSpec, provider: str) -> Any:
 def with_provider(spec: JobSpec, provider: str) -> JobSpec:
     """The spec under a model that holds ``provider``'s options (a plugin the spec did not name), unchanged
     otherwise: what plans for that provider need, so ``spec.providers.<provider>`` exists."""
-    if provider in type(spec.providers).model_fields:
+    held = type(spec.providers).model_fields
+    if provider in held:
         return spec
-    present = tuple(n for n in type(spec.providers).model_fields if not registry.builtin(n))
-    model = spec_model(tuple(sorted({*present, provider})))
-    return model.model_validate(spec.model_dump(exclude_unset=True))
+    model = _provider_options(tuple(sorted({*held, provider})))
+    blocks = model(**{name: getattr(spec.providers, name) for name in spec.providers.model_fields_set})
+    return spec.model_copy(update={"providers": blocks})
 
 
 # -- loading, overriding, error translation ------------------------------------------------------------
 
 
-def _location(loc: tuple[Any, ...]) -> str:
-    parts: list[str] = []
-    for item in loc:
-        if isinstance(item, int):
-            parts[-1:] = [f"{parts[-1] if parts else ''}[{item}]"]
-        elif item in {"function-before[parse_duration(), int]", "constrained-int", "literal['auto']", "int", "str"}:
-            continue  # pydantic's union/validator branch names mean nothing to a user
-        else:
-            parts.append(str(item))
-    return ".".join(parts) or "spec"
-
-
-def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """Field names valid at the parent of ``loc`` (for 'did you mean' hints)."""
-    current: Any = model
-    for item in loc[:-1]:
-        field = getattr(current, "model_fields", {}).get(item)
-        if field is None:
-            return []
-        current = field.annotation
-    return list(getattr(current, "model_fields", {}))
-
-
-def friendly_error(err: Any) -> str:
-    ctx = err.get("ctx") or {}
-    kind = err["type"]
-    if kind == "greater_than_equal":
-        return f"must be >= {ctx['ge']}"
-    if kind == "less_than_equal":
-        return f"must be <= {ctx['le']}"
-    if kind == "string_pattern_mismatch":
-        return f"must match {ctx['pattern']}"
-    return str(err["msg"]).removeprefix("Value error, ")
-
-
-def spec_error_from(exc: ValidationError, source: str | None = None) -> SpecError:
-    """Turn pydantic's errors into one message that names each field and its fix."""
-    from cloudtrain.secrets import looks_secret
-
-    lines: list[str] = []
-    remedies: list[str] = []
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        where = _location(loc)
-        if err["type"] == "extra_forbidden":
-            key = str(loc[-1])
-            close = difflib.get_close_matches(key, _known_fields(JobSpec, loc), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            lines.append(f"{where}: unknown key{hint}")
-            remedies.append(f"remove or rename '{key}'")
-        else:
-            msg = friendly_error(err)
-            got = err.get("input")
-            shown = "" if isinstance(got, dict | list) or got is None or looks_secret(where, str(got)) \
-                else f" (got {got!r})"  # a password given as a number is not echoed
-            lines.append(f"{where}: {msg}{shown}" if where != "spec" else f"{msg}")
-            if where != "spec":
-                remedies.append(f"set {where} to a valid value")
-    prefix = f"invalid job spec in {source}:\n  " if source else "invalid job spec:\n  "
-    remedy = "; ".join(dict.fromkeys(remedies)) or "correct the spec as described above"
-    remedy += " (`cloudtrain schema` lists every field)"
-    return SpecError(prefix + "\n  ".join(lines), remedy=remedy)
-
-
-def _unusable_text(data: Any, where: str = "") -> tuple[str, str] | None:
-    """The first key or value holding text no operating system or platform accepts (a NUL byte, half a UTF-16
-    surrogate pair), as (where, what); None when all is well."""
-    if isinstance(data, str):
-        if "\0" in data:
-            return where or "spec", "holds a NUL byte (\\0)"
-        try:
-            data.encode("utf-8")
-        except UnicodeEncodeError:
-            return where or "spec", "holds text that is not valid Unicode (a lone surrogate)"
-        return None
-    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
-    for key, value in items:
-        inner = f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key)
-        found = _unusable_text(key, inner) if isinstance(key, str) else None
-        if found:
-            return found[0].encode("unicode_escape").decode(), "is a key that " + found[1]
-        found = _unusable_text(value, inner)
-        if found:
-            return found
-    return None
-
-
 def validate_spec(raw: dict[str, Any], source: str | None = None) -> JobSpec:
-    bad = _unusable_text(raw)
+    bad = unusable_text(raw)
     if bad:
         where, what = bad
         raise SpecError(what, field=where, remedy=f"remove that character from {where} (in {source or 'the flags'})")
     try:
-        return spec_model(_plugins_named(raw)).model_validate(raw)
+        return JobSpec.model_validate(raw)
     except ValidationError as exc:
-        raise spec_error_from(exc, source) from None
+        raise spec_error_from(exc, source, spec_model(_providers_named(raw))) from None
     except RecursionError:
         raise SpecError("the spec nests values too deeply to check", remedy="a spec needs a few levels at most "
                         "(`cloudtrain schema` lists every field)") from None
@@ -488,7 +435,7 @@ def check_local_paths(spec: JobSpec) -> Path:
 
 def json_schema() -> dict[str, Any]:
     """The spec's JSON Schema, every registered provider's options included (plugins too)."""
-    schema = spec_model(tuple(registry.plugins())).model_json_schema()
+    schema = spec_model(tuple(registry.names())).model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "cloudtrain job spec"
     return schema

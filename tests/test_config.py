@@ -30,6 +30,11 @@ ARN = "arn:aws:iam::123456789012:role/{}"
 def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An empty config file path, no provider settings in the environment, no AWS/gcloud config of this machine,
     and a project folder as the working directory."""
+    yield from isolated_config(tmp_path, monkeypatch)
+
+
+def isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The `cfg` fixture's work (other test modules' fixtures use it too)."""
     path = tmp_path / "config.yaml"
     monkeypatch.setenv("CLOUDTRAIN_CONFIG", str(path))
     for provider in registry.BUILTIN:

@@ -30,7 +30,7 @@ def clouds(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_azure_environments_are_pinned_versions_never_a_moving_label(clouds: None, project: Path) -> None:
-    for version, entry in images.data()["azure"]["environments"].items():
+    for version, entry in images.table("azure")["environments"].items():
         with Job(script="train_ddp.py", source_dir=str(project), image={"torch_version": version}).plan("azure") as p:
             assert p.image == (f"azureml://registries/azureml/environments/{entry['name']}/versions/"
                                f"{entry['version']}")
@@ -39,7 +39,7 @@ def test_azure_environments_are_pinned_versions_never_a_moving_label(clouds: Non
             assert (p.runtime.torch, p.runtime.python) == (entry["torch"], entry["python"])
             assert images.minor(p.runtime.torch) == version  # the torch the spec asked for, not the env's name
     # the case: the environment named 2.2 runs torch 2.5.1 at the version cloudtrain pins for 2.5
-    assert images.data()["azure"]["environments"]["2.5"]["name"] == "acpt-pytorch-2.2-cuda12.1"
+    assert images.table("azure")["environments"]["2.5"]["name"] == "acpt-pytorch-2.2-cuda12.1"
 
 
 def test_default_spec_runs_one_torch_minor_where_the_clouds_allow_and_says_where_not(clouds: None,
@@ -63,7 +63,7 @@ def test_default_spec_runs_one_torch_minor_where_the_clouds_allow_and_says_where
 
 def test_every_image_a_plan_can_pick_runs_a_python_the_bootstrap_supports() -> None:
     oldest = images.version_key(images.data()["min_python"])
-    for table in (images.data()["azure"]["environments"], images.data()["gcp"]["containers"]):
+    for table in (images.table("azure")["environments"], images.table("gcp")["containers"]):
         assert all(images.version_key(entry["python"]) >= oldest for entry in table.values())
     assert oldest == (3, 8)  # tests/test_bootstrap.py runs under this interpreter in CI (nox -s bootstrap)
 

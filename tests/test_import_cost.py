@@ -7,19 +7,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 HEAVY = ("torch", "boto3", "botocore", "sagemaker", "azure", "google", "pydantic", "yaml")
 
 
-def imported_modules(code: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> set[str]:
-    """Every module a fresh interpreter imports to run ``code``."""
-    result = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
-                            cwd=cwd, env=env, timeout=60)
+_DUMP = ("import atexit, sys\n"
+         "atexit.register(lambda: sys.stderr.write('\\nMODULES ' + ' '.join(sorted(sys.modules)) + '\\n'))\n")
+
+
+def imported_modules(code: str, cwd: Path = REPO, env: dict[str, str] | None = None, at_exit: bool = False) -> set[str]:
+    """Every module a fresh interpreter imports to run ``code``, as ``-X importtime`` lists them; ``at_exit``: every
+    module in sys.modules as it exits (importtime leaves out some imported through importlib, and lists no parent
+    package that importlib.util.find_spec imports)."""
+    argv = [sys.executable, "-c", _DUMP + code] if at_exit else [sys.executable, "-X", "importtime", "-c", code]
+    result = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env, timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
     names = set()
     for line in result.stderr.splitlines():
-        if line.startswith("import time:") and "|" in line:
+        if at_exit and line.startswith("MODULES "):
+            names.update(line.split()[1:])
+        elif line.startswith("import time:") and "|" in line:
             names.add(line.rsplit("|", 1)[1].strip())
     assert "cloudtrain" in names  # the probe itself works
     return names
@@ -52,3 +62,36 @@ def test_a_plan_with_no_yaml_to_read_does_not_load_yaml(tmp_path: Path) -> None:
     names = imported_modules(code, cwd=tmp_path, env=env)
     assert "cloudtrain.spec" in names  # the plan really ran
     assert not [n for n in names if n.split(".")[0] == "yaml"]
+
+
+def _plan_modules(tmp_path: Path, provider: str) -> set[str]:
+    """The modules `cloudtrain plan train.py --provider PROVIDER` imports, offline, with no settings anywhere but
+    the region (for aws, run twice: the second run is the one timed, with cloudtrain's cache of botocore data warm)."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    env = {**os.environ, "CLOUDTRAIN_HOME": str(tmp_path / "home"), "CLOUDTRAIN_CONFIG": str(tmp_path / "none.yaml"),
+           "PYTHONPATH": str(REPO), "AWS_REGION": "us-east-1", "AWS_CONFIG_FILE": str(tmp_path / "none"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "CLOUDSDK_CONFIG": str(tmp_path / "gcloud")}
+    code = ("from cloudtrain.cli.main import main\n"
+            f"raise SystemExit(main(['plan', 'train.py', '--provider', {provider!r}, '-o', 'json']))")
+    imported_modules(code, cwd=tmp_path, env=env, at_exit=True)
+    return imported_modules(code, cwd=tmp_path, env=env, at_exit=True)
+
+
+@pytest.mark.parametrize("provider", ["local", "aws", "azure", "gcp"])
+def test_a_plan_builds_only_its_own_providers_options(tmp_path: Path, provider: str) -> None:
+    """Issue 32.9: importing cloudtrain.spec built every provider's options model (~0.27 s with pydantic); a plan
+    now builds its own provider's only."""
+    names = _plan_modules(tmp_path, provider)
+    assert f"cloudtrain.providers.{provider}.options" in names
+    others = sorted(n for n in names if n.endswith(".options") and n.startswith("cloudtrain.providers.")
+                    and n != f"cloudtrain.providers.{provider}.options")
+    assert others == []
+
+
+def test_an_aws_plan_reads_botocore_data_from_the_cache(tmp_path: Path) -> None:
+    """Issue 32.9: botocore's whole SageMaker model and endpoint table were parsed by every aws plan; the slices a
+    plan needs are cached (cloudtrain.home.derived), so neither botocore.session nor botocore.loaders loads."""
+    names = _plan_modules(tmp_path, "aws")
+    assert "botocore.validate" in names  # the request is still checked by botocore's own validator
+    assert sorted(n for n in names if n in ("botocore.session", "botocore.loaders")) == []
+    assert sorted(p.name.split("-")[1] for p in (tmp_path / "home" / "cache").iterdir()) == ["partitions", "sagemaker"]

@@ -240,6 +240,9 @@ def cmd_config(args: argparse.Namespace) -> int:
         else:
             done = f"{args.key} removed" if had else f"{args.key} was not set"
         print(f"{done} in profile {args.profile or config.profile_name()} ({path})")
+        note = config.after_set(args.key) if action == "set" else None
+        if note:  # the value just stored changes nothing here: say what wins (issue 29.6)
+            print(f"note: {note}", file=sys.stderr)
         return 0
     from cloudtrain.cli.jobargs import set_pairs
     from cloudtrain.cli.render import emit, settings_text
@@ -260,6 +263,11 @@ def cmd_config(args: argparse.Namespace) -> int:
     for provider, settings in shown.items():
         print()
         print(settings_text(provider, settings, colour()))
+    notes = [n for settings in shown.values() for s in settings if (n := config.profile_loses(s, spec_file))]
+    if notes:
+        print()
+    for note in notes:
+        print(f"note: {note}")
     return 0
 
 

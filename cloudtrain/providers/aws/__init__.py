@@ -12,6 +12,7 @@ PROVIDER = Declaration(
     settings="settings:platform_setting",
     placeholders={"role": "arn:aws:iam::000000000000:role/SET-providers.aws.role",
                   "bucket": "set-providers-aws-bucket"},
+    plan_summary="provider:plan_summary", cloud_vm="doctor:on_this_cloud",
     doctor="doctor:checks", node="node", platform="sagemaker", catalog="catalog.json",
     instance_option="providers.aws.instance_type", torch_minors="images:offered_minors", export="export",
     name_pattern=r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", name_rule="TrainingJobName: letters, digits and '-', at most 63",

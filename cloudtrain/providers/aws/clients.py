@@ -16,14 +16,10 @@ _LOGIN_HINT = ("log in again (`aws sso login`, or `aws configure`), or choose a 
 
 def configured_region(explicit: str | None) -> str:
     """The spec's region, else AWS_REGION / AWS_DEFAULT_REGION, else the cloudtrain profile's, else the AWS
-    profile's ``region`` (read locally)."""
+    profile's ``region`` (read locally: the ``settings`` hook, through config.resolve)."""
     from cloudtrain.config import lookup
 
     region = lookup("aws", "region", explicit)
-    if not region:
-        import botocore.session
-
-        region = botocore.session.get_session().get_config_variable("region")
     if not region:
         raise SpecError("no AWS region is set", field="providers.aws.region",
                         remedy="set providers.aws.region (or --set providers.aws.region=us-east-1), AWS_REGION, "

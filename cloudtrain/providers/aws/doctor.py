@@ -16,6 +16,7 @@ from cloudtrain.doctor import (
     Check,
     Context,
     Unparsable,
+    dmi,
     env_path,
     extra_check,
     ini,
@@ -184,3 +185,11 @@ def _utc(value: Any) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+_HYPERVISOR = Path("/sys/hypervisor")  # older (Xen) EC2 instances: its uuid starts with "ec2"
+
+
+def on_this_cloud() -> bool:
+    """An EC2 instance, from the firmware's vendor string (or an older Xen instance's UUID)."""
+    return dmi("sys_vendor") == "Amazon EC2" or dmi("uuid", _HYPERVISOR).lower().startswith("ec2")

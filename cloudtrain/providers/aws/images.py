@@ -37,11 +37,21 @@ def pytorch_training_config() -> dict[str, Any]:
     return dict(json.loads(path.read_text())["training"])
 
 
+def _partition_table() -> list[dict[str, Any]]:
+    from botocore.loaders import create_loader  # botocore's endpoint data: offline
+
+    return [{"regions": sorted(p.get("regions", {})), "regionRegex": p.get("regionRegex", "$^"),
+             "dnsSuffix": p["dnsSuffix"]} for p in create_loader().load_data("endpoints")["partitions"]]
+
+
 @cache
 def _partitions() -> list[dict[str, Any]]:
-    from botocore.loaders import create_loader  # botocore's endpoint data: offline, a few milliseconds
+    """Each AWS partition's regions, region pattern and DNS suffix, from botocore's endpoint data, cached
+    (cloudtrain.home.derived): parsing that file and importing botocore's loader cost more than the plan's own work."""
+    from cloudtrain.home import derived
+    from cloudtrain.providers.aws.validate import botocore_stamp
 
-    return list(create_loader().load_data("endpoints")["partitions"])
+    return list(derived("botocore-partitions", botocore_stamp(), _partition_table))
 
 
 def _ecr_domain(region: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 from cloudtrain import catalog, registry
 from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, UserError
+from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
 from cloudtrain.nodes import bootstrap_args, launcher_note
@@ -34,6 +35,13 @@ LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 class _Exists(Exception):
     """CreateTrainingJob said the name is taken: the retry of a create whose answer was lost, if the job is ours."""
+
+
+def plan_summary(plan: Plan) -> Summary:
+    """The plan summary's SageMaker lines: the region, and the spot wait StoppingCondition will use."""
+    condition = plan.request.get("StoppingCondition")
+    wait = condition.get("MaxWaitTimeInSeconds") if isinstance(condition, dict) else None
+    return Summary(where=where(("region", plan.staging.get("region"))), max_wait=wait)
 
 
 class SageMakerProvider(Provider):

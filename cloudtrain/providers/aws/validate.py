@@ -16,11 +16,60 @@ from typing import Any
 from cloudtrain.errors import UserError
 
 
+def botocore_stamp() -> str:
+    """What botocore's data files depend on, read without importing botocore: its install (folder and the stamp of
+    its ``__init__``), the user's own models (~/.aws/models) and AWS_DATA_PATH. Keys `home.derived` caches."""
+    import importlib.util
+    import os
+
+    found = importlib.util.find_spec("botocore")
+    parts = [os.environ.get("AWS_DATA_PATH", "")]
+    for path in ([found.origin] if found and found.origin else []) + [os.path.expanduser("~/.aws/models")]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            parts.append(f"{path}:-")
+        else:
+            parts.append(f"{path}:{st.st_mtime_ns}:{st.st_size}")
+    return "|".join(parts)
+
+
+def _reachable(shapes: dict[str, Any], roots: list[str]) -> dict[str, Any]:
+    """The shapes ``roots`` name, and every shape they name in turn."""
+    found: dict[str, Any] = {}
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in found or name not in shapes:
+            continue
+        shape = found[name] = shapes[name]
+        refs = [*shape.get("members", {}).values(), *(shape[k] for k in ("member", "key", "value") if k in shape)]
+        todo += [ref["shape"] for ref in refs if isinstance(ref, dict) and "shape" in ref]
+    return found
+
+
+def _operation_slice(service: str, operation: str) -> dict[str, Any]:
+    """The part of botocore's service model one operation needs (the whole SageMaker model is ~4 MB of JSON)."""
+    from botocore.loaders import create_loader
+
+    model = create_loader().load_service_model(service, "service-2")
+    op = model["operations"][operation]
+    roots = [op[k]["shape"] for k in ("input", "output") if k in op]
+    return {"metadata": model["metadata"], "operations": {operation: op},
+            "shapes": _reachable(model["shapes"], roots)}
+
+
 @cache
 def _operation(service: str, operation: str) -> Any:
-    import botocore.session
+    """botocore's model of one operation, built from the cached slice of its service model: the same shapes botocore
+    validates with, without parsing the whole service (cloudtrain.home.derived, keyed on botocore's install)."""
+    from botocore.model import ServiceModel
 
-    return botocore.session.get_session().get_service_model(service).operation_model(operation)
+    from cloudtrain.home import derived
+
+    data = derived(f"botocore-{service}-{operation}", botocore_stamp(),
+                   lambda: _operation_slice(service, operation))
+    return ServiceModel(data, service_name=service).operation_model(operation)
 
 
 _UNICODE_CLASS = re.compile(r"^\^?\(?\[((?:\\p\{[A-Z]\}|[^\]])*)\]\*\)?\$?$")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from cloudtrain.doctor import Check, Context, env_path, extra_check, json_file, no_credentials, setting, shown
+from cloudtrain.doctor import Check, Context, dmi, env_path, extra_check, json_file, no_credentials, setting, shown
 
 _IDENTITY = "an Azure VM, whose managed identity"
 _WORKSPACE_KEYS = ("subscription_id", "resource_group", "workspace")
@@ -82,3 +82,11 @@ def _azure_credentials(ctx: Context) -> Check:
         detail += f"; {'/'.join(partial)} set, but a service principal needs AZURE_CLIENT_ID, AZURE_TENANT_ID and " \
                   "AZURE_CLIENT_SECRET (or AZURE_CLIENT_CERTIFICATE_PATH or AZURE_FEDERATED_TOKEN_FILE)"
     return no_credentials("azure", ctx.vm, detail, "az login", _IDENTITY)
+
+
+_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"  # the chassis asset tag every Azure VM reports
+
+
+def on_this_cloud() -> bool:
+    """An Azure VM, from the chassis asset tag its firmware reports."""
+    return dmi("chassis_asset_tag") == _ASSET_TAG

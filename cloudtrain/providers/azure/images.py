@@ -7,4 +7,4 @@ from cloudtrain import images
 
 def offered_minors() -> list[str]:
     """The torch minors an environment is known for."""
-    return list(images.data()["azure"]["environments"])
+    return list(images.table("azure")["environments"])

@@ -50,7 +50,7 @@ def environment(spec: JobSpec) -> tuple[Runtime, list[str]]:
                        source="providers.azure.environment (your workspace's environment)"), []
     if spec.image.uri:
         return images.custom(spec.image.uri), []
-    table = images.data()["azure"]
+    table = images.table("azure")
     version, notes = images.choose_minor("azure", list(table["environments"]), spec)
     entry = table["environments"][version]
     what = f"the Azure ML environment {entry['name']} version {entry['version']}"

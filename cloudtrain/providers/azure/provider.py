@@ -16,6 +16,7 @@ import yaml
 
 from cloudtrain import catalog, contract
 from cloudtrain.errors import HandleError, SpecError, UserError
+from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
 from cloudtrain.nodes import bootstrap_args
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
@@ -45,6 +46,12 @@ def load_validated(job: dict[str, Any], code: str) -> Any:
     except Exception as exc:  # marshmallow's ValidationError: the schema's own words
         raise SpecError(f"Azure ML rejects the job: {str(exc).strip()[:1500]}", field="providers.azure",
                         remedy="fix the spec fields behind the job fields named above") from None
+
+
+def plan_summary(plan: Plan) -> Summary:
+    """The plan summary's Azure ML lines: the workspace and compute; a cluster's VM size is the cluster's."""
+    return Summary(where=where(("workspace", plan.staging.get("workspace")), ("compute", plan.staging.get("compute"))),
+                   instance="the compute cluster's VM size")
 
 
 class AzureMLProvider(Provider):

@@ -37,16 +37,12 @@ def config_json() -> tuple[dict[str, Any], str] | None:
 
 def workspace_of(options: Any) -> tuple[str, str, str]:
     """(subscription, resource group, workspace): the spec's options, else the cloudtrain profile's, else the
-    workspace's ``config.json``."""
+    workspace's ``config.json`` (the ``settings`` hook, through config.resolve)."""
     from cloudtrain.config import lookup
 
     found = {"subscription_id": lookup("azure", "subscription_id", options.subscription_id),
              "resource_group": lookup("azure", "resource_group", options.resource_group),
              "workspace_name": lookup("azure", "workspace", options.workspace)}
-    if not all(found.values()):
-        data = (config_json() or ({}, ""))[0]
-        for key in found:
-            found[key] = found[key] or data.get(key)
     missing = [k for k, v in found.items() if not v]
     if missing:
         names = {"subscription_id": "subscription_id", "resource_group": "resource_group",

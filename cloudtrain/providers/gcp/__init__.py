@@ -12,6 +12,7 @@ PROVIDER = Declaration(
          "bucket": ("CLOUDTRAIN_GCP_BUCKET",)},
     settings="settings:platform_setting",
     placeholders={"project": "set-providers-gcp-project", "bucket": "set-providers-gcp-bucket"},
+    plan_summary="provider:plan_summary", cloud_vm="doctor:on_this_cloud",
     doctor="doctor:checks", node="node", platform="vertex", catalog="catalog.json",
     instance_option="providers.gcp.machine_type", images="images.json", torch_minors="images:offered_minors",
     export="export",

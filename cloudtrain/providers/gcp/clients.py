@@ -48,20 +48,20 @@ def gcloud_setting(key: str) -> tuple[str, str] | None:
 
 def configured_project(explicit: str | None) -> str | None:
     """The spec's project, else CLOUDTRAIN_GCP_PROJECT / GOOGLE_CLOUD_PROJECT / CLOUDSDK_CORE_PROJECT, else the
-    cloudtrain profile's, else gcloud's core/project. None: not set anywhere."""
+    cloudtrain profile's, else gcloud's core/project (config.resolve). None: not set anywhere."""
     from cloudtrain.config import lookup
 
-    found = lookup("gcp", "project", explicit) or gcloud_setting("project")
-    return found[0] if isinstance(found, tuple) else found
+    return lookup("gcp", "project", explicit)
 
 
 def configured_region(explicit: str | None) -> str | None:
     """The spec's region, else CLOUDTRAIN_GCP_REGION / CLOUDSDK_AI_REGION / CLOUDSDK_COMPUTE_REGION, else the
-    cloudtrain profile's, else gcloud's ai/region or compute/region. None: not set anywhere."""
-    from cloudtrain.config import lookup
+    cloudtrain profile's, else gcloud's ai/region or compute/region (config.resolve). None: only cloudtrain's
+    default is left (the caller says so)."""
+    from cloudtrain.config import resolve
 
-    found = lookup("gcp", "region", explicit) or gcloud_setting("region")
-    return found[0] if isinstance(found, tuple) else found
+    found = resolve("gcp", "region", spec=explicit)
+    return None if found.source == "default" else found.value
 
 
 def vertex_endpoint(region: str, override: str | None = None) -> str:

@@ -11,6 +11,7 @@ from cloudtrain.doctor import (
     PLACEHOLDER,
     Check,
     Context,
+    dmi,
     env_path,
     extra_check,
     json_file,
@@ -88,3 +89,8 @@ def _credential_type(path: Path) -> str | None:
     field worth showing: the others hold keys and tokens."""
     kind = (json_file(path) or {}).get("type")
     return kind if isinstance(kind, str) and kind else None
+
+
+def on_this_cloud() -> bool:
+    """A Compute Engine VM, from the firmware's vendor strings."""
+    return dmi("sys_vendor") == "Google" or dmi("product_name") == "Google Compute Engine"

@@ -29,16 +29,16 @@ def registry_for(region: str) -> str:
 def runtime_for(spec: JobSpec, region: str) -> tuple[Runtime, list[str]]:
     """The image URI with the torch and Python it holds, and notes. A version the spec left at its default may be
     replaced by the nearest one Vertex has (with a note); a version the spec asked for must exist."""
-    table = images.data()["gcp"]["containers"]
+    table = images.table("gcp")["containers"]
     version, notes = images.choose_minor("gcp", list(table), spec)
     entry = table[version]
     what = f"the Vertex PyTorch {version} container"
     notes += images.python_for("gcp", entry["python"], spec, what)
     uri = f"{registry_for(region)}/vertex-ai/training/{entry['tag']}:latest"
     return Runtime(image=uri, torch=entry["torch"], python=entry["python"], pinned=False,
-                   source=f"Vertex's prebuilt training containers page, as of {images.data()['gcp']['as_of']}"), notes
+                   source=f"Vertex's prebuilt training containers page, as of {images.table('gcp')['as_of']}"), notes
 
 
 def offered_minors() -> list[str]:
     """The torch minors a prebuilt container is known for."""
-    return list(images.data()["gcp"]["containers"])
+    return list(images.table("gcp")["containers"])

@@ -18,6 +18,7 @@ from typing import Any
 from cloudtrain import catalog
 from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, SpecError, UserError
+from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
 from cloudtrain.nodes import bootstrap_args
@@ -48,6 +49,11 @@ from cloudtrain.staging import bundle_prefix, cloud_locations, new_job_id, stage
 # CustomJob fields the service sets: cleared before a job is created again from a copy.
 OUTPUT_ONLY = ("name", "state", "create_time", "start_time", "end_time", "update_time", "error", "web_access_uris",
                "satisfies_pzs", "satisfies_pzi")
+
+
+def plan_summary(plan: Plan) -> Summary:
+    """The plan summary's Vertex line: the project and region."""
+    return Summary(where=where(("project", plan.staging.get("project")), ("region", plan.staging.get("region"))))
 
 
 class VertexProvider(Provider):

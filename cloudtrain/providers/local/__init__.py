@@ -9,7 +9,7 @@ from cloudtrain.registry import Declaration
 PROVIDER = Declaration(
     name="local", summary="torchrun processes with gloo on this machine", package=__name__,
     provider="provider:LocalProvider", title="this machine", extra="local", requires=("torch",),
-    options="options:LocalOptions", doctor="doctor:checks", node="node", platform="local",
-    name_pattern=r"[a-z0-9][a-z0-9-]{0,62}",
+    options="options:LocalOptions", plan_summary="provider:plan_summary", doctor="doctor:checks", node="node",
+    platform="local", name_pattern=r"[a-z0-9][a-z0-9-]{0,62}",
     name_rule="lowercase letters, digits and '-', at most 63 (a folder and a process tag)",
 )

@@ -23,6 +23,7 @@ from typing import IO, Any
 
 from cloudtrain import contract, registry, storage
 from cloudtrain.errors import HandleError, HomeError, SpecError, UserError
+from cloudtrain.formatting import Summary
 from cloudtrain.handles import JobHandle
 from cloudtrain.home import cloudtrain_home, default_store_uri
 from cloudtrain.home_errors import os_problem
@@ -47,6 +48,11 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def plan_summary(plan: Plan) -> Summary:
+    """The plan summary's local line: every node is this machine."""
+    return Summary(instance="this machine")
 
 
 class LocalProvider(Provider):

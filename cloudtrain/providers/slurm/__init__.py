@@ -13,6 +13,6 @@ PROVIDER = Declaration(
          "partition": ("CLOUDTRAIN_SLURM_PARTITION", "SBATCH_PARTITION"),
          "account": ("CLOUDTRAIN_SLURM_ACCOUNT", "SBATCH_ACCOUNT"), "qos": ("CLOUDTRAIN_SLURM_QOS", "SBATCH_QOS")},
     placeholders={"staging": "/set-providers-slurm-staging"},
-    doctor="doctor:checks", node="node", platform="slurm",
+    plan_summary="provider:plan_summary", doctor="doctor:checks", node="node", platform="slurm",
     name_pattern=r"[^\s,]{1,128}", name_rule="--job-name: no spaces or commas, at most 128",
 )

@@ -21,6 +21,7 @@ from cloudtrain import storage
 from cloudtrain.catalog import Machine
 from cloudtrain.config import lookup, placeholder_note, with_defaults
 from cloudtrain.errors import HandleError, UserError
+from cloudtrain.formatting import Summary
 from cloudtrain.handles import JobHandle
 from cloudtrain.nodes import bootstrap_args, job_env
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
@@ -40,6 +41,11 @@ _JOB_NAME = re.compile(r"^[a-z0-9-]+-\d{8}-\d{6}-[0-9a-f]{4}(-r\d+)?$")  # cloud
 
 class LostReply(ConnectionError):
     """sbatch submitted the job, but its answer never came (the tests' lever: ``lose_next_reply``)."""
+
+
+def plan_summary(plan: Plan) -> Summary:
+    """The plan summary's Slurm line: the nodes are the ones the cluster gives the job."""
+    return Summary(instance="the nodes the cluster gives the job")
 
 
 class SlurmProvider(Provider):
