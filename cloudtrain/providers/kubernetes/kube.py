@@ -29,8 +29,12 @@ class Kube:
         if self._api is None:
             from kubernetes import client, config
 
+            import os
+
+            # the client reads $KUBECONFIG once, when it is imported: pass it as it is now
+            files = self.config_file or os.environ.get("KUBECONFIG") or "~/.kube/config"
             try:
-                self._api = config.new_client_from_config(config_file=self.config_file, context=self.context)
+                self._api = config.new_client_from_config(config_file=files, context=self.context)
             except config.ConfigException as exc:
                 try:  # inside a pod: its service account
                     configuration = client.Configuration()
@@ -93,16 +97,20 @@ class Kube:
         return self.call(f"updating {kind} {namespace}/{name}", self.custom.patch_namespaced_custom_object, group,
                          version, namespace, plural, name, body, missing_ok=True)
 
-    def watch_once(self, res: tuple[str, str, str, str], namespace: str, name: str, seconds: float) -> None:
-        """Wait until the job changes, at most ``seconds`` (a watch on its name)."""
+    def watch_once(self, res: tuple[str, str, str, str], namespace: str, name: str, since: str,
+                   seconds: float) -> str:
+        """Wait until the job changes after resourceVersion ``since``, at most ``seconds`` (a watch on its name);
+        returns the resourceVersion seen last."""
         from kubernetes import watch
 
         group, version, plural, _ = res
         stream = watch.Watch().stream(self.custom.list_namespaced_custom_object, group, version, namespace, plural,
-                                      field_selector=f"metadata.name={name}", timeout_seconds=max(1, int(seconds)),
-                                      _request_timeout=seconds + 5)
-        for _event in stream:
-            break
+                                      field_selector=f"metadata.name={name}", resource_version=since,
+                                      timeout_seconds=max(1, int(seconds)), _request_timeout=seconds + 5)
+        for event in stream:
+            obj = event.get("object") or {}
+            return str((obj.get("metadata") or {}).get("resourceVersion") or since)
+        return since
 
     def configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         found = self.call(f"reading ConfigMap {namespace}/{name}", self.core.read_namespaced_config_map, name,
@@ -119,9 +127,9 @@ class Kube:
         return list(self.api.sanitize_for_serialization(found).get("items") or [])
 
     def log(self, namespace: str, pod: str, container: str) -> str:
-        text = self.call(f"reading the log of pod {namespace}/{pod}", self.core.read_namespaced_pod_log, pod,
-                         namespace, container=container, missing_ok=True)
-        return str(text or "")
+        answer = self.call(f"reading the log of pod {namespace}/{pod}", self.core.read_namespaced_pod_log, pod,
+                           namespace, container=container, missing_ok=True, _preload_content=False)
+        return answer.data.decode("utf-8", errors="replace") if answer is not None else ""
 
     def namespace(self, name: str) -> dict[str, Any] | None:
         found = self.call(f"reading namespace {name}", self.core.read_namespace, name, missing_ok=True)

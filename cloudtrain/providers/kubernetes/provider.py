@@ -30,6 +30,7 @@ from cloudtrain.providers.kubernetes import request as rq
 from cloudtrain.providers.kubernetes.kube import Kube
 from cloudtrain.providers.kubernetes.node import RESERVED, pytorchjob_env
 from cloudtrain.providers.kubernetes.options import KubernetesOptions
+from cloudtrain.providers.kubernetes.settings import platform_setting
 from cloudtrain.providers.kubernetes.status import details, job_state, native_of
 from cloudtrain.spec import JobSpec
 from cloudtrain.staging import bundle_prefix, cloud_locations, lineage_id, new_job_id, stage_bundle
@@ -67,7 +68,7 @@ class KubernetesProvider(Provider):
             notes.append(placeholder_note(self.name, "staging"))
         job_id, renamed = job_name(new_job_id(spec.name), options.api, spec.nodes)
         notes += renamed
-        namespace = options.namespace or "default"
+        namespace = options.namespace or default_namespace()
         claim = staging.startswith("pvc://")
         home = f"file://{rq.SHARED_DIR}" if claim else staging
         spec, _output, located = cloud_locations(spec, home, self.name, job_id)
@@ -214,8 +215,11 @@ class KubernetesProvider(Provider):
         def rest() -> Iterator[str]:
             yield from (f"[{node}] {text}" for node, text in sorted(partial.items()) if text.strip())
 
-        def pause(seconds: float) -> None:
-            self.kube().watch_once(res, obj["metadata"]["namespace"], obj["metadata"]["name"], seconds)
+        version = [str(obj["metadata"].get("resourceVersion") or "0")]
+
+        def pause(seconds: float) -> None:  # until the job changes (it may have ended), or the next poll
+            version[0] = self.kube().watch_once(res, obj["metadata"]["namespace"], obj["metadata"]["name"],
+                                                version[0], seconds)
 
         return self.follow_logs(handle, follow, read, self.log_poll, rest, pause)
 
@@ -226,7 +230,7 @@ class KubernetesProvider(Provider):
         self.kube().patch(res, self._namespace(handle), handle.job_id, {**mark, "spec": spec})
 
     def _list(self, limit: int) -> builtins.list[JobStatus]:
-        namespace = lookup(self.name, "namespace") or "default"
+        namespace = lookup(self.name, "namespace") or default_namespace()
         found = []
         for res in (rq.TRAINJOB, rq.PYTORCHJOB):
             try:
@@ -267,6 +271,12 @@ class KubernetesProvider(Provider):
             return again if found is not None else None
 
         return self.created_once(find, lambda: (kube.create(res, namespace, body), again)[1], lost=kube.lost())
+
+
+def default_namespace() -> str:
+    """The kubeconfig context's namespace (a file read, offline), else the pod's, else "default"."""
+    found = platform_setting("namespace")
+    return str(found[0]) if found else "default"
 
 
 def job_name(job_id: str, api: str, nodes: int) -> tuple[str, list[str]]:
