@@ -209,7 +209,7 @@ class FakeKube:
                     return "namespaces", "", parts[1] if len(parts) > 1 else None, None, query
                 return parts[0], "", parts[1] if len(parts) > 1 else None, None, query
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 plural, namespace, name, sub, query = self._route()
                 if plural == "namespaces":
                     if name in fake.namespaces:
@@ -257,8 +257,8 @@ class FakeKube:
                         except OSError:
                             return
 
-            def do_POST(self) -> None:  # noqa: N802
-                plural, namespace, name, _sub, _query = self._route()
+            def do_POST(self) -> None:
+                plural, namespace, _name, _sub, _query = self._route()
                 body = self._body()
                 if plural == "selfsubjectaccessreviews":
                     resource = body["spec"]["resourceAttributes"]["resource"]
@@ -286,7 +286,7 @@ class FakeKube:
                     return
                 self._send(201, created)
 
-            def do_PATCH(self) -> None:  # noqa: N802
+            def do_PATCH(self) -> None:
                 plural, namespace, name, _sub, _query = self._route()
                 key = (plural, namespace, name)
                 if key not in fake.objects:
@@ -304,7 +304,7 @@ class FakeKube:
                     patched["status"]["jobsStatus"] = []
                 self._send(200, fake.put(plural, namespace, patched))
 
-            def do_DELETE(self) -> None:  # noqa: N802
+            def do_DELETE(self) -> None:
                 plural, namespace, name, _sub, _query = self._route()
                 found = fake.objects.pop((plural, namespace, name), None)
                 if found is None:

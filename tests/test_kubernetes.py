@@ -244,7 +244,7 @@ def test_submit_refuses_the_staging_placeholder(tmp_path: Path, ct_home: Path) -
     with plan_job(Job(script="train_ddp.py", source_dir=str(ddp_project(tmp_path))).spec, provider(),
                   progress=False) as plan:
         assert any("staging is not set" in n for n in plan.notes)
-        with pytest.raises(UserError, match="providers.kubernetes.staging"):
+        with pytest.raises(UserError, match=r"providers\.kubernetes\.staging"):
             provider().submit(plan)
 
 

@@ -42,7 +42,7 @@ def _context(ctx: Context, found: tuple[dict[str, Any], str] | None, context: st
                      "write one (`kind get kubeconfig`, `gcloud container clusters get-credentials`, `aws eks "
                      "update-kubeconfig`, `az aks get-credentials`)")
     data, where = found
-    names = [c.get("name") for c in data.get("contexts") or [] if isinstance(c, dict)]
+    names = [str(c.get("name")) for c in data.get("contexts") or [] if isinstance(c, dict)]
     chosen = context or data.get("current-context")
     if chosen not in names:
         return Check("kubernetes", "context", "missing", f"context {chosen!r} is not in {where} ({', '.join(names)})",
@@ -108,7 +108,7 @@ def _staging(ctx: Context, kube: Any, namespace: str) -> Check:
 
     try:
         storage.exists(value.rstrip("/") + "/bundles")
-    except Exception as exc:  # noqa: BLE001 - whatever the store's client raises: a finding, not a crash
+    except Exception as exc:
         return Check("kubernetes", "staging", "missing", f"{value}: {type(exc).__name__}: {str(exc)[:200]}",
                      "check this machine's credentials for the bucket (and the nodes' service account)")
     return Check("kubernetes", "staging", "ok", f"{value} ({found[1]}; the nodes read it with their own identity)")

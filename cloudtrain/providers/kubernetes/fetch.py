@@ -21,7 +21,7 @@ def _from_parts(folder, dest):
     shutil.copyfile(os.path.join(folder, "bootstrap.py"), os.path.join(dest, "bootstrap.py"))
     parts = sorted(n for n in os.listdir(folder) if n.startswith("bundle.part-"))
     if not parts:
-        raise SystemExit("cloudtrain fetch: no bundle parts in %s (the job's ConfigMaps are not mounted)" % folder)
+        raise SystemExit(f"cloudtrain fetch: no bundle parts in {folder} (the job's ConfigMaps are not mounted)")
     with open(os.path.join(dest, "bundle.tar.gz"), "wb") as out:
         for name in parts:
             with open(os.path.join(folder, name), "rb") as part:
@@ -48,12 +48,12 @@ def _download(uri, path):
         from azure.identity import DefaultAzureCredential
         from azure.storage.blob import BlobClient
         account = os.environ["AZURE_STORAGE_ACCOUNT"]
-        blob = BlobClient("https://%s.blob.core.windows.net" % account, bucket, key,
+        blob = BlobClient(f"https://{account}.blob.core.windows.net", bucket, key,
                           credential=DefaultAzureCredential())
         with open(path, "wb") as out:
             blob.download_blob().readinto(out)
     else:
-        raise SystemExit("cloudtrain fetch: cannot read %s" % uri)
+        raise SystemExit(f"cloudtrain fetch: cannot read {uri}")
 
 
 def main(argv):
@@ -75,9 +75,9 @@ def main(argv):
             for name in NAMES:
                 os.rename(os.path.join(part, name), os.path.join(dest, name))
         except ImportError as exc:
-            raise SystemExit("cloudtrain fetch: the image cannot read %s (%s): install fsspec with s3fs, gcsfs or "
-                             "adlfs (or boto3, google-cloud-storage, azure-storage-blob) in it" % (source, exc))
-    sys.stdout.write("cloudtrain fetch: %s -> %s\n" % (source, dest))
+            raise SystemExit(f"cloudtrain fetch: the image cannot read {source} ({exc}): install fsspec with s3fs, "
+                             "gcsfs or adlfs (or boto3, google-cloud-storage, azure-storage-blob) in it") from None
+    sys.stdout.write(f"cloudtrain fetch: {source} -> {dest}\n")
     sys.stdout.flush()
     os.execvp(command[0], command)
 

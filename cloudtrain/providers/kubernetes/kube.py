@@ -10,6 +10,7 @@ the verb and resource to grant), the field the API server refused, never an HTTP
 
 from __future__ import annotations
 
+import builtins
 import json
 from typing import Any
 
@@ -27,9 +28,9 @@ class Kube:
     @property
     def api(self) -> Any:
         if self._api is None:
-            from kubernetes import client, config
-
             import os
+
+            from kubernetes import client, config
 
             # the client reads $KUBECONFIG once, when it is imported: pass it as it is now
             files = self.config_file or os.environ.get("KUBECONFIG") or "~/.kube/config"
@@ -79,14 +80,14 @@ class Kube:
     def create(self, res: tuple[str, str, str, str], namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         group, version, plural, kind = res
         return self.call(f"creating {kind} {body['metadata']['name']}", self.custom.create_namespaced_custom_object,
-                         group, version, namespace, plural, body)  # type: ignore[no-any-return]
+                         group, version, namespace, plural, body)
 
     def get(self, res: tuple[str, str, str, str], namespace: str, name: str) -> dict[str, Any] | None:
         group, version, plural, kind = res
         return self.call(f"reading {kind} {namespace}/{name}", self.custom.get_namespaced_custom_object, group,
-                         version, namespace, plural, name, missing_ok=True)  # type: ignore[no-any-return]
+                         version, namespace, plural, name, missing_ok=True)
 
-    def list(self, res: tuple[str, str, str, str], namespace: str, selector: str) -> list[dict[str, Any]]:
+    def list(self, res: tuple[str, str, str, str], namespace: str, selector: str) -> builtins.list[dict[str, Any]]:
         group, version, plural, kind = res
         found = self.call(f"listing {kind}s in {namespace}", self.custom.list_namespaced_custom_object, group,
                           version, namespace, plural, label_selector=selector, missing_ok=True)
@@ -121,7 +122,7 @@ class Kube:
         self.call(f"creating ConfigMap {body['metadata']['name']}", self.core.create_namespaced_config_map,
                   namespace, body)
 
-    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+    def pods(self, namespace: str, selector: str) -> builtins.list[dict[str, Any]]:
         found = self.call(f"listing pods in {namespace}", self.core.list_namespaced_pod, namespace,
                           label_selector=selector)
         return list(self.api.sanitize_for_serialization(found).get("items") or [])
@@ -147,7 +148,7 @@ class Kube:
 
     def cluster_object(self, group: str, version: str, plural: str, name: str) -> dict[str, Any] | None:
         return self.call(f"reading {plural} {name}", self.custom.get_cluster_custom_object, group, version, plural,
-                         name, missing_ok=True)  # type: ignore[no-any-return]
+                         name, missing_ok=True)
 
 
 def api_error(what: str, status: int | None, body: Any) -> CloudtrainError:

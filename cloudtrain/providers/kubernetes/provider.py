@@ -346,7 +346,7 @@ def _runtime(image: str | None, options: KubernetesOptions) -> Runtime:
     if image in (None, DEFAULT_IMAGE):
         return Runtime(image=image or DEFAULT_IMAGE, torch="2.13.0", python=None, pinned=True,
                        source=f"{options.runtime}'s image in kubeflow/trainer v2.3.0 (a cluster's runtime may differ)")
-    return custom(image)  # type: ignore[arg-type]
+    return custom(str(image))
 
 
 def _epoch(text: str | None) -> float | None:

@@ -32,7 +32,7 @@ class Native(NamedTuple):
 
 
 def job_state(native: Native) -> tuple[JobState, str]:
-    kind, condition, reason, cancelled, disrupted, active = native
+    _kind, condition, reason, cancelled, disrupted, active = native
     if condition in ("Complete", "Succeeded"):
         return JobState.SUCCEEDED, "completed"
     if condition == "Failed":
