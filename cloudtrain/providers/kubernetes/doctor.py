@@ -7,8 +7,9 @@ from typing import Any
 
 from cloudtrain.doctor import PLACEHOLDER, Check, Context, setting, setting_check
 from cloudtrain.errors import CloudtrainError
-from cloudtrain.providers.kubernetes import request as rq
 from cloudtrain.providers.kubernetes.settings import context_namespace, kubeconfig, kubeconfig_files
+
+TRAINER = "trainer.kubeflow.org"  # request.TRAINJOB's group (request.py imports pydantic: doctor must not)
 
 
 def checks(ctx: Context) -> list[Check]:
@@ -51,7 +52,7 @@ def _context(ctx: Context, found: tuple[dict[str, Any], str] | None, context: st
 
 
 def _namespace(kube: Any, namespace: str, api: str) -> Check:
-    plural, group = ("trainjobs", rq.TRAINJOB[0]) if api == "trainjob" else ("pytorchjobs", rq.PYTORCHJOB[0])
+    plural, group = ("trainjobs", TRAINER) if api == "trainjob" else ("pytorchjobs", "kubeflow.org")
     try:
         allowed = {verb: kube.can(verb, group, plural, namespace) for verb in ("create", "get", "list", "patch")}
         logs = kube.can("get", "", "pods/log", namespace)
@@ -72,7 +73,7 @@ def _namespace(kube: Any, namespace: str, api: str) -> Check:
 def _runtime(kube: Any, ctx: Context) -> Check:
     name = (setting(ctx, "kubernetes", "runtime") or ("torch-distributed", ""))[0]
     try:
-        runtime = kube.cluster_object(rq.TRAINJOB[0], rq.TRAINJOB[1], "clustertrainingruntimes", name)
+        runtime = kube.cluster_object(TRAINER, "v1alpha1", "clustertrainingruntimes", name)
     except CloudtrainError as exc:
         return Check("kubernetes", "runtime", "missing", f"{name}: {exc.message}",
                      "install Kubeflow Trainer v2 (its CRDs and runtimes)")
