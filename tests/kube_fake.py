@@ -156,7 +156,7 @@ class FakeKube:
         kind = PLURALS[plural]
         if body.get("kind") != kind:
             return [("kind", f"expected {kind}")]
-        found = [*vendored.meta_errors(body), *_cel(kind, body), *vendored.schema_errors(body)]
+        found = [*vendored.meta_errors(body), *_cel(kind, body), *vendored.jsonschema_errors(body)]
         if kind == "TrainJob":  # the Trainer's validating webhook
             ref = body.get("spec", {}).get("runtimeRef", {})
             if ref.get("kind", "ClusterTrainingRuntime") == "ClusterTrainingRuntime" and \

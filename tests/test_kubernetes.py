@@ -50,7 +50,7 @@ def test_plan_is_a_trainjob_the_crd_accepts(tmp_path: Path, ct_home: Path) -> No
                providers={"kubernetes": {"staging": "s3://bucket/ct", "queue": "gpu-queue", "namespace": "team"}}).spec
     with plan_job(spec, provider(), progress=False) as plan:
         body = plan.request["object"]
-        assert schema.problems(body) == [] and _cel("TrainJob", body) == []
+        assert schema.problems(body) == [] and _cel("TrainJob", body) == [] and schema.jsonschema_errors(body) == []
         assert body["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and body["kind"] == "TrainJob"
         trainer = body["spec"]["trainer"]
         assert trainer["numNodes"] == 3 and trainer["numProcPerNode"] == 8
@@ -78,6 +78,7 @@ def test_plan_pytorchjob(tmp_path: Path, ct_home: Path) -> None:
     with plan_job(spec, provider(), progress=False) as plan:
         body = plan.request["object"]
         assert body["kind"] == "PyTorchJob" and schema.problems(body) == [] and _cel("PyTorchJob", body) == []
+        assert schema.jsonschema_errors(body) == []
         specs = body["spec"]["pytorchReplicaSpecs"]
         assert specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 2
         assert body["spec"]["runPolicy"]["backoffLimit"] == 4 and body["spec"]["nprocPerNode"] == "2"
@@ -131,6 +132,8 @@ def test_a_refused_trainjob_names_the_field_and_the_fix(tmp_path: Path, ct_home:
     assert field in (refused.value.field or ""), refused.value
     assert refused.value.remedy
     assert any(field == where for where, _ in [*schema.problems(body)])
+    # jsonschema (the fake API server's check) refuses the same field
+    assert {w for w, _ in schema.jsonschema_errors(body)} == {w for w, _ in schema.schema_errors(body)}
     assert any(field == where for where, _ in _cel("TrainJob", body)) or path[0] != "metadata"  # cel-python agrees
 
 

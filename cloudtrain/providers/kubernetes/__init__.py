@@ -9,7 +9,7 @@ from cloudtrain.registry import Declaration
 PROVIDER = Declaration(
     name="kubernetes", summary="Kubernetes with Kubeflow Trainer (TrainJob) or Training Operator (PyTorchJob)",
     package=__name__, provider="provider:KubernetesProvider", title="Kubernetes", extra="kubernetes",
-    requires=("kubernetes", "jsonschema"), options="options:KubernetesOptions",
+    requires=("kubernetes",), options="options:KubernetesOptions",
     env={"staging": ("CLOUDTRAIN_KUBERNETES_STAGING",), "namespace": ("CLOUDTRAIN_KUBERNETES_NAMESPACE",),
          "context": ("CLOUDTRAIN_KUBERNETES_CONTEXT",), "queue": ("CLOUDTRAIN_KUBERNETES_QUEUE",),
          "image": ("CLOUDTRAIN_KUBERNETES_IMAGE",), "runtime": ("CLOUDTRAIN_KUBERNETES_RUNTIME",),

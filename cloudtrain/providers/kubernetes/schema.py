@@ -1,7 +1,8 @@
 """Check a TrainJob or PyTorchJob offline, before anything is sent, as the cluster would: the CRD's own
-``openAPIV3Schema`` (vendored in crds/, see crds/README.md) through ``jsonschema``, its CEL rules that apply on
-create, the object-meta rules the API server applies to every object, and the Trainer's and the Training Operator's
-admission webhooks' refusals. A refused job never leaves the client: the error names the field path and the fix.
+``openAPIV3Schema`` (vendored in crds/, see crds/README.md; checked here by ``_walk``, held to jsonschema's verdict by
+the tests, and by jsonschema itself in the tests' fake API server), its CEL rules that apply on create, the
+object-meta rules the API server applies to every object, and the Trainer's and the Training Operator's admission
+webhooks' refusals. A refused job never leaves the client: the error names the field path and the fix.
 
 Unknown fields are refused (as ``kubectl apply --validate=strict`` does), where the API server would drop them
 silently. The CEL rules are re-expressed here in Python (``CEL_TWINS``): cel-python evaluates the same rules in the
@@ -74,9 +75,7 @@ def strict(node: Any) -> Any:
 def validator(kind: str) -> Any:
     import jsonschema
 
-    schema = strict(crd(kind)["openAPIV3Schema"])
-    schema["properties"]["metadata"] = {"type": "object"}  # ObjectMeta: checked by meta_errors, as the server does
-    return jsonschema.Draft7Validator(schema)
+    return jsonschema.Draft7Validator(_strict_schema(kind))
 
 
 def _path(parts: Iterator[Any] | list[Any]) -> str:
@@ -86,8 +85,78 @@ def _path(parts: Iterator[Any] | list[Any]) -> str:
     return text
 
 
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "object": lambda v: isinstance(v, dict), "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _walk(node: dict[str, Any], value: Any, where: str, out: list[tuple[str, str]]) -> None:
+    """The OpenAPI v3 subset the Kubeflow CRDs use (type, properties, required, items, additionalProperties, anyOf,
+    enum, pattern, min/max of lengths, items, properties and values), unknown fields refused. jsonschema (the
+    reference: ``validator``, a test compares them) costs ~0.1 s to import, more than the whole check here."""
+    kind = node.get("type")
+    if kind and not _TYPES[kind](value):
+        out.append((where, f"{value!r} is not of type {kind!r}"))
+        return
+    if "anyOf" in node and not any(not _errors(branch, value) for branch in node["anyOf"]):
+        out.append((where, f"{value!r} is not valid under any of the given schemas"))
+    if "enum" in node and value not in node["enum"]:
+        out.append((where, f"{value!r} is not one of {node['enum']}"))
+    if isinstance(value, str):
+        if len(value) > node.get("maxLength", len(value)) or len(value) < node.get("minLength", 0):
+            out.append((where, f"{value[:60]!r} is not {node.get('minLength', 0)} to {node.get('maxLength')} long"))
+        if "pattern" in node and not re.search(node["pattern"], value):
+            out.append((where, f"{value[:60]!r} does not match {node['pattern']!r}"))
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value < node.get("minimum", value) or value > node.get("maximum", value):
+            out.append((where, f"{value} is outside {node.get('minimum')}..{node.get('maximum')}"))
+    elif isinstance(value, list):
+        if len(value) > node.get("maxItems", len(value)) or len(value) < node.get("minItems", 0):
+            out.append((where, f"{len(value)} items: allowed {node.get('minItems', 0)} to {node.get('maxItems')}"))
+        for i, item in enumerate(value):
+            if isinstance(node.get("items"), dict):
+                _walk(node["items"], item, f"{where}[{i}]", out)
+    elif isinstance(value, dict):
+        if len(value) < node.get("minProperties", 0):
+            out.append((where, f"needs at least {node['minProperties']} properties"))
+        props, extra = node.get("properties") or {}, node.get("additionalProperties")
+        for name in node.get("required") or []:
+            if name not in value:
+                out.append((f"{where}.{name}" if where else name, "required"))
+        for name, item in value.items():
+            at = f"{where}.{name}" if where else name
+            if name in props:
+                _walk(props[name], item, at, out)
+            elif isinstance(extra, dict):
+                _walk(extra, item, at, out)
+            elif extra is False:
+                out.append((at, "unknown field"))
+
+
+def _errors(node: dict[str, Any], value: Any) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    _walk(node, value, "", out)
+    return out
+
+
+@cache
+def _strict_schema(kind: str) -> dict[str, Any]:
+    found: dict[str, Any] = strict(crd(kind)["openAPIV3Schema"])
+    found["properties"]["metadata"] = {"type": "object"}  # ObjectMeta: checked by meta_errors, as the server does
+    return found
+
+
 def schema_errors(body: dict[str, Any]) -> list[tuple[str, str]]:
     """(field path, what is wrong) for each place the CRD's schema refuses."""
+    if body.get("kind") not in KINDS:
+        return [("kind", f"{body.get('kind')!r} is not one of {sorted(KINDS)}")]
+    return [(where or "(the object)", what) for where, what in _errors(_strict_schema(body["kind"]), body)]
+
+
+def jsonschema_errors(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """The same check through jsonschema (the tests' fake API server, and the reference schema_errors is held to)."""
     found = []
     for error in validator(body.get("kind", "")).iter_errors(body):
         where = _path(list(error.absolute_path))
