@@ -42,7 +42,8 @@ GROUP = "cloudtrain.providers"
 # name -> the folder that declares it: the only place the core names a provider
 BUILTIN: dict[str, str] = {"local": "cloudtrain.providers.local", "aws": "cloudtrain.providers.aws",
                            "azure": "cloudtrain.providers.azure", "gcp": "cloudtrain.providers.gcp",
-                           "slurm": "cloudtrain.providers.slurm"}
+                           "slurm": "cloudtrain.providers.slurm",
+                           "kubernetes": "cloudtrain.providers.kubernetes"}
 PLAIN_NODE = "cloudtrain.providers.local.node"  # cloudtrain's own node contract (CLOUDTRAIN_NNODES ...)
 
 

@@ -160,6 +160,34 @@ class GcpHarness(Harness):
         self.fake.set_state(handle.job_id, "JOB_STATE_FAILED", PREEMPTED_ERROR)
 
 
+class KubernetesHarness(Harness):
+    fields = {"providers": {"kubernetes": {"staging": "pvc://shared/cloudtrain", "namespace": "team"}}}
+
+    def __init__(self, project: Path, fake: Any) -> None:
+        from cloudtrain.providers.kubernetes.provider import KubernetesProvider
+        from cloudtrain.providers.kubernetes.status import TABLE
+
+        self.project, self.fake = project, fake
+        self.provider = KubernetesProvider(log_poll=0.2)
+        self.status_table = list(TABLE)
+
+    def state_of(self, native: Any) -> JobState:
+        from cloudtrain.providers.kubernetes.status import job_state
+
+        return job_state(native)[0]
+
+    def lose_next_submit_reply(self) -> None:
+        self.fake.lose_next_create_reply = True
+
+    def play(self, handle: JobHandle, lines: list[str]) -> None:
+        self.fake.add_pod(handle.job_id, 0, "".join(f"{line}\n" for line in lines))
+        self.fake.set_condition(handle.job_id, "Complete", "JobSetCompleted")
+
+    def preempt(self, handle: JobHandle) -> None:
+        self.fake.add_pod(handle.job_id, 0, disrupted=True)
+        self.fake.set_condition(handle.job_id, "Failed", "JobSetFailed")
+
+
 # -- every provider passes the suite ----------------------------------------------------------------
 
 
@@ -198,9 +226,16 @@ class TestGcp(ProviderConformance):
         return GcpHarness(ddp_project(tmp_path), vertex)
 
 
+class TestKubernetes(ProviderConformance):
+    @pytest.fixture
+    def harness(self, kube: Any, ct_home: Path, tmp_path: Path) -> Harness:  # noqa: F811
+        return KubernetesHarness(ddp_project(tmp_path), kube)
+
+
 from tests.test_aws import aws  # noqa: E402,F401 - fixtures: each cloud's fake, as its own tests start it
 from tests.test_azure import azure  # noqa: E402,F401
 from tests.test_gcp import vertex  # noqa: E402,F401
+from tests.test_kubernetes import kube  # noqa: E402,F401
 
 # -- the plugin, wherever the registry reaches -------------------------------------------------------
 
@@ -217,13 +252,14 @@ def test_the_plugins_options_settings_and_checks_in_the_cli(toy_plugin: Path, ct
     own options, settings and checks, in order after the built-ins."""
     monkeypatch.setenv("CLOUDTRAIN_CONFIG", str(tmp_path / "config.yaml"))  # `config set` below writes there
     helped = cli(ct_home, "plan", "--help")
-    assert "local, aws, azure, gcp, slurm or toy" in helped.stdout and "toybatch" in helped.stdout, helped.stdout
+    assert "local, aws, azure, gcp, slurm, kubernetes or toy" in helped.stdout and "toybatch" in helped.stdout, \
+        helped.stdout
 
     schema = json.loads(cli(ct_home, "schema").stdout)
     toy = schema["$defs"]["ToyOptions"]
     assert set(toy["properties"]) == {"queue", "priority"} and toy["additionalProperties"] is False
     emulate = schema["$defs"]["LocalOptions"]["properties"]["emulate"]["anyOf"][0]["enum"]
-    assert emulate == ["sagemaker", "azureml", "vertex", "slurm", "toybatch"]
+    assert emulate == ["sagemaker", "azureml", "vertex", "slurm", "kubernetes", "toybatch"]
 
     shown = json.loads(cli(ct_home, "config", "-p", "toy", "-o", "json").stdout)["settings"]
     assert {s["key"]: s["source"] for s in shown} == {"providers.toy.queue": "unset",

@@ -99,7 +99,8 @@ def test_render_aligns_columns_and_puts_fixes_below() -> None:
 def test_providers_limit_the_areas(home: Path) -> None:
     checks = diagnose(["aws"], env={}, home=home)
     assert {c.area for c in checks} == {"cloudtrain", "aws"}
-    assert {c.area for c in diagnose(env={}, home=home)} == {"cloudtrain", "local", "aws", "azure", "gcp", "slurm"}
+    assert {c.area for c in diagnose(env={}, home=home)} == {"cloudtrain", "local", "aws", "azure", "gcp", "slurm",
+                                                                 "kubernetes"}
     assert all(c.status in ("ok", "warn", "missing") and (c.fix == "") == (c.status == "ok")
                for c in diagnose(env={}, home=home))
     with pytest.raises(ProviderNotFound):
