@@ -16,5 +16,9 @@ PROVIDER = Declaration(
          "api": ("CLOUDTRAIN_KUBERNETES_API",)},
     settings="settings:platform_setting",
     placeholders={"staging": "pvc://set-providers-kubernetes-staging"},
-    doctor="doctor:checks", node="node", platform="kubernetes", export="export",
+    doctor="doctor:checks", node="node", platform="kubernetes", export="export", plan_summary="provider:plan_summary",
+    # RFC 1035 labels: the object's name is its pods' host-name prefix (the plan shortens it to leave room)
+    name_pattern=r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?",
+    name_rule="RFC 1035: lowercase letters, digits and '-', starting with a letter, at most 63",
+    handle_scope=("namespace",),
 )

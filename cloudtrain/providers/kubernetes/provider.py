@@ -19,19 +19,20 @@ from cloudtrain import storage
 from cloudtrain.catalog import Machine
 from cloudtrain.config import lookup, placeholder_note, with_defaults
 from cloudtrain.errors import CloudtrainError, HandleError, SpecError, UserError
+from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
 from cloudtrain.nodes import bootstrap_args, job_env
 from cloudtrain.packaging import BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
-from cloudtrain.providers.base import JobStatus, Provider
+from cloudtrain.providers.base import Capability, JobStatus, Provider
 from cloudtrain.providers.kubernetes import PROVIDER, schema
 from cloudtrain.providers.kubernetes import request as rq
 from cloudtrain.providers.kubernetes.kube import Kube
 from cloudtrain.providers.kubernetes.node import RESERVED, pytorchjob_env
 from cloudtrain.providers.kubernetes.options import KubernetesOptions
 from cloudtrain.providers.kubernetes.settings import platform_setting
-from cloudtrain.providers.kubernetes.status import details, job_state, native_of
+from cloudtrain.providers.kubernetes.status import job_state, native_of, status_fields
 from cloudtrain.spec import JobSpec
 from cloudtrain.staging import bundle_prefix, cloud_locations, lineage_id, new_job_id, stage_bundle
 
@@ -39,9 +40,16 @@ DEFAULT_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"  # torch-distri
 CONTAINER = {"TrainJob": "node", "PyTorchJob": "pytorch"}
 
 
+def plan_summary(plan: Plan) -> Summary:
+    """The plan summary's Kubernetes line: the kubeconfig context and the namespace."""
+    request = plan.request
+    return Summary(where=where(("context", request.get("context") or "current"), ("namespace", request["namespace"])))
+
+
 class KubernetesProvider(Provider):
-    name = "kubernetes"
-    capabilities = frozenset({"multi_node", "accelerators", "spot", "resubmit"})  # spot: node_selector/tolerations
+    declaration = PROVIDER
+    # spot: node_selector/tolerations onto the cluster's spot node pool
+    capabilities = frozenset({Capability.MULTI_NODE, Capability.ACCELERATORS, Capability.SPOT, Capability.RESUBMIT})
     poll_seconds = 2.0
 
     def __init__(self, log_poll: float = 2.0, kube: Kube | None = None) -> None:
@@ -117,7 +125,7 @@ class KubernetesProvider(Provider):
         res = rq.TRAINJOB if body["kind"] == "TrainJob" else rq.PYTORCHJOB
         kube = self.kube() if self._kube or not request.get("context") else Kube(context=request["context"])
         self._kube = kube
-        handle = JobHandle(self.name, plan.job_id, (namespace,))
+        handle = self.handle(plan.job_id, (namespace,))
         if request["configmaps"]:
             self._stage_parts(kube, plan)
         else:
@@ -195,7 +203,7 @@ class KubernetesProvider(Provider):
         return JobStatus(handle=handle, name=handle.job_id, state=state, message=message,
                          created_at=_epoch(obj["metadata"].get("creationTimestamp")), started_at=started,
                          ended_at=ended if state.terminal else None,
-                         details=details(obj, native, self.kube().context))
+                         **status_fields(obj, native, self.kube().context))
 
     def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]:
         obj, res = self._find(handle)
@@ -242,10 +250,10 @@ class KubernetesProvider(Provider):
                 native = native_of(obj)
                 state, message = job_state(native)
                 meta = obj["metadata"]
-                found.append(JobStatus(handle=JobHandle(self.name, meta["name"], (meta.get("namespace", namespace),)),
+                found.append(JobStatus(handle=self.handle(meta["name"], (meta.get("namespace", namespace),)),
                                        name=meta["name"], state=state, message=message,
                                        created_at=_epoch(meta.get("creationTimestamp")),
-                                       details=details(obj, native, self.kube().context)))
+                                       **status_fields(obj, native, self.kube().context)))
         return sorted(found, key=lambda s: s.created_at or 0, reverse=True)[:limit]
 
     def _resubmit(self, handle: JobHandle, new_name: str) -> JobHandle:
@@ -253,7 +261,7 @@ class KubernetesProvider(Provider):
         ``new_name``, so it resumes from its newest checkpoint; one already named so is the retried call's."""
         obj, res = self._find(handle)
         namespace = self._namespace(handle)
-        again = JobHandle(self.name, new_name, handle.scope)
+        again = self.handle(new_name, handle.scope)
         meta = obj["metadata"]
         annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != rq.ANNOTATION + "cancelled"}
         body = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "spec": dict(obj["spec"]),

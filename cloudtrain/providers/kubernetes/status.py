@@ -1,6 +1,6 @@
 """A TrainJob's or PyTorchJob's state in cloudtrain's, from its conditions, what cloudtrain marked on it, and what
 happened to its pods. Pure: the conformance suite checks the table. Everything the status shows beyond the state
-(``JobStatus.details``) is put together here, in ``details`` only.
+(``JobStatus`` fields) is put together here, in ``status_fields`` only.
 
 TrainJob (kubeflow/trainer v2.3.0): conditions Suspended, Complete, Failed (reason DeadlineExceeded at
 activeDeadlineSeconds); running is read from ``status.jobsStatus`` (the JobSet's child Jobs). PyTorchJob (Training
@@ -90,18 +90,19 @@ def disrupted(pods: list[dict[str, Any]]) -> bool:
     return False
 
 
-def details(obj: dict[str, Any], native: Native, context: str | None) -> dict[str, Any]:
-    """``JobStatus.details`` for a job: the one place this provider fills it."""
+def status_fields(obj: dict[str, Any], native: Native, context: str | None) -> dict[str, Any]:
+    """A job's ``JobStatus`` fields beyond state and times (the typed ones the core reads, and ``details``): the
+    one place this provider fills them."""
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
     annotations = meta.get("annotations") or {}
     trainer = status.get("trainerStatus") or {}
-    return {"kind": native.kind, "namespace": meta.get("namespace"), "context": context,
-            "condition": native.condition, "reason": native.reason, "uid": meta.get("uid"),
-            "output_uri": annotations.get(ANNOTATION + "output-uri"),
+    details = {"kind": native.kind, "namespace": meta.get("namespace"), "context": context,
+               "condition": native.condition, "reason": native.reason, "uid": meta.get("uid"),
+               "jobs": status.get("jobsStatus"), "progress": trainer.get("progressPercentage"),
+               "eta_seconds": trainer.get("estimatedRemainingSeconds")}
+    return {"details": details, "output_uri": annotations.get(ANNOTATION + "output-uri"),
             "checkpoint_uri": annotations.get(ANNOTATION + "checkpoint-uri"),
-            "max_restarts": int(annotations.get(ANNOTATION + "max-restarts") or 0),
-            "jobs": status.get("jobsStatus"), "progress": trainer.get("progressPercentage"),
-            "eta_seconds": trainer.get("estimatedRemainingSeconds")}
+            "max_restarts": int(annotations.get(ANNOTATION + "max-restarts") or 0)}
 
 
 # native -> cloudtrain's state: the conformance suite's table (tests/test_conformance.py)
