@@ -129,7 +129,8 @@ def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
                                                                      "there)"),
         row("spot", _spot(plan)),
         row("max runtime", format_duration(spec.max_runtime)
-            + (f", stopped if idle for {format_duration(spec.max_idle)}" if spec.max_idle else "")),
+            + (f", stopped as hung after {format_duration(spec.max_idle)} without output, checkpoint or CPU use "
+               "(max_idle)" if spec.max_idle else ", no hang watchdog (max_idle: off)")),
         row("checkpoint", spec.checkpoint.uri or "none"),
         row("package", f"{len(pkg.files)} files, {size(pkg.source_bytes)} source, {size(pkg.bundle_bytes)} bundle, "
                        f"{pkg.digest[:19]}"),

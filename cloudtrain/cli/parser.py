@@ -157,8 +157,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spot", action="store_true", default=None, help="use spot/preemptible capacity")
     p.add_argument("--max-restarts", type=int, help="resubmissions after preemption")
     p.add_argument("--max-runtime", help="e.g. 3600, 90m, 2h (each platform's own limit is checked by plan)")
-    p.add_argument("--max-idle", help="watchdog: stop the job when it prints nothing and writes no checkpoint for "
-                                      "this long, e.g. 10m (default: off)")
+    p.add_argument("--max-idle", help="hang watchdog: stop the job when it prints nothing, writes no checkpoint and "
+                                      "uses no CPU for this long, e.g. 10m (default: 30m; off turns it off)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
                    help="any spec field by its dotted name, e.g. --set providers.aws.role=arn:... (repeatable)")
