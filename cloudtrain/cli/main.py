@@ -101,20 +101,9 @@ def _provider_for(handle_text: str) -> tuple[Any, Any]:
 
 
 def _with_restart_point(status: Any) -> Any:
-    """A job that may restart (running, stopping, preempted) says what a restart starts from: the newest checkpoint
-    its store holds, or "from scratch" (read from the store here; said nothing where this machine cannot read it)."""
-    from cloudtrain.errors import CloudtrainError
-    from cloudtrain.formatting import RESTART_RESUMES
+    from cloudtrain.sdk import with_restart_point
 
-    if "checkpoint_uri" not in status.details or status.state.value in ("succeeded", "failed", "cancelled"):
-        return status
-    try:
-        from cloudtrain.snapshots import resume_point
-
-        status.details[RESTART_RESUMES] = resume_point(status.details["checkpoint_uri"])
-    except (CloudtrainError, OSError, ImportError, ValueError):
-        pass
-    return status
+    return with_restart_point(status)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -137,12 +126,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_preempt(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import emit, status_text
+    from cloudtrain.sdk import preempt
 
-    provider, handle = _provider_for(args.handle)
-    if not hasattr(provider, "preempt"):
-        raise UserError(f"provider {handle.provider!r} cannot be preempted on request",
-                        remedy="`cloudtrain preempt` rehearses spot interruptions on local jobs")
-    status = _with_restart_point(provider.preempt(handle))
+    status = preempt(*_provider_for(args.handle))
     if args.output != "text":
         sent = sum(1 for n in status.details.get("nodes", []) if n.get("exit_code") is None)
         emit({**status.to_dict(), "sent": {"signal": "SIGTERM", "nodes": sent}}, args.output)
@@ -155,8 +141,9 @@ def cmd_preempt(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    provider, handle = _provider_for(args.handle)
-    for line in provider.logs(handle, follow=args.follow):
+    from cloudtrain.sdk import logs
+
+    for line in logs(*_provider_for(args.handle), follow=args.follow, merge=args.merge):
         print(line, flush=True)
     return 0
 

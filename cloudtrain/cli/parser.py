@@ -208,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     logs = sub.add_parser("logs", help="print a job's logs")
     logs.add_argument("handle")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    logs.add_argument("--merge", action="store_true", help="every node's lines in one stream ordered by time (as -f "
+                                                            "interleaves them), not node by node")
     _profile_flag(logs)
     wait = sub.add_parser("wait", help="block until a job ends; exit 0 only if it succeeded")
     wait.add_argument("handle")
