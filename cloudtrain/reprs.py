@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain.formatting import estimate_text, size, status_text
+from cloudtrain.formatting import estimate_text, size, status_text, watchdog_text
 from cloudtrain.plan import Plan
 from cloudtrain.providers.base import JobStatus
 
@@ -74,6 +74,7 @@ def plan_html(plan: Plan) -> str:
          if plan.nproc_per_node else f"{plan.spec.nodes} x one per GPU of the node (only known on the node)"),
         ("package", f"{len(plan.package.files)} files, {size(plan.package.bundle_bytes)}, "
                     f"{plan.package.digest[:19]}"),
+        ("hang watchdog", watchdog_text(plan.spec)),
         ("estimate", Markup("<br>".join(html.escape(t) for t in estimate_text(plan.estimate)))),
         ("node 0", " ".join(plan.nodes[0].torchrun[1:])),
         *[("note", n) for n in plan.notes]]

@@ -221,6 +221,10 @@ def test_the_watchdog_is_on_by_default_and_every_plan_says_so(cli, tmp_path: Pat
     assert plan["spec"]["max_idle"] == "off" and "CLOUDTRAIN_MAX_IDLE" not in plan["nodes"][0]["env"]
     (tmp_path / "proj" / "cloudtrain.yaml").write_text("script: hangs.py\nmax_idle: off\n")  # YAML reads off as false
     assert "no hang watchdog" in cli("plan", cwd=tmp_path / "proj").stdout
+    from cloudtrain import Job
+
+    with Job(script="hangs.py", source_dir=str(tmp_path / "proj")).plan("local") as planned:  # a notebook's table
+        assert "stopped as hung after 30m" in planned._repr_html_()
     zero = cli("plan", train, "--max-idle", "0")
     assert zero.returncode == 2 and "write off to turn the hang watchdog off" in zero.stderr, zero.stderr
     init = tmp_path / "init"
