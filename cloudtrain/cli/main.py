@@ -100,17 +100,12 @@ def _provider_for(handle_text: str) -> tuple[Any, Any]:
     return get_provider(handle.provider), handle
 
 
-def _with_restart_point(status: Any) -> Any:
-    from cloudtrain.sdk import with_restart_point
-
-    return with_restart_point(status)
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import emit, status_text
+    from cloudtrain.sdk import with_restart_point
 
     provider, handle = _provider_for(args.handle)
-    status = _with_restart_point(provider.describe(handle))
+    status = with_restart_point(provider.describe(handle))
     print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
     return 0
 
@@ -160,7 +155,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
                                     log=lambda m: print(m, file=sys.stderr, flush=True))
     else:
         status = provider.wait(handle, timeout=args.timeout, poll=_poll(provider))
-    status = _with_restart_point(status)
+    from cloudtrain.sdk import with_restart_point
+
+    status = with_restart_point(status)
     print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
     return 0 if status.state.value == "succeeded" else 1
 
