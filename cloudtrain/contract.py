@@ -52,7 +52,8 @@ VARIABLES = (
              "a folder itself: Azure ML)", "bootstrap (logs, outputs), Checkpointer (final save), status"),
     Variable("CLOUDTRAIN_OUTPUT_DIR", "the local folder copied to the output location when the node ends",
              "bootstrap", "your script, bootstrap"),
-    Variable("CLOUDTRAIN_MAX_IDLE", "seconds without output or checkpoint before the watchdog stops the job",
+    Variable("CLOUDTRAIN_MAX_IDLE", "seconds without output, checkpoint or worker CPU use before the watchdog stops "
+             "the job (default 1800; absent with max_idle: off)",
              "plan (max_idle)", "node watch"),
     Variable("CLOUDTRAIN_INPUT_", "CLOUDTRAIN_INPUT_<NAME>: where input <name> is (a URI, or a path the platform "
              "mounts)", "plan (the provider)", "your script"),

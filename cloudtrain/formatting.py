@@ -18,6 +18,7 @@ from cloudtrain.durations import format_duration
 if TYPE_CHECKING:
     from cloudtrain.plan import Plan
     from cloudtrain.providers.base import JobStatus
+    from cloudtrain.spec import JobSpec
 
 _CODES = {"red": "31", "green": "32", "yellow": "33", "blue": "34", "bold": "1", "dim": "2"}
 STATE_COLOURS = {"succeeded": "green", "running": "blue", "pending": "yellow", "stopping": "yellow",
@@ -101,6 +102,13 @@ def estimate_text(estimate: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def watchdog_text(spec: JobSpec) -> str:
+    """What a plan says about the hang watchdog (max_idle, on unless 'off')."""
+    if not spec.max_idle:
+        return "no hang watchdog (max_idle: off)"
+    return f"stopped as hung after {format_duration(spec.max_idle)} without output, checkpoint or CPU use (max_idle)"
+
+
 def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
     """A summary to read before paying, then (``request``) the provider-native request (secrets masked)."""
     from cloudtrain.secrets import redact
@@ -139,8 +147,7 @@ def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
         row("each node", plan.runtime.summary() if plan.runtime else "the torch and Python the nodes have (only known "
                                                                      "there)"),
         row("spot", _spot(plan, summary.max_wait)),
-        row("max runtime", format_duration(spec.max_runtime)
-            + (f", stopped if idle for {format_duration(spec.max_idle)}" if spec.max_idle else "")),
+        row("max runtime", f"{format_duration(spec.max_runtime)}, {watchdog_text(spec)}"),
         row("checkpoint", spec.checkpoint.uri or "none"),
         row("package", f"{len(pkg.files)} files, {size(pkg.source_bytes)} source, {size(pkg.bundle_bytes)} bundle, "
                        f"{pkg.digest[:19]}"),

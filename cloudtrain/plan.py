@@ -91,7 +91,9 @@ class Plan:
             "machine": self.machine.to_dict() if self.machine else None,
             "estimate": self.estimate,
             "nodes": [n.to_dict() for n in self.nodes],
-            "spec": self.spec.model_dump(mode="json", exclude_defaults=True),
+            # max_idle even at its default: every plan shows whether the hang watchdog is on
+            "spec": {**self.spec.model_dump(mode="json", exclude_defaults=True),
+                     "max_idle": self.spec.model_dump(mode="json", include={"max_idle"})["max_idle"]},
             "notes": self.notes,
         }
         if not redact:

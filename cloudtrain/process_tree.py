@@ -28,8 +28,8 @@ def become_subreaper() -> bool:
         return False
 
 
-def _table() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, state) of every process /proc shows."""
+def _table() -> dict[int, tuple[int, str, int]]:
+    """pid -> (parent pid, state, CPU ticks used: user + system) of every process /proc shows."""
     found = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit():
@@ -40,15 +40,13 @@ def _table() -> dict[int, tuple[int, str]]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
-        found[int(entry)] = (int(fields[1]), fields[0])
+        found[int(entry)] = (int(fields[1]), fields[0], int(fields[11]) + int(fields[12]))
     return found
 
 
-def descendants(root: int) -> list[int]:
-    """Live processes below ``root`` (zombies excluded), parents before children."""
-    table = _table()
+def _below(table: dict[int, tuple[int, str, int]], root: int) -> list[int]:
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
+    for pid, (ppid, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
     found, todo = [], [root]
     while todo:
@@ -57,6 +55,22 @@ def descendants(root: int) -> list[int]:
             if table[child][1] != "Z":
                 found.append(child)
     return found
+
+
+def descendants(root: int) -> list[int]:
+    """Live processes below ``root`` (zombies excluded), parents before children."""
+    return _below(_table(), root)
+
+
+def cpu_below(root: int) -> dict[int, float]:
+    """CPU seconds used so far by each live process below ``root``'s own children: under the bootstrap, the workers
+    torchrun started and what they started, not torchrun's agent (whose monitor loop polls all along)."""
+    table = _table()
+    if not table:  # no /proc (macOS): no CPU signal
+        return {}
+    tick = float(os.sysconf("SC_CLK_TCK"))
+    agents = {pid for pid, (ppid, _, _) in table.items() if ppid == root}
+    return {pid: table[pid][2] / tick for pid in _below(table, root) if pid not in agents}
 
 
 def command_of(pid: int) -> str:

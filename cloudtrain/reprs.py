@@ -1,7 +1,8 @@
 """Rich representations for Jupyter: a Job, a Plan and a Run render as small HTML tables (text elsewhere).
 Everything shown is escaped, and a plan's environment is masked as in `cloudtrain plan`.
 
-Plan and JobStatus are data in lower layers; their ``_repr_html_`` is attached here, from above, when the SDK (which
+Plan and JobStatus are data in lower layers; their ``_repr_html_`` (and JobStatus's ``__str__``: what
+`cloudtrain status` prints) is attached here, from above, when the SDK (which
 notebooks import) loads this module: nothing below points up at it."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain.formatting import estimate_text, size
+from cloudtrain.formatting import estimate_text, size, status_text, watchdog_text
 from cloudtrain.plan import Plan
 from cloudtrain.providers.base import JobStatus
 
@@ -73,6 +74,7 @@ def plan_html(plan: Plan) -> str:
          if plan.nproc_per_node else f"{plan.spec.nodes} x one per GPU of the node (only known on the node)"),
         ("package", f"{len(plan.package.files)} files, {size(plan.package.bundle_bytes)}, "
                     f"{plan.package.digest[:19]}"),
+        ("hang watchdog", watchdog_text(plan.spec)),
         ("estimate", Markup("<br>".join(html.escape(t) for t in estimate_text(plan.estimate)))),
         ("node 0", " ".join(plan.nodes[0].torchrun[1:])),
         *[("note", n) for n in plan.notes]]
@@ -90,5 +92,11 @@ def status_html(status: JobStatus) -> str:
     return table(f"Run {status.handle}", rows)
 
 
+def status_str(status: JobStatus) -> str:
+    """``print(status)``: the summary `cloudtrain status` prints."""
+    return status_text(status)
+
+
 Plan._repr_html_ = plan_html  # type: ignore[attr-defined]
 JobStatus._repr_html_ = status_html  # type: ignore[attr-defined]
+JobStatus.__str__ = status_str  # type: ignore[method-assign,assignment]

@@ -112,6 +112,44 @@ def _own_folders(spec: JobSpec, source: Path) -> tuple[tuple[str, str], ...]:
     return tuple(own)
 
 
+def with_restart_point(status: JobStatus) -> JobStatus:
+    """A job that may restart (running, stopping, preempted) says what a restart starts from: the newest checkpoint
+    its store holds, or "from scratch" (read from the store here; said nothing where this machine cannot read it).
+    What `cloudtrain status|wait|preempt` and ``Run.status()`` show."""
+    from cloudtrain.errors import CloudtrainError
+
+    if not status.checkpoint_uri or status.state.value in ("succeeded", "failed", "cancelled"):
+        return status
+    try:
+        from cloudtrain.snapshots import resume_point
+
+        status.restart_resumes = resume_point(status.checkpoint_uri)
+    except (CloudtrainError, OSError, ImportError, ValueError):
+        pass
+    return status
+
+
+def preempt(provider: Provider, handle: JobHandle) -> JobStatus:
+    """SIGTERM to every node of a running job, as a spot interruption (`cloudtrain preempt`, ``Run.preempt()``)."""
+    return with_restart_point(provider.preempt(handle))  # refused where not declared (Capability.PREEMPT)
+
+
+def logs(provider: Provider, handle: JobHandle, follow: bool = False, merge: bool = False) -> Iterator[str]:
+    """A job's log lines, each prefixed with its node. Without ``follow`` they come node by node; ``merge``: ordered
+    by time across the nodes, as ``follow`` shows them while the job runs (a provider that can tell when each line
+    was written: ``merged_logs``)."""
+    if not merge or follow:  # following already interleaves the nodes as their lines arrive
+        return provider.logs(handle, follow=follow)
+    merged = getattr(provider, "merged_logs", None)
+    if merged is None:
+        from cloudtrain.errors import UserError
+
+        raise UserError(f"provider {handle.provider!r} cannot order its nodes' log lines by time", field="--merge",
+                        remedy="use `cloudtrain logs -f` (it interleaves the nodes while the job runs), or leave "
+                               "out --merge (node by node)")
+    return merged(handle)
+
+
 class Job:
     """A provider-agnostic job. Keyword arguments are the spec's fields (see ``cloudtrain schema``)."""
 
@@ -159,10 +197,17 @@ class Run:
         return cls(JobHandle.parse(handle) if isinstance(handle, str) else handle)
 
     def status(self) -> JobStatus:
-        return self.provider.describe(self.handle)
+        """The job's status; ``print()`` it for the summary `cloudtrain status` prints."""
+        return with_restart_point(self.provider.describe(self.handle))
 
-    def logs(self, follow: bool = False) -> Iterator[str]:
-        return self.provider.logs(self.handle, follow=follow)
+    def logs(self, follow: bool = False, merge: bool = False) -> Iterator[str]:
+        """Each line prefixed with its node; node by node, or ``merge=True``: ordered by time (as `logs --merge`)."""
+        return logs(self.provider, self.handle, follow=follow, merge=merge)
+
+    def preempt(self) -> JobStatus:
+        """Rehearse a spot interruption of this running job, as `cloudtrain preempt` does: every node gets SIGTERM,
+        saves and stops; with restarts left (``max_restarts``) it restarts and resumes."""
+        return preempt(self.provider, self.handle)
 
     def wait(self, timeout: float | None = None, poll: float = 1.0, recover: bool = False,
              max_restarts: int | None = None, progress: bool = True) -> JobStatus:

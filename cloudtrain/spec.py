@@ -15,7 +15,8 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, create_model, field_validator, model_validator
+from pydantic import (BaseModel, Field, SerializeAsAny, ValidationError, create_model, field_serializer, field_validator,
+                      model_validator)
 
 from cloudtrain import contract, registry
 from cloudtrain.errors import SpecError
@@ -31,6 +32,7 @@ __all__ = ["SPEC_FILENAME", "STORAGE_SCHEMES", "JobSpec", "apply_overrides", "ch
 # Processes per node: the largest machines any of the platforms rents have 8-16 accelerators and under 200 vCPUs;
 # more processes than that on one node only oversubscribe it (and 100,000 would fork-bomb a local run).
 MAX_PROCS_PER_NODE = 256
+MAX_IDLE = 30 * 60  # the hang watchdog is on unless a spec says max_idle: off (a hang ran to max_runtime unseen)
 _Model = Model
 _one_token = one_token
 
@@ -164,8 +166,8 @@ class JobSpec(_Model):
     max_wait: Duration | None = Field(None, description="Spot only: total time to wait for capacity plus run")
     max_runtime: Duration = Field(24 * 3600, description="Stop the job after this long")
     max_idle: Duration | None = Field(
-        None, description="Watchdog: stop the job when its workers print nothing and write no checkpoint for this "
-                          "long (a hang); off unless set")
+        MAX_IDLE, description="Hang watchdog: stop the job when its workers print nothing, write no checkpoint and "
+                              "use no CPU for this long; 'off' turns it off")
     max_restarts: int = Field(0, ge=0, le=100, description="Resubmissions after preemption")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     inputs: dict[str, Uri] = Field(default_factory=dict, description="Named input data URIs")
@@ -186,6 +188,20 @@ class JobSpec(_Model):
         if isinstance(value, dict):
             return _provider_options(_providers_named({"providers": value})).model_validate(value)
         return value
+
+    @field_validator("max_idle", mode="before")
+    @classmethod
+    def _idle_off(cls, value: Any) -> Any:
+        # YAML reads a bare `off` as false; `--max-idle off` and `--set max_idle=off` arrive as text
+        if value is False or (isinstance(value, str) and value.strip().lower() == "off"):
+            return None
+        if str(value).strip() in ("0", "0s"):
+            raise ValueError("0 would stop the job at once; write off to turn the hang watchdog off")
+        return value
+
+    @field_serializer("max_idle")
+    def _idle_shown(self, value: int | None) -> int | str:
+        return "off" if value is None else value
 
     @field_validator("procs_per_node", mode="before")
     @classmethod

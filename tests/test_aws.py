@@ -258,6 +258,15 @@ def test_sdk_submit_retried_after_a_lost_reply_creates_one_job(aws: SageMakerFro
     aws.set_status(handle.job_id, "InProgress", "Training")
     write_node_log(handle.job_id, "algo-1", ["[cloudtrain] checkpoint: resuming from step 24"])
     assert list(run.logs()) == ["[algo-1] [cloudtrain] checkpoint: resuming from step 24"]
+    # 29.8 logs --merge: every node's events by their CloudWatch timestamps, not stream by stream
+    logs, at = boto3.client("logs"), int(__import__("time").time() * 1000) + 1000
+    for host, offsets in (("algo-1", (0, 2)), ("algo-2", (1, 3))):
+        stream = f"{handle.job_id}/{host}-1700000001"
+        logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
+        logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream,
+                            logEvents=[{"timestamp": at + i, "message": f"event {i}"} for i in offsets])
+    merged = [line for line in run.logs(merge=True) if "event" in line]
+    assert merged == ["[algo-1] event 0", "[algo-2] event 1", "[algo-1] event 2", "[algo-2] event 3"], merged
     assert run.cancel().state in (JobState.STOPPING, JobState.CANCELLED)
     assert run.wait(timeout=10, poll=0.1).state is JobState.CANCELLED
     assert aws.stop_requests == [handle.job_id]

@@ -334,6 +334,7 @@ def test_sdk_submit_retried_after_a_lost_reply_creates_one_job(vertex: VertexFak
     vertex.set_state(handle.job_id, "JOB_STATE_RUNNING")
     vertex.write_log(handle.job_id, "workerpool0-0", ["[cloudtrain] checkpoint: resuming from step 24"])
     assert list(run.logs()) == ["[workerpool0-0] [cloudtrain] checkpoint: resuming from step 24"]
+    assert list(run.logs(merge=True)) == list(run.logs())  # 29.8: Cloud Logging's entries come oldest first
     assert run.cancel().state in (JobState.STOPPING, JobState.CANCELLED)
     assert run.wait(timeout=10, poll=0.05).state is JobState.CANCELLED
     with pytest.raises(HandleError, match="NOT_FOUND"):

@@ -164,11 +164,12 @@ def test_plan_prints_durations_as_people_write_them(cli, tmp_path: Path) -> None
     proj = project(tmp_path, "sleeper.py")
     minute = cli("plan", str(proj / "sleeper.py"), "--max-runtime", "60", "--max-idle", "10m")
     assert minute.returncode == 0, minute.stderr
-    assert "max runtime  1m, stopped if idle for 10m\n" in minute.stdout
+    assert "max runtime  1m, stopped as hung after 10m without output, checkpoint or CPU use" in minute.stdout
     day = cli("plan", str(proj / "sleeper.py"), "-p", "aws", "--gpus", "A10G:1", "--set",
               "providers.aws.region=us-east-1", "--set", "providers.aws.role=arn:aws:iam::123456789012:role/x")
     assert day.returncode == 0, day.stderr
-    assert "max runtime  24h\n" in day.stdout and " in 24h" in day.stdout and "0.0166667h" not in day.stdout
+    assert "max runtime  24h, stopped as hung after 30m " in day.stdout  # max_idle's default
+    assert " in 24h" in day.stdout and "0.0166667h" not in day.stdout
 
 
 def test_preempt_says_what_it_did(cli, tmp_path: Path) -> None:

@@ -178,10 +178,26 @@ def test_the_watchdog_stops_a_hung_job(cli, tmp_path: Path, emulate: str) -> Non
     extra = ["--emulate", emulate] if emulate != "local" else []
     code, status = submit(cli, script(tmp_path, "hangs.py"), "--procs-per-node", "2", "--max-idle", "8s", *extra)
     assert code == 1 and status["state"] == "failed"
-    assert status["message"].startswith("node 0 failed with exit code 1: no output and no checkpoint for 8s "
-                                        "(max_idle): stopped as hung"), status["message"]
+    assert status["message"].startswith("node 0 failed with exit code 1: no output, no checkpoint and no CPU use for "
+                                        "8s (max_idle): stopped as hung"), status["message"]
     log = Path(status["nodes"][0]["log"]).read_text()
-    assert "[cloudtrain] stopping this node: no output and no checkpoint for 8s" in log
+    assert "[cloudtrain] stopping this node: no output, no checkpoint and no CPU use for 8s" in log
+
+
+def test_the_watchdog_stops_a_deadlocked_collective(cli, tmp_path: Path) -> None:
+    """29.3: rank 0 waits in a gloo all_reduce that rank 1 never joins (a day's process-group timeout): a rank
+    waiting in gloo uses no CPU, so the job is stopped as hung after max_idle, not at max_runtime."""
+    code, status = submit(cli, script(tmp_path, "deadlocks.py"), "--procs-per-node", "2", "--max-idle", "8s")
+    assert code == 1 and status["state"] == "failed", status
+    assert "no output, no checkpoint and no CPU use for 8s (max_idle): stopped as hung" in status["message"], status
+
+
+def test_the_watchdog_leaves_a_silent_computing_job_alone(cli, tmp_path: Path) -> None:
+    """29.3: a script that computes for three times max_idle without printing or checkpointing is busy (its CPU
+    time grows), not hung; before, it was stopped as hung."""
+    code, status = submit(cli, script(tmp_path, "silent_busy.py"), "--procs-per-node", "2", "--max-idle", "8s",
+                          "--", "24")
+    assert code == 0 and status["state"] == "succeeded", status
 
 
 def test_the_watchdog_leaves_a_busy_job_alone(cli, tmp_path: Path) -> None:
@@ -189,6 +205,32 @@ def test_the_watchdog_leaves_a_busy_job_alone(cli, tmp_path: Path) -> None:
     code, status = submit(cli, script(tmp_path, "chatty.py"), "--nodes", "2", "--procs-per-node", "1",
                           "--max-idle", "10s", "--", "14")
     assert code == 0 and status["state"] == "succeeded", status
+
+
+def test_the_watchdog_is_on_by_default_and_every_plan_says_so(cli, tmp_path: Path) -> None:
+    """29.3: a deadlock ran 21 minutes unseen because max_idle was off unless set. Now 30m unless `off`, shown in
+    the plan's summary and JSON, and in the spec `init` writes."""
+    train = script(tmp_path, "hangs.py")
+    shown = cli("plan", train)
+    assert "stopped as hung after 30m without output, checkpoint or CPU use (max_idle)" in shown.stdout, shown.stdout
+    plan = json.loads(cli("plan", train, "-o", "json").stdout)
+    assert plan["spec"]["max_idle"] == 1800 and plan["nodes"][0]["env"]["CLOUDTRAIN_MAX_IDLE"] == "1800"
+    off = cli("plan", train, "--max-idle", "off")
+    assert "no hang watchdog (max_idle: off)" in off.stdout, off.stdout
+    plan = json.loads(cli("plan", train, "--max-idle", "off", "-o", "json").stdout)
+    assert plan["spec"]["max_idle"] == "off" and "CLOUDTRAIN_MAX_IDLE" not in plan["nodes"][0]["env"]
+    (tmp_path / "proj" / "cloudtrain.yaml").write_text("script: hangs.py\nmax_idle: off\n")  # YAML reads off as false
+    assert "no hang watchdog" in cli("plan", cwd=tmp_path / "proj").stdout
+    from cloudtrain import Job
+
+    with Job(script="hangs.py", source_dir=str(tmp_path / "proj")).plan("local") as planned:  # a notebook's table
+        assert "stopped as hung after 30m" in planned._repr_html_()
+    zero = cli("plan", train, "--max-idle", "0")
+    assert zero.returncode == 2 and "write off to turn the hang watchdog off" in zero.stderr, zero.stderr
+    init = tmp_path / "init"
+    init.mkdir()
+    assert cli("init", cwd=init).returncode == 0
+    assert "\nmax_idle: 30m" in (init / "cloudtrain.yaml").read_text()
 
 
 def test_max_idle_reaches_the_node_environment(cli, tmp_path: Path) -> None:

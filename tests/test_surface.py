@@ -27,7 +27,7 @@ CLI = {
     "status": ['--output', '--profile'],
     "cancel": ['--output', '--profile'],
     "preempt": ['--output', '--profile'],
-    "logs": ['--follow', '--profile'],
+    "logs": ['--follow', '--merge', '--profile'],
     "wait": ['--max-restarts', '--output', '--profile', '--recover', '--retry-failed', '--timeout'],
     "list": ['--limit', '--output', '--profile', '--provider'],
     "outputs": ['--download', '--output', '--profile'],
@@ -44,7 +44,7 @@ CLI = {
 }
 SDK = {"CloudtrainError", "Job", "JobSpec", "Run", "__version__", "list_runs"}
 JOB_METHODS = {"from_yaml", "plan", "submit"}
-RUN_METHODS = {"attach", "cancel", "logs", "outputs", "status", "wait"}
+RUN_METHODS = {"attach", "cancel", "logs", "outputs", "preempt", "status", "wait"}
 
 
 def test_cli_commands_and_flags_are_pinned() -> None:
@@ -61,7 +61,7 @@ def test_sdk_names_are_pinned() -> None:
     assert public == JOB_METHODS
     assert {n for n, _ in inspect.getmembers(cloudtrain.Run) if not n.startswith("_")} == RUN_METHODS
     assert {"progress", "recover", "timeout"} <= set(inspect.signature(cloudtrain.Run.wait).parameters)
-    assert "follow" in inspect.signature(cloudtrain.Run.logs).parameters
+    assert {"follow", "merge"} <= set(inspect.signature(cloudtrain.Run.logs).parameters)
 
 
 def test_cli_reference_is_generated_from_the_code() -> None:

@@ -5,11 +5,12 @@ job run with `-- --epochs 5` continues the spec's run (same name, same checkpoin
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,25 +18,30 @@ import pytest
 from tests.conftest import REPO, cli_env
 
 README = REPO / "README.md"
-EXAMPLE_HANDLE = re.compile(r"local://ddp-train-\d{8}-\d{6}-[0-9a-f]{4}")
+EXAMPLE_HANDLE = re.compile(r"local://(?:ddp-train|rehearsal)-\d{8}-\d{6}-[0-9a-f]{4}")
 STEPS_PER_EPOCH = 16  # the reference trainer: 2048 samples / (world size 4 x batch 32)
 
 
-def readme_commands(heading: str) -> list[list[str]]:
-    """The `cloudtrain` command lines of the first bash block after ``heading``, comments and continuations
-    handled as bash would."""
+def readme_lines(heading: str) -> list[str]:
+    """The command lines of the first bash block after ``heading``, continuations joined as bash joins them."""
     text = README.read_text()
     block = text[text.index(heading):].split("```bash\n", 1)[1].split("```", 1)[0]
-    commands, pending = [], ""
+    lines, pending = [], ""
     for line in block.splitlines():
         if line.rstrip().endswith("\\"):
             pending += line.rstrip()[:-1] + " "
             continue
         line, pending = pending + line, ""
-        words = shlex.split(line, comments=True)
-        if words[:1] == ["cloudtrain"]:
-            commands.append(words[1:])
-    return commands
+        if line.strip() and not line.lstrip().startswith("#"):
+            lines.append(line)
+    return lines
+
+
+def readme_commands(heading: str) -> list[list[str]]:
+    """The `cloudtrain` command lines of the first bash block after ``heading``, as argument lists (comments
+    handled as bash would)."""
+    words = (shlex.split(line, comments=True) for line in readme_lines(heading))
+    return [w[1:] for w in words if w[:1] == ["cloudtrain"]]
 
 
 def run(args: list[str], cwd: Path, home: Path, handle: str | None) -> subprocess.CompletedProcess[str]:
@@ -63,10 +69,7 @@ def test_the_readme_tour_runs_as_written_and_its_resume_step_resumes(ct_home: Pa
             spec = project / "cloudtrain.yaml"
             uri = (project / ".cloudtrain" / "checkpoints" / "ddp-train").as_uri()
             assert uri in spec.read_text(), "init keeps this project's checkpoints in this project"
-            # Until the reference trainers also save when training ends (issue 17 item 2, another change), the
-            # first run must checkpoint during the run for the next step to have something to resume from.
-            spec.write_text(spec.read_text().replace('args: ["--epochs", "3"]',
-                                                     'args: ["--epochs", "3", "--checkpoint-every", "16"]'))
+            # 29.5: the spec is used as init wrote it (the reference trainer saves when training ends)
         if args[0] == "submit" and "--detach" in args:
             handle = result.stdout.strip()
             assert handle.startswith("local://ddp-train-"), "the spec here names the job, SCRIPT or not"
@@ -89,29 +92,78 @@ def test_the_readme_tour_runs_as_written_and_its_resume_step_resumes(ct_home: Pa
     assert json.loads(seen["schema"].stdout)["title"] == "cloudtrain job spec"
 
 
+def test_the_tour_makes_the_folder_it_enters_and_says_how_to_get_cpu_torch() -> None:
+    """29.8: the tour said `cd my-project` with no folder made, and `pip install -e '.[local]'` on a laptop without
+    CUDA pulled a multi-GB CUDA torch."""
+    lines = readme_lines("## A 5-minute tour")
+    made: set[str] = set()
+    for line in lines:
+        for part in line.split("#", 1)[0].split("&&"):
+            words = shlex.split(part)
+            if words[:1] == ["mkdir"]:
+                made.update(w for w in words[1:] if not w.startswith("-"))
+            if words[:1] == ["cd"]:
+                assert words[1] in made, f"the tour enters {words[1]} before making it"
+    installs = [n for n, line in enumerate(lines) if line.startswith("pip install")]
+    assert "download.pytorch.org/whl/cpu" in lines[installs[0]] and "'.[local]'" in lines[installs[1]], lines
+
+
+def shim(folder: Path) -> dict[str, str]:
+    """A `cloudtrain` command on PATH that runs this checkout, so README lines run through bash as written."""
+    folder.mkdir()
+    (folder / "cloudtrain").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m cloudtrain "$@"\n')
+    (folder / "cloudtrain").chmod(0o755)
+    return {"PATH": f"{folder}:{os.environ['PATH']}"}
+
+
 @pytest.mark.timeout(600)
 def test_the_readme_preemption_rehearsal(ct_home: Path, tmp_path: Path) -> None:
-    """The README's rehearsal: preempt a running job; it restarts (max_restarts 3) and resumes, then succeeds."""
+    """29.5: the README's rehearsal, after the tour's runs and each line through bash as written: a new run from step
+    0 (before, it resumed the tour's run near its end and finished before `preempt` could be typed); `logs -f` until
+    the line the README names, Ctrl-C, `preempt`; it restarts (max_restarts 3), resumes from the checkpoint the
+    preemption saved, and succeeds."""
     project = tmp_path / "my-project"
     project.mkdir()
     assert run(["init"], project, ct_home, None).returncode == 0
-    submit, preempt, wait = readme_commands("Rehearse a spot interruption")
-    assert (submit[0], preempt[0], wait[0]) == ("submit", "preempt", "wait"), "the README changed: update this test"
-    handle = run(submit, project, ct_home, None).stdout.strip()
-    assert handle.startswith("local://ddp-train-")
-    # "while it runs": a person types preempt once the job trains; here, once its log shows an epoch done
-    deadline = time.monotonic() + 240
-    while "epoch 0 step" not in run(["logs", handle], project, ct_home, None).stdout:
-        assert time.monotonic() < deadline, "the job never started training"
-        assert status(handle, project, ct_home)["state"] in ("pending", "running")
-        time.sleep(0.5)
-    result = run(preempt, project, ct_home, handle)
-    assert result.returncode == 0, result.stderr
-    result = run(wait, project, ct_home, handle)
-    assert result.returncode == 0, (result.stdout, result.stderr)
+    # what the tour left: a finished run of this project with a checkpoint at its end
+    assert run(["submit", "--nodes", "2", "--procs-per-node", "2", "--", "--epochs", "2"],
+               project, ct_home, None).returncode == 0
+    env = {**cli_env(ct_home), **shim(tmp_path / "bin")}
+    lines = readme_lines("Rehearse a spot interruption")
+    assert [shlex.split(line)[:2] for line in lines] == [["cloudtrain", w] for w in
+                                                          ("submit", "logs", "preempt", "wait", "logs")], lines
+    submit, follow, preempt, wait, merged = lines
+    said = re.search(r'when it shows "([^"]+)"', follow)
+    assert said, "the README says when to preempt"
+
+    def bash(line: str, handle: str | None = None) -> subprocess.CompletedProcess[str]:
+        line = EXAMPLE_HANDLE.sub(handle, line) if handle else line
+        return subprocess.run(["bash", "-c", line], cwd=project, env=env, capture_output=True, text=True, timeout=300)
+
+    submitted = bash(submit)
+    assert submitted.returncode == 0, submitted.stderr
+    handle = submitted.stdout.strip()
+    assert handle.startswith("local://rehearsal-"), handle
+    # `logs -f` as a person watches it, until the line the README names, then Ctrl-C (SIGINT to its process group)
+    watcher = subprocess.Popen(["bash", "-c", EXAMPLE_HANDLE.sub(handle, follow)], cwd=project, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen = []
+    for line in watcher.stdout or []:
+        seen.append(line)
+        if said.group(1) in line:
+            break
+    os.killpg(watcher.pid, signal.SIGINT)
+    _, stderr = watcher.communicate(timeout=30)
+    assert any(said.group(1) in line for line in seen), "".join(seen)[-3000:]
+    assert "Traceback" not in stderr, stderr
+    assert status(handle, project, ct_home)["state"] == "running", "still running when the README says to preempt"
+    preempted = bash(preempt, handle)
+    assert preempted.returncode == 0, preempted.stderr
+    waited = bash(wait, handle)
+    assert waited.returncode == 0, (waited.stdout, waited.stderr)
     final = status(handle, project, ct_home)
     assert final["state"] == "succeeded" and final["restarts"] == 1, final
-    logs = run(["logs", handle], project, ct_home, None).stdout
-    starts = [int(m) for m in re.findall(r"start_step=(\d+)", logs)]
-    assert len(starts) == 2 and starts[1] > starts[0], starts
-    assert f"steps={10 * STEPS_PER_EPOCH}" in logs
+    starts = [int(m) for m in re.findall(r"start_step=(\d+)", bash(merged, handle).stdout)]
+    step = int(said.group(1).rsplit(" ", 1)[1])
+    assert len(starts) == 2 and starts[0] == 0 and starts[1] >= step, starts
+    assert f"steps={12 * STEPS_PER_EPOCH}" in run(["logs", handle], project, ct_home, None).stdout

@@ -100,27 +100,12 @@ def _provider_for(handle_text: str) -> tuple[Any, Any]:
     return get_provider(handle.provider), handle
 
 
-def _with_restart_point(status: Any) -> Any:
-    """A job that may restart (running, stopping, preempted) says what a restart starts from: the newest checkpoint
-    its store holds, or "from scratch" (read from the store here; said nothing where this machine cannot read it)."""
-    from cloudtrain.errors import CloudtrainError
-
-    if not status.checkpoint_uri or status.state.value in ("succeeded", "failed", "cancelled"):
-        return status
-    try:
-        from cloudtrain.snapshots import resume_point
-
-        status.restart_resumes = resume_point(status.checkpoint_uri)
-    except (CloudtrainError, OSError, ImportError, ValueError):
-        pass
-    return status
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import emit, status_text
+    from cloudtrain.sdk import with_restart_point
 
     provider, handle = _provider_for(args.handle)
-    status = _with_restart_point(provider.describe(handle))
+    status = with_restart_point(provider.describe(handle))
     print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
     return 0
 
@@ -136,9 +121,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_preempt(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import emit, status_text
+    from cloudtrain.sdk import preempt
 
-    provider, handle = _provider_for(args.handle)
-    status = _with_restart_point(provider.preempt(handle))  # refused where not declared (Capability.PREEMPT)
+    status = preempt(*_provider_for(args.handle))
     if args.output != "text":
         sent = sum(1 for n in status.nodes or [] if n.get("exit_code") is None)
         emit({**status.to_dict(), "sent": {"signal": "SIGTERM", "nodes": sent}}, args.output)
@@ -151,8 +136,9 @@ def cmd_preempt(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    provider, handle = _provider_for(args.handle)
-    for line in provider.logs(handle, follow=args.follow):
+    from cloudtrain.sdk import logs
+
+    for line in logs(*_provider_for(args.handle), follow=args.follow, merge=args.merge):
         print(line, flush=True)
     return 0
 
@@ -169,7 +155,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
                                     log=lambda m: print(m, file=sys.stderr, flush=True))
     else:
         status = provider.wait(handle, timeout=args.timeout, poll=_poll(provider))
-    status = _with_restart_point(status)
+    from cloudtrain.sdk import with_restart_point
+
+    status = with_restart_point(status)
     print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
     return 0 if status.state.value == "succeeded" else 1
 

@@ -157,8 +157,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spot", action="store_true", default=None, help="use spot/preemptible capacity")
     p.add_argument("--max-restarts", type=int, help="resubmissions after preemption")
     p.add_argument("--max-runtime", help="e.g. 3600, 90m, 2h (each platform's own limit is checked by plan)")
-    p.add_argument("--max-idle", help="watchdog: stop the job when it prints nothing and writes no checkpoint for "
-                                      "this long, e.g. 10m (default: off)")
+    p.add_argument("--max-idle", help="hang watchdog: stop the job when it prints nothing, writes no checkpoint and "
+                                      "uses no CPU for this long, e.g. 10m (default: 30m; off turns it off)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
                    help="any spec field by its dotted name, e.g. --set providers.aws.role=arn:... (repeatable)")
@@ -208,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     logs = sub.add_parser("logs", help="print a job's logs")
     logs.add_argument("handle")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    logs.add_argument("--merge", action="store_true", help="every node's lines in one stream ordered by time (as -f "
+                                                            "interleaves them), not node by node")
     _profile_flag(logs)
     wait = sub.add_parser("wait", help="block until a job ends; exit 0 only if it succeeded")
     wait.add_argument("handle")

@@ -226,20 +226,31 @@ class SageMakerProvider(Provider):
         tokens: dict[str, str] = {}
 
         def read() -> Iterator[str]:
-            for stream in self._streams(logs, handle.job_id):
-                host = stream.split("/", 1)[1].rsplit("-", 1)[0]
-                while True:
-                    kwargs = {"logGroupName": LOG_GROUP, "logStreamName": stream, "startFromHead": True}
-                    if stream in tokens:
-                        kwargs["nextToken"] = tokens[stream]
-                    with aws_errors(f"reading logs of {handle}"):
-                        page = logs.get_log_events(**kwargs)
-                    yield from (f"[{host}] {event['message']}" for event in page.get("events", []))
-                    previous, tokens[stream] = tokens.get(stream), page.get("nextForwardToken", "")
-                    if not page.get("events") or previous == tokens[stream]:
-                        break
+            yield from (f"[{host}] {event['message']}" for host, event in self._events(logs, handle, tokens))
 
         return self.follow_logs(handle, follow, read, self.log_poll)
+
+    def merged_logs(self, handle: JobHandle) -> Iterator[str]:
+        """Every node's events ordered by their CloudWatch timestamps (`logs --merge`), each prefixed with its host."""
+        handle = self._own(handle)
+        found = list(self._events(self._client("logs", self._region(handle)), handle, {}))
+        found.sort(key=lambda pair: pair[1].get("timestamp", 0))  # stable: one host's events keep their order
+        return (f"[{host}] {event['message']}" for host, event in found)
+
+    def _events(self, logs: Any, handle: JobHandle, tokens: dict[str, str]) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(host, event) of every node's stream from where ``tokens`` left each."""
+        for stream in self._streams(logs, handle.job_id):
+            host = stream.split("/", 1)[1].rsplit("-", 1)[0]
+            while True:
+                kwargs = {"logGroupName": LOG_GROUP, "logStreamName": stream, "startFromHead": True}
+                if stream in tokens:
+                    kwargs["nextToken"] = tokens[stream]
+                with aws_errors(f"reading logs of {handle}"):
+                    page = logs.get_log_events(**kwargs)
+                yield from ((host, event) for event in page.get("events", []))
+                previous, tokens[stream] = tokens.get(stream), page.get("nextForwardToken", "")
+                if not page.get("events") or previous == tokens[stream]:
+                    break
 
     @staticmethod
     def _streams(logs: Any, job_name: str) -> builtins.list[str]:

@@ -271,6 +271,10 @@ class VertexProvider(Provider):
         return [self._status(self.handle(j["name"].rsplit("/", 1)[1], (project, region)), j)
                 for j in found[:limit]]
 
+    def merged_logs(self, handle: JobHandle) -> Iterator[str]:
+        """`logs --merge`: Cloud Logging returns the nodes' entries oldest first, already one stream."""
+        return self.logs(handle)
+
     def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]:
         """Every node's Cloud Logging entries (resource ml_job), oldest first, each prefixed with its task name."""
         project, _ = self._scope(handle)

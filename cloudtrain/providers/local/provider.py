@@ -35,6 +35,7 @@ from cloudtrain.procs import is_alive, kill_tagged, signal_group, start_ticks, t
 from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider
 from cloudtrain.providers.local import PROVIDER, outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
+from cloudtrain.providers.local.log_clock import merged, node_log
 from cloudtrain.spec import JobSpec
 from cloudtrain.staging import bundle_prefix, default_output_uri, new_job_id, stage_bundle
 
@@ -323,7 +324,7 @@ class LocalProvider(Provider):
         def read() -> Iterator[str]:
             for rank in ranks:
                 if rank not in files:
-                    path = job_dir / f"node-{rank}.log"
+                    path = node_log(job_dir, rank)
                     if not path.exists():
                         continue
                     files[rank] = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
@@ -341,6 +342,12 @@ class LocalProvider(Provider):
             ended.close()
             for f in files.values():
                 f.close()
+
+
+    def merged_logs(self, handle: JobHandle) -> Iterator[str]:
+        """Every node's lines ordered by time (`logs --merge`): when the supervisor's clock saw each written."""
+        record = self._record(self._own(handle))
+        return merged(Path(record.job_dir), [n["rank"] for n in record.plan.get("nodes", [])])
 
 
 class _SupervisorExit:

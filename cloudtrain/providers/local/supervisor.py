@@ -27,6 +27,7 @@ from cloudtrain.node_watch import GRACE_ENV, SUPERVISOR_FD
 from cloudtrain.procs import TAG_VAR, kill_tagged, signal_group, start_ticks
 from cloudtrain.providers.local import outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
+from cloudtrain.providers.local.log_clock import LogClock, node_log
 from cloudtrain.providers.local.steady_db import RESERVE_NAME, SteadyDB
 
 POLL_SECONDS = 0.2
@@ -51,6 +52,7 @@ class Supervisor:
         self.lifeline, self._lifeline_w = os.pipe()
         self.exited = threading.Event()  # set by a node's waiter thread: watch() looks at once, not a poll later
         self.stop_file: Path | None = None  # where the nodes read why they were stopped, when not preempted
+        self.clock: LogClock | None = None  # when each node's log grew (`logs --merge`)
 
     def request_stop(self, signum: int, _frame: Any) -> None:
         # SIGUSR1 is `cloudtrain preempt` (a rehearsed spot interruption); SIGTERM/SIGINT is a cancel.
@@ -62,7 +64,7 @@ class Supervisor:
         self.stop_file.unlink(missing_ok=True)  # an earlier attempt's
         for node in record.plan["nodes"]:
             rank = node["rank"]
-            log_path = Path(record.job_dir) / f"node-{rank}.log"
+            log_path = node_log(Path(record.job_dir), rank)
             status_file = Path(record.job_dir) / f"node-{rank}.status.json"
             status_file.unlink(missing_ok=True)
             tag = f"{self.job_id}/node-{rank}"
@@ -110,6 +112,7 @@ class Supervisor:
         started = time.monotonic()
         self.deadline = started + float(max_runtime) if max_runtime else None
         attempt = 0
+        self.clock = LogClock(Path(record.job_dir), [n["rank"] for n in record.plan["nodes"]])
         while True:
             nodes = self.start_nodes(record, attempt)
             self.db.update(self.job_id, state="running", nodes=nodes, attempt=attempt,
@@ -155,8 +158,12 @@ class Supervisor:
                     if node["exit_code"] is None:
                         signal_group(node["pgid"], signal.SIGKILL)
                         kill_tagged(node["tag"])
+            if self.clock:
+                self.clock.tick()
             self.exited.wait(POLL_SECONDS)
             self.exited.clear()  # before the next look at every node: an exit from now on wakes the wait after it
+        if self.clock:
+            self.clock.tick(force=True)  # the nodes' last lines
         for node in nodes:  # workers a node left behind never outlive the job
             signal_group(node["pgid"], signal.SIGKILL)
             kill_tagged(node["tag"])
