@@ -15,8 +15,16 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import (BaseModel, Field, SerializeAsAny, ValidationError, create_model, field_serializer, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    create_model,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from cloudtrain import contract, registry
 from cloudtrain.errors import SpecError
