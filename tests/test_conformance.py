@@ -2,8 +2,8 @@
 fakes (SageMaker: moto plus tests/sagemaker_front.py; Azure ML: tests/azureml_fake.py with Azurite; Vertex:
 tests/vertex_fake.py with the GCS emulator), local with real processes, and ``toy``: a provider from outside cloudtrain
 (tests/plugin/toyprov: one folder, options of its own, a node contract of its own), registered through a real
-``cloudtrain.providers`` entry point (a .dist-info written by tests/plugins.py and put on sys.path), with no line of cloudtrain
-changed for it. The suite itself is cloudtrain.testing (shipped with the package, as a plugin's tests use it)."""
+``cloudtrain.providers`` entry point (a .dist-info written by tests/plugins.py and put on sys.path), with no line of
+cloudtrain changed for it. The suite itself is cloudtrain.testing (shipped with the package, as plugins use it)."""
 
 from __future__ import annotations
 
