@@ -15,21 +15,12 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    Field,
-    SerializeAsAny,
-    ValidationError,
-    create_model,
-    field_serializer,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, create_model, field_validator, model_validator
 
 from cloudtrain import contract, registry
 from cloudtrain.errors import SpecError
 from cloudtrain.spec_errors import friendly_error, spec_error_from, unusable_text
-from cloudtrain.spec_fields import Duration, Model, Uri, one_token, parse_duration
+from cloudtrain.spec_fields import Duration, DurationOrOff, Model, Uri, one_token, parse_duration
 from cloudtrain.specfile import SPEC_FILENAME, project_options, read_spec_file
 from cloudtrain.storage.uris import SCHEMES as STORAGE_SCHEMES
 
@@ -173,7 +164,7 @@ class JobSpec(_Model):
     spot: bool = Field(False, description="Use spot/preemptible capacity")
     max_wait: Duration | None = Field(None, description="Spot only: total time to wait for capacity plus run")
     max_runtime: Duration = Field(24 * 3600, description="Stop the job after this long")
-    max_idle: Duration | None = Field(
+    max_idle: DurationOrOff = Field(
         MAX_IDLE, description="Hang watchdog: stop the job when its workers print nothing, write no checkpoint and "
                               "use no CPU for this long; 'off' turns it off")
     max_restarts: int = Field(0, ge=0, le=100, description="Resubmissions after preemption")
@@ -196,20 +187,6 @@ class JobSpec(_Model):
         if isinstance(value, dict):
             return _provider_options(_providers_named({"providers": value})).model_validate(value)
         return value
-
-    @field_validator("max_idle", mode="before")
-    @classmethod
-    def _idle_off(cls, value: Any) -> Any:
-        # YAML reads a bare `off` as false; `--max-idle off` and `--set max_idle=off` arrive as text
-        if value is False or (isinstance(value, str) and value.strip().lower() == "off"):
-            return None
-        if str(value).strip() in ("0", "0s"):
-            raise ValueError("0 would stop the job at once; write off to turn the hang watchdog off")
-        return value
-
-    @field_serializer("max_idle")
-    def _idle_shown(self, value: int | None) -> int | str:
-        return "off" if value is None else value
 
     @field_validator("procs_per_node", mode="before")
     @classmethod

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, field_validator
 
 from cloudtrain.storage.uris import check_uri
 
@@ -39,6 +39,20 @@ def parse_duration(value: Any) -> Any:
 
 
 Duration = Annotated[int, BeforeValidator(parse_duration, json_schema_input_type=int | str), Field(ge=1)]
+
+
+def _off(value: Any) -> Any:
+    # YAML reads a bare `off` as false; `--max-idle off` and `--set max_idle=off` arrive as text
+    if value is False or (isinstance(value, str) and value.strip().lower() == "off"):
+        return None
+    if str(value).strip() in ("0", "0s"):
+        raise ValueError("0 would stop the job at once; write off to turn it off")
+    return value
+
+
+# A limit that can be switched off (max_idle): 'off' (or YAML's false, or null) is None, and is written as "off"
+DurationOrOff = Annotated[Duration | None, BeforeValidator(_off, json_schema_input_type=int | str | bool | None),
+                          PlainSerializer(lambda v: "off" if v is None else v)]
 Uri = Annotated[str, Field(min_length=1, description="Object storage URI: file://, s3://, gs://, az:// or abfs://"),
                 AfterValidator(check_uri)]
 
