@@ -25,7 +25,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cloudtrain import checkpoints, storage
+from cloudtrain import storage
+from cloudtrain.node import checkpoint_store
 from cloudtrain.runtime.checkpointer import Checkpointer
 
 
@@ -86,9 +87,9 @@ def main() -> None:
             create_bucket("s3")
             import boto3
 
-            folder = tmp / "async" / checkpoints.step_dir(args.repeat)
+            folder = tmp / "async" / checkpoint_store.step_dir(args.repeat)
             names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-            files = checkpoints.describe_files(folder, names)
+            files = checkpoint_store.describe_files(folder, names)
             total = sum(f["size"] for f in files) / 1e6
             client = boto3.client("s3")
             ours, theirs = [], []
@@ -98,7 +99,7 @@ def main() -> None:
                     client.upload_file(str(folder / f["path"]), "cloudtrain-test", f"baseline/{i}/{f['path']}")
                 theirs.append(time.perf_counter() - start)
                 start = time.perf_counter()
-                checkpoints.upload_files(folder, files, storage.join("s3://cloudtrain-test", f"ours/{i}"))
+                checkpoint_store.upload_files(folder, files, storage.join("s3://cloudtrain-test", f"ours/{i}"))
                 ours.append(time.perf_counter() - start)
             t_ours, t_theirs = statistics.median(ours), statistics.median(theirs)
             print(f"(b) upload of {total:.0f} MB to S3 (moto on 127.0.0.1)")

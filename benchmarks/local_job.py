@@ -58,7 +58,7 @@ def _times(text: str) -> dict[str, float]:
     raise SystemExit(f"no TIMES line in the output:\n{text[-3000:]}")
 
 
-ABORTED_AT_EXIT = [0]  # bare runs whose workers trained, then aborted at exit (cloudtrain/exit_guard.py says why)
+ABORTED_AT_EXIT = [0]  # bare runs whose workers trained, then aborted at exit (cloudtrain/node/exit_guard.py says why)
 
 
 def bare(script: Path, env: dict[str, str]) -> dict[str, float]:
@@ -74,7 +74,7 @@ def bare(script: Path, env: dict[str, str]) -> dict[str, float]:
         ABORTED_AT_EXIT[0] += 1  # gloo's exit race, which cloudtrain's nodes guard against: measured again
 
 
-GUARD = "from cloudtrain.exit_guard import install\ninstall()\n"  # what a node's sitecustomize does at exit
+GUARD = "from cloudtrain.node.exit_guard import install\ninstall()\n"  # what a node's sitecustomize does at exit
 
 
 def cloudtrain(script: Path, env: dict[str, str], home: Path) -> dict[str, float]:

@@ -4,7 +4,7 @@
 
 A worker that prints LINES training-log lines as fast as it can (about 90 bytes each, flushed per line like
 PYTHONUNBUFFERED=1 workers are) runs (a) writing straight to a log file, as before, and (b) through the bootstrap's
-masked output (cloudtrain/log_masking.py) with the secrets a job typically registers: ten values and every
+masked output (cloudtrain/node/log_masking.py) with the secrets a job typically registers: ten values and every
 well-known format. Interleaved, best of REPEAT. Reports wall time and the ratio (target: within a few percent), and
 the masker's own throughput on the same lines.
 """
@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from cloudtrain.log_masking import Masker
-from cloudtrain.secrets import env_secrets
+from cloudtrain.node.log_masking import Masker
+from cloudtrain.node.secret_values import env_secrets
 
 ENV = {f"SECRET_{i}": f"value-{i:02d}-{'x' * 20}" for i in range(8)} | {
     "DATABASE_URL": "postgres://app:db-password-1@db/x", "HF_TOKEN": "hf_" + "a1" * 17}
@@ -28,7 +28,7 @@ WORKER = ("import sys\n"
           "    print(f'[default0]:step {i} loss {1 / (i + 1):.6f} lr 0.000100 grad_norm 1.2345 tokens/s 12345.6 "
           "elapsed 12.3s', flush=True)\n")
 HARNESS = ("import subprocess, sys\n"
-           "from cloudtrain.log_masking import Masker, MaskedOutput\n"
+           "from cloudtrain.node.log_masking import Masker, MaskedOutput\n"
            "from benchmarks.log_masking import ENV\n"
            "with MaskedOutput(Masker.from_env(ENV)):\n"
            "    subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2]], check=True)\n")

@@ -10,8 +10,8 @@ gcp-storage-emulator, Azurite, on 127.0.0.1), interleaved (ABBA) so both sides s
     the folder, read the zip's central directory, upload while hashing, re-check the file did not change, write
     the manifest, retention) vs a whole process uploading the same file with the SDK's best configuration
     (benchmarks/transfer.py's baselines). Target >= 1.0x (throughput, baseline / cloudtrain).
-(b) restore: ``python -m cloudtrain.checkpoints restore URI DIR`` (list, manifest, download, verify sha256, put the
-    file back under its own name) vs the SDK's best download of the object. Target >= 1.0x.
+(b) restore: ``python -m cloudtrain.node.checkpoint_store restore URI DIR`` (list, manifest, download, verify sha256,
+    put the file back under its own name) vs the SDK's best download of the object. Target >= 1.0x.
 (c) blocked: what training waits for. The worker's ``torch.save`` is the script's own call, untouched; publishing
     runs in the node's bootstrap, after the file is complete. Measured here as the time a training loop in this
     process (a matmul per step) loses while a publish runs in a thread beside it (the bootstrap is another
@@ -41,8 +41,8 @@ import transfer  # noqa: E402  (benchmarks/transfer.py: its baselines, emulators
 PUBLISH = """
 import sys
 from pathlib import Path
-from cloudtrain import snapshots
-snap = snapshots.Snapshotter(Path(sys.argv[1]) / "empty", sys.argv[2], keep=2, quiet=0.0)
+from cloudtrain.node import checkpoint_snapshots
+snap = checkpoint_snapshots.Snapshotter(Path(sys.argv[1]) / "empty", sys.argv[2], keep=2, quiet=0.0)
 snap.root = Path(sys.argv[1]) / "out"  # started on an empty folder, as a fresh node: the file is new to it
 assert snap.poll() is not None
 """
@@ -71,7 +71,8 @@ def step_seconds(until: threading.Event | float) -> float:
 
 
 def bench(scheme: str, tmp: Path, mb: int, repeat: int) -> dict[str, float]:
-    from cloudtrain import checkpoints, snapshots, storage
+    from cloudtrain import storage
+    from cloudtrain.node import checkpoint_snapshots, checkpoint_store
 
     folder = tmp / "out"
     path = make_ckpt(folder, mb)
@@ -112,10 +113,10 @@ def bench(scheme: str, tmp: Path, mb: int, repeat: int) -> dict[str, float]:
 
     # (b) restore of a published snapshot into a fresh folder, under its own name
     uri = f"{root}/restore"
-    snap = snapshots.Snapshotter(tmp / "empty", uri, keep=2, quiet=0.0)
+    snap = checkpoint_snapshots.Snapshotter(tmp / "empty", uri, keep=2, quiet=0.0)
     snap.root = folder
     assert snap.poll() is not None
-    newest = checkpoints.list_complete(uri)[-1]
+    newest = checkpoint_store.list_complete(uri)[-1]
     keyed = [{"path": "ckpt.pt", "size": files[0]["size"], "key": f"{newest.uri.split('/', 3)[3]}/ckpt.pt"}]
     dest, mine = tmp / "sdk-dest", tmp / "restored"
     spec.write_text(json.dumps({"files": keyed, "dest": str(dest)}))
@@ -127,7 +128,7 @@ def bench(scheme: str, tmp: Path, mb: int, repeat: int) -> dict[str, float]:
 
     def our_restore() -> float:
         shutil.rmtree(mine, ignore_errors=True)
-        return transfer.timed([py, "-m", "cloudtrain.checkpoints", "restore", uri, str(mine)], env,
+        return transfer.timed([py, "-m", "cloudtrain.node.checkpoint_store", "restore", uri, str(mine)], env,
                               f"{scheme}-restore")
 
     downloads = {v: sdk_download(v) for v in transfer.DOWNLOADS[scheme][1]}
@@ -147,10 +148,11 @@ def bench(scheme: str, tmp: Path, mb: int, repeat: int) -> dict[str, float]:
 
 def blocked(tmp: Path, mb: int) -> None:
     """(c) on the file store: a training loop beside a publish, and save end -> published by a real sync thread."""
-    from cloudtrain import contract, node_steps, snapshots
+    from cloudtrain import contract
+    from cloudtrain.node import checkpoint_snapshots, steps
 
     folder, store = tmp / "blocked" / "out", tmp / "blocked" / "store"
-    snap = snapshots.Snapshotter(folder, store.as_uri() + "/beside", keep=2, quiet=0.0)
+    snap = checkpoint_snapshots.Snapshotter(folder, store.as_uri() + "/beside", keep=2, quiet=0.0)
     started = time.perf_counter()
     make_ckpt(folder, mb)
     saved = time.perf_counter() - started
@@ -163,7 +165,7 @@ def blocked(tmp: Path, mb: int) -> None:
     shutil.rmtree(folder)
     env = {contract.CHECKPOINT_DIR: str(folder), contract.CHECKPOINT_URI: store.as_uri() + "/sync",
            contract.CHECKPOINT_INTERVAL: "60"}
-    sync = node_steps.PlainSync(env, tmp)
+    sync = steps.PlainSync(env, tmp)
     make_ckpt(folder, mb)
     done = time.perf_counter()
     while not list((store / "sync").rglob("manifest.json")):

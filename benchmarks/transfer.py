@@ -7,10 +7,10 @@ A sharded checkpoint (one large file and many small ones, >= 500 MB by default) 
 (moto's S3 server, gcp-storage-emulator, Azurite; started as tests/emulators.py starts them, on 127.0.0.1). Then, per
 store, interleaved so that both sides see the same emulator state and machine load:
 
-(a) restore: ``python -m cloudtrain.checkpoints restore URI DIR`` (list, read the manifest, download, verify every
-    sha256, move into place: a whole process) vs a whole process that downloads the same objects with the SDK's
-    best transfer: boto3's TransferManager (every file submitted at once), google-cloud-storage's transfer_manager
-    (or its plain serial download), azure-storage-blob's concurrent download. Each SDK is tried in each of its
+(a) restore: ``python -m cloudtrain.node.checkpoint_store restore URI DIR`` (list, read the manifest, download, verify
+    every sha256, move into place: a whole process) vs a whole process that downloads the same objects with the SDK's
+    best transfer: boto3's TransferManager (every file submitted at once), google-cloud-storage's transfer_manager (or
+    its plain serial download), azure-storage-blob's concurrent download. Each SDK is tried in each of its
     configurations once and the fastest one is the baseline. Target >= 1.0x (throughput, baseline / cloudtrain).
 (b) upload: cloudtrain's ``upload_files`` of the same folder (what a checkpoint upload runs) vs the SDK's best
     upload of it, both whole processes; GCS's configurations include sending a large file in one chunk of its
@@ -198,12 +198,12 @@ def run_baseline(argv: list[str]) -> None:
 OUR_UPLOAD = """
 import json, sys
 from pathlib import Path
-from cloudtrain import checkpoints
+from cloudtrain.node import checkpoint_store
 source, remote, spec = Path(sys.argv[1]), sys.argv[2], json.loads(Path(sys.argv[3]).read_text())
 if spec["describe"]:
-    checkpoints.describe_and_upload(source, [f["path"] for f in spec["files"]], remote)
+    checkpoint_store.describe_and_upload(source, [f["path"] for f in spec["files"]], remote)
 else:
-    checkpoints.upload_files(source, spec["files"], remote)
+    checkpoint_store.upload_files(source, spec["files"], remote)
 """
 
 
@@ -292,10 +292,10 @@ def ratio_text(theirs: list[float], ours: list[float]) -> str:
 
 def bench_store(scheme: str, root: str, source: Path, names: list[str], files: list[dict[str, Any]], tmp: Path,
                 env: dict[str, str], repeat: int, parts: list[str]) -> dict[str, float]:
-    from cloudtrain import checkpoints
+    from cloudtrain.node import checkpoint_store
 
     mb = sum(f["size"] for f in files) / 1e6
-    remote = f"{root}/{checkpoints.step_dir(1)}"
+    remote = f"{root}/{checkpoint_store.step_dir(1)}"
     keyed = [{**f, "key": f"{remote.split('/', 3)[3]}/{f['path']}"} for f in files]
     py = sys.executable
     me = str(Path(__file__).resolve())
@@ -313,7 +313,8 @@ def bench_store(scheme: str, root: str, source: Path, names: list[str], files: l
 
     def our_restore() -> float:
         shutil.rmtree(ours_dir, ignore_errors=True)
-        return timed([py, "-m", "cloudtrain.checkpoints", "restore", root, str(ours_dir)], env, f"{scheme}-restore")
+        return timed([py, "-m", "cloudtrain.node.checkpoint_store", "restore", root, str(ours_dir)], env,
+                     f"{scheme}-restore")
 
     if "restore" not in parts:
         return bench_upload(scheme, root, source, files, spec, env, repeat, ratios)
@@ -404,12 +405,13 @@ def main() -> None:
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("AZURITE_BIN", str(REPO / ".nox" / "node" / "node_modules" / ".bin" / "azurite-blob"))
-    from cloudtrain import checkpoints, storage
+    from cloudtrain import storage
+    from cloudtrain.node import checkpoint_store
 
     tmp = Path(tempfile.mkdtemp(prefix="ct-transfer-"))
     source = tmp / "checkpoint"
     names = make_checkpoint(source, args.big_mb, args.small, args.small_mb)
-    files = checkpoints.describe_files(source, names)
+    files = checkpoint_store.describe_files(source, names)
     load = os.getloadavg()
     print(f"checkpoint: {sum(f['size'] for f in files) / 1e6:.0f} MB in {len(files)} files; load average "
           f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} cores")
@@ -418,9 +420,9 @@ def main() -> None:
         for scheme in args.stores.split(","):
             with emulated(scheme, tmp):
                 root = f"{scheme}://{BUCKET}/bench"
-                remote = storage.join(root, checkpoints.step_dir(1))
-                checkpoints.upload_files(source, files, remote)
-                checkpoints.publish(remote, 1, files, world_size=1)
+                remote = storage.join(root, checkpoint_store.step_dir(1))
+                checkpoint_store.upload_files(source, files, remote)
+                checkpoint_store.publish(remote, 1, files, world_size=1)
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
                                                                                    os.environ.get("PYTHONPATH")]))}
                 print(f"{scheme}:")

@@ -4,13 +4,13 @@
 
 Three real ``torchrun`` jobs (gloo, CPU) are started under this process, as the bootstrap starts them, and the
 watchdog's CPU signal (``process_tree.cpu_below``: each worker's CPU time from /proc) is sampled every ``--span``
-seconds, as ``watchdog.CpuActivity`` samples it:
+seconds, as ``idle_watchdog.CpuActivity`` samples it:
 
     deadlock   rank 0 in all_reduce, rank 1 never joins (process-group timeout: a day)  -> must read idle
     sleeping   every rank in time.sleep after init (tests/scripts/hangs.py)           -> must read idle
     computing  every rank multiplies matrices, printing nothing                       -> must read busy
 
-For each it prints the busiest worker's share of one core per window (max and median) and what ``watchdog.busy``
+For each it prints the busiest worker's share of one core per window (max and median) and what ``idle_watchdog.busy``
 says, then the margin: the smallest computing share over the largest deadlocked one (in the same run).
 
 The cost of a poll is timed against the poll the watchdog already made before the CPU signal (``newest_change`` over
@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cloudtrain import process_tree, watchdog  # noqa: E402
+from cloudtrain.node import idle_watchdog, process_tree  # noqa: E402
 
 SCRIPTS = {
     "deadlock": REPO / "tests" / "scripts" / "deadlocks.py",
@@ -92,16 +92,16 @@ def main() -> None:
             try:
                 results[name] = found = shares(args.seconds, args.span, logs / name, args.procs)
                 if name == "computing":  # the poll's cost, with real workers to find
-                    files = timed(lambda: watchdog.newest_change([logs, ckpt]), args.repeat)
+                    files = timed(lambda: idle_watchdog.newest_change([logs, ckpt]), args.repeat)
                     cpu = timed(lambda: process_tree.cpu_below(os.getpid()), args.repeat)
                     watched = len(process_tree.cpu_below(os.getpid()))
             finally:
                 os.killpg(job.pid, 9)
                 job.wait()
-            busy = [s >= watchdog.BUSY_SHARE for s in found]
+            busy = [s >= idle_watchdog.BUSY_SHARE for s in found]
             print(f"{name:<10} busiest worker's share of a core per {args.span:g}s window: max {max(found):.3f}, "
                   f"median {statistics.median(found):.3f}; busy in {sum(busy)}/{len(busy)} windows "
-                  f"(threshold {watchdog.BUSY_SHARE})", flush=True)
+                  f"(threshold {idle_watchdog.BUSY_SHARE})", flush=True)
     idle_max = max(max(results["deadlock"]), max(results["sleeping"]))
     margin = min(results["computing"]) / max(idle_max, 1e-3)
     print(f"poll: files {files * 1e3:.2f} ms, files + CPU {(files + cpu) * 1e3:.2f} ms "
@@ -109,7 +109,7 @@ def main() -> None:
           f"{(files + cpu) / 10 * 100:.3f}% of one core")
     print(f"ratios: poll with CPU / without {(files + cpu) / files:.2f}x; computing share / deadlocked share "
           f"{margin:.1f}x (min over max); threshold / deadlocked share "
-          f"{watchdog.BUSY_SHARE / max(idle_max, 1e-3):.1f}x")
+          f"{idle_watchdog.BUSY_SHARE / max(idle_max, 1e-3):.1f}x")
 
 
 if __name__ == "__main__":

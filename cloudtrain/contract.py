@@ -41,10 +41,10 @@ VARIABLES = (
     Variable("CLOUDTRAIN_CHECKPOINT_LAYOUT", "script: the checkpoint folder is the script's own (checkpoint.dir), "
              "published and restored entry by entry under the script's names, step-<N> folders included; unset: "
              "cloudtrain's step-<N> folders are published one by one (restored as step-<9 digits> with a manifest)",
-             "plan (checkpoint.dir)", "bootstrap (sync, restore: cloudtrain.snapshots)"),
+             "plan (checkpoint.dir)", "bootstrap (sync, restore: cloudtrain.node.checkpoint_snapshots)"),
     Variable("CLOUDTRAIN_CHECKPOINT_QUIET", "seconds a checkpoint folder's snapshot must stay unchanged before it "
              "is published, where no file format says it is complete (default 2)", "you (the spec's env)",
-             "bootstrap (sync: cloudtrain.snapshots)"),
+             "bootstrap (sync: cloudtrain.node.checkpoint_snapshots)"),
     Variable("CLOUDTRAIN_RESTORED_STEP", "the step this node restored into CLOUDTRAIN_CHECKPOINT_DIR before its "
              "workers started, or none: their Checkpointer's first restore loads it without listing the store again",
              "node steps (the bootstrap's restore)", "Checkpointer"),
@@ -81,7 +81,7 @@ VARIABLES = (
     Variable("CLOUDTRAIN_PROCESS_TAG", "marks every process of a local node, so none outlives it",
              "local supervisor", "cloudtrain.procs"),
     Variable("CLOUDTRAIN_RANK_REPORTS", "the folder each worker reports its process group to", "node watch",
-             "cloudtrain.rank_report (in the workers)"),
+             "cloudtrain.node.rank_report (in the workers)"),
     Variable("CLOUDTRAIN_REQUIRE_PROCESS_GROUP", "1: a node whose processes each trained alone (none took part in "
              "the job's process group) fails instead of succeeding", "plan (require_process_group)", "node watch"),
     Variable("CLOUDTRAIN_STOP_REASON_FILE", "a file where whoever stops the nodes says why when it is not a "

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from cloudtrain import registry
-from cloudtrain.durations import format_duration
+from cloudtrain.node.durations import format_duration
 
 if TYPE_CHECKING:
     from cloudtrain.plan import Plan
@@ -111,7 +111,7 @@ def watchdog_text(spec: JobSpec) -> str:
 
 def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
     """A summary to read before paying, then (``request``) the provider-native request (secrets masked)."""
-    from cloudtrain.secrets import redact
+    from cloudtrain.node.secret_values import redact
 
     spec = plan.spec
     pkg = plan.package
@@ -204,7 +204,8 @@ def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
-RESTART_RESUMES = "restart_resumes"  # a status detail: what a restart starts from (cloudtrain.snapshots.resume_point)
+# a status detail: what a restart starts from (cloudtrain.node.checkpoint_snapshots.resume_point)
+RESTART_RESUMES = "restart_resumes"
 
 
 def status_text(status: JobStatus, colour: bool = False) -> str:

@@ -1,23 +1,20 @@
-"""A job's outputs: the final model and anything else the job writes to its output URI, and each node's logs,
-which the bootstrap copies there when the node ends (``logs/node-<rank>/``). The same on every provider: the
-location is read from the job as the platform holds it, and fetched through cloudtrain's storage layer.
-
-    python -m cloudtrain.outputs upload-logs DIR URI     # what the bootstrap runs at the end of a node
-    python -m cloudtrain.outputs upload DIR URI          # a node's output folder (CLOUDTRAIN_OUTPUT_DIR), at its end
+"""A job's outputs, listed and downloaded (`cloudtrain outputs`, ``Run.outputs``): the final model and anything else
+the job writes to its output URI, and each node's logs, which the node copies there when it ends
+(``logs/node-<rank>/``, cloudtrain/node/output_upload.py). The same on every provider: the location is read from the
+job as the platform holds it, and fetched through cloudtrain's storage layer.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain import storage
-from cloudtrain.errors import CloudtrainError, UserError
-from cloudtrain.paths import is_within
+from cloudtrain.errors import UserError
+from cloudtrain.node.paths import is_within
 
 if TYPE_CHECKING:
     from cloudtrain.handles import JobHandle
@@ -90,56 +87,3 @@ def download(uri: str, dest: Path, show_progress: bool = True) -> list[OutputFil
             fetched.append(OutputFile(item.uri, item.name, target.stat().st_size, target))
             bar.advance(1)
     return fetched
-
-
-def upload_tree(folder: Path, uri: str, name: Callable[[str], str] = str) -> int:
-    """Copy every file under ``folder`` to ``uri`` under ``name(relative path)``; returns the number of files."""
-    count = 0
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        target = storage.join(uri, name(path.relative_to(folder).as_posix()))
-        storage.with_retries(functools.partial(storage.put_file, path, target), f"upload of {target}")
-        count += 1
-    return count
-
-
-def log_name(relative: str, runs: int) -> str:
-    """torchrun's ``<run id>_<random>/attempt_N/<local rank>/stdout.log`` as ``attempt_N/local-rank-R/stdout.log``:
-    the run folder says nothing to a reader when the node ran torchrun once (``runs``), so it goes."""
-    parts = relative.split("/")
-    if len(parts) == 4 and parts[1].startswith("attempt_") and parts[2].isdigit():
-        parts[2] = f"local-rank-{parts[2]}"
-        if runs == 1:
-            parts = parts[1:]
-    return "/".join(parts)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 3 or args[0] not in ("upload-logs", "upload"):
-        print("usage: python -m cloudtrain.outputs upload-logs|upload DIR URI", file=sys.stderr)
-        return 2
-    if args[0] == "upload":
-        return upload_outputs(Path(args[1]), args[2])
-    folder, uri = Path(args[1]), args[2]
-    if not folder.is_dir():
-        count = 0
-    else:
-        runs = sum(1 for p in folder.iterdir() if p.is_dir())
-        try:
-            count = upload_tree(folder, uri, functools.partial(log_name, runs=runs))
-        except CloudtrainError as exc:  # one line, no traceback: the bootstrap says where the logs still are
-            print(f"[cloudtrain] error: {exc.message}", flush=True)
-            return 1
-    print(f"[cloudtrain] logs: {count} file(s) copied to {uri}", flush=True)
-    return 0
-
-
-def upload_outputs(folder: Path, uri: str) -> int:
-    """What a plain script left in its output folder, copied to the job's output location (folders kept)."""
-    count = upload_tree(folder, uri) if folder.is_dir() else 0
-    print(f"[cloudtrain] outputs: {count} file(s) copied to {uri}", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,7 +6,8 @@ the same inputs give the same bytes and digest on any machine, and staging can b
 Layout inside the bundle::
 
     bootstrap.py          the in-node entrypoint (also staged beside the bundle so a node can start it)
-    lib/cloudtrain/...    cloudtrain itself, put on PYTHONPATH so jobs need nothing but the image's torch
+    lib/cloudtrain/...    cloudtrain's node side (NODE_SIDE), put on PYTHONPATH so jobs need nothing but the image's
+                          torch
     lib/sitecustomize.py  installs cloudtrain's exit guard in every worker, then runs the image's own sitecustomize
     src/...               the user's source_dir
 """
@@ -350,13 +351,23 @@ def _check_limits(found: list[tuple[str, Path, int]], limits: PackageLimits) -> 
     )
 
 
+# What of cloudtrain a node runs (under lib/cloudtrain), by folder: the node package and what it may import
+# (pyproject.toml's import contract "Node-side code ... imports nothing client-side"), the runtime the workers
+# import, and the providers' node contracts (the bootstrap loads them by file). The client side stays here.
+NODE_SIDE = ("__init__.py", "_lazy.py", "contract.py", "errors.py", "node/", "storage/", "runtime/",
+             "providers/*/node.py")
+
+
 def _runtime_files() -> list[tuple[str, Path]]:
-    """cloudtrain's own package, shipped as lib/cloudtrain so nodes run the same code as this machine."""
+    """cloudtrain's node side (NODE_SIDE), shipped as lib/cloudtrain so nodes run the same code as this machine."""
     package_root = Path(__file__).resolve().parent
     files = collect_files(package_root, excludes=(*BUILTIN_EXCLUDES, "_entrypoints", "_templates"),
                           check_secrets=False, use_ignore_files=False)
-    return [(f"lib/cloudtrain/{rel}", path) for rel, path, _ in files] + \
-        [("lib/sitecustomize.py", package_root / "data" / "sitecustomize.py")]  # loads cloudtrain/exit_guard.py
+    node_side = [(rel, path) for rel, path, _ in files
+                 if any(rel.startswith(part) if part.endswith("/") else fnmatch.fnmatchcase(rel, part)
+                        for part in NODE_SIDE)]
+    return [(f"lib/cloudtrain/{rel}", path) for rel, path in node_side] + \
+        [("lib/sitecustomize.py", package_root / "data" / "sitecustomize.py")]  # loads cloudtrain/node/exit_guard.py
 
 
 def _add(out: GzipPipe, arcname: str, path: Path, scan_as: str | None = None) -> list[Finding]:

@@ -76,7 +76,7 @@ class Plan:
 
     def to_dict(self, redact: bool = True) -> dict[str, Any]:
         """The plan as printed and recorded: secret-looking values masked (``redact=False`` only to execute it)."""
-        from cloudtrain.secrets import redact as mask
+        from cloudtrain.node.secret_values import redact as mask
 
         data = {
             "provider": self.provider,

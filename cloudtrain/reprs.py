@@ -40,8 +40,8 @@ def badge(state: str) -> Markup:
 
 
 def spec_rows(spec: JobSpec) -> list[tuple[str, Any]]:
-    from cloudtrain.durations import format_duration
-    from cloudtrain.secrets import redact
+    from cloudtrain.node.durations import format_duration
+    from cloudtrain.node.secret_values import redact
 
     rows: list[tuple[str, Any]] = [
         ("entry", spec.script or f"-m {spec.module}"), ("source", spec.source_dir),

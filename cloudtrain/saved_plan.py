@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import SpecError, UserError
+from cloudtrain.node.secret_values import MASK
 from cloudtrain.plan_seal import SEAL, seal_parts
 from cloudtrain.regular_files import read_bytes
-from cloudtrain.secrets import MASK
 
 if TYPE_CHECKING:
     from cloudtrain.packaging import Package

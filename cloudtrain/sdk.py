@@ -31,8 +31,8 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
     Provider settings the spec leaves unset come from the environment or the active profile (cloudtrain.config).
     ``spec_file``: the file the spec came from, shown in the plan."""
     from cloudtrain.config import with_defaults
-    from cloudtrain.nodes import checkpoint_notes, script_args
-    from cloudtrain.secrets import split_args_note
+    from cloudtrain.node.secret_values import split_args_note
+    from cloudtrain.node_commands import checkpoint_notes, script_args
 
     impl = get_provider(provider) if isinstance(provider, str) else provider
     spec = with_defaults(spec, impl.name)
@@ -121,7 +121,7 @@ def with_restart_point(status: JobStatus) -> JobStatus:
     if not status.checkpoint_uri or status.state.value in ("succeeded", "failed", "cancelled"):
         return status
     try:
-        from cloudtrain.snapshots import resume_point
+        from cloudtrain.node.checkpoint_snapshots import resume_point
 
         status.restart_resumes = resume_point(status.checkpoint_uri)
     except (CloudtrainError, OSError, ImportError, ValueError):

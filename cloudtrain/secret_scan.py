@@ -1,7 +1,7 @@
 """Credentials inside the files of a source bundle, found while the files are read for the bundle (no second read).
 
-The rules are the well-known formats of ``cloudtrain.secrets.VALUE_RULES`` that are unambiguous in source files,
-plus formats that only files hold (a private-key block, a GCP service-account key, an AWS secret key assignment).
+The rules are the well-known formats of ``cloudtrain.node.secret_values.VALUE_RULES`` that are unambiguous in source
+files, plus formats that only files hold (a private-key block, a GCP service-account key, an AWS secret key assignment).
 A block of a file is searched by a rule's regex only where one of a few literal probes (``PROBES``) occurs, so clean
 text costs a handful of fast passes (benchmarks/bundle.py measures bundling with the scan against tar).
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from cloudtrain.node.secret_values import VALUE_RULES, Rule
 from cloudtrain.regular_files import read_bytes
-from cloudtrain.secrets import VALUE_RULES, Rule
 
 # URL passwords (postgres://user:{password}@host in code and docs), bare SAS signatures and Slack tokens are left to
 # masking: in source files they are mostly templates and examples, or rare.

@@ -52,7 +52,7 @@ def friendly_error(err: Any) -> str:
 
 def spec_error_from(exc: ValidationError, source: str | None, model: type[BaseModel]) -> SpecError:
     """Turn pydantic's errors (from validating ``model``) into one message that names each field and its fix."""
-    from cloudtrain.secrets import looks_secret
+    from cloudtrain.node.secret_values import looks_secret
 
     lines: list[str] = []
     remedies: list[str] = []

@@ -9,9 +9,10 @@ install the job's requirements, run ``torchrun`` with the derived arguments, for
 outcome (succeeded, failed or preempted) as an exit code, a last log line and, when asked, a JSON status file.
 
 It stays one file a node runs with ``python3 bootstrap.py`` before anything is installed; what it runs after the
-bundle is unpacked comes from the bundle's lib/ (node contract, log masking, node watch, worker echo, node steps),
-put on sys.path once. Its first half is pure (no I/O but reading a contract's inputs): the planner loads this file
-and calls it, so a plan's torchrun lines are the nodes'. The second half runs the node.
+bundle is unpacked comes from the bundle's lib/ (the node contract, and cloudtrain/node/: log masking, node watch,
+worker echo, requirements and arguments, torchrun, node steps, the outcome), put on sys.path once. Its first half is
+pure (no I/O but reading a contract's inputs): the planner loads this file and calls it, so a plan's torchrun lines
+are the nodes'. The second half runs the node.
 """
 
 from __future__ import annotations
@@ -22,10 +23,8 @@ import hashlib
 import importlib.util
 import json
 import os
-import re
 import shutil
 import signal
-import subprocess
 import sys
 import tarfile
 import time
@@ -36,7 +35,6 @@ from typing import Any
 
 # The node contract's codes and names this file uses: its own copy of cloudtrain/contract.py (it runs before the
 # bundle that carries that module is unpacked); tests/test_contract.py keeps the two equal.
-EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: what a container stopped by SIGTERM reports
 NNODES, NODE_RANK, PLATFORM, JOB_ID = "CLOUDTRAIN_NNODES", "CLOUDTRAIN_NODE_RANK", "CLOUDTRAIN_PLATFORM", \
@@ -44,15 +42,12 @@ NNODES, NODE_RANK, PLATFORM, JOB_ID = "CLOUDTRAIN_NNODES", "CLOUDTRAIN_NODE_RANK
 CHECKPOINT_DIR, OUTPUT_DIR, OUTPUT_URI = "CLOUDTRAIN_CHECKPOINT_DIR", "CLOUDTRAIN_OUTPUT_DIR", "CLOUDTRAIN_OUTPUT_URI"
 MASTER_OVERRIDE = "CLOUDTRAIN_MASTER_OVERRIDE"
 RESTORED_STEP = "CLOUDTRAIN_RESTORED_STEP"
-ARG_VARIABLE = re.compile(r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)\}")  # contract.ARG_VARIABLE
-SECRET_ARG_PREFIX = "CLOUDTRAIN_SECRET_ARG_"
-SECRET_PLACEHOLDER = re.compile(r"@@(" + SECRET_ARG_PREFIX + r"\d+)@@")  # secrets.PLACEHOLDER
 MAX_MEMBER_BYTES = 8 * 1024**3
 MAX_TOTAL_BYTES = 32 * 1024**3
 PLAIN_CONTRACT = "cloudtrain/providers/local/node.py"  # cloudtrain's own node contract, under the bundle's lib/
 
 
-# == the pure half: what the planner imports (cloudtrain/nodes.py) ===================================================
+# == the pure half: what the planner imports (cloudtrain/node_commands.py) =========================================
 
 
 class BootstrapError(Exception):
@@ -151,24 +146,13 @@ def reachable(cluster: ClusterInfo, env: dict[str, str]) -> ClusterInfo:
     return replace(cluster, master_addr=host, master_port=int(port), local_addr=host)
 
 
-def expand_args(args: list[str], env: dict[str, str]) -> list[str]:
-    """cloudtrain's node variables named in the script's arguments (``--out_dir=${CLOUDTRAIN_CHECKPOINT_DIR}``),
-    replaced by their values on this node, without a shell; ``$${NAME}`` is the text ``${NAME}``. The plan refused
-    any name that is not cloudtrain's (contract.ARG_VARIABLES)."""
-    def value(match: Any) -> str:
-        name = match.group(2)
-        return "${" + name + "}" if match.group(1) else env.get(name, match.group(0))
-
-    return [ARG_VARIABLE.sub(value, arg) for arg in args]
-
-
 def torchrun_argv(cluster: ClusterInfo, target: list[str], job_id: str, python: str = "python3",
                   workdir: str | None = None) -> list[str]:
     """The torchrun command line for this node. ``target`` is ``[script, *args]`` or ``['-m', module, *args]``.
 
     With a ``workdir``, each worker's output goes to its own file there, which the bootstrap echoes line by line
-    with a ``[default<local rank>]:`` prefix (cloudtrain/worker_echo.py), so the lines of several processes never run
-    into each other.
+    with a ``[default<local rank>]:`` prefix (cloudtrain/node/worker_echo.py), so the lines of several processes never
+    run into each other.
     """
     argv = [python, "-m", "torch.distributed.run", "--nnodes", str(cluster.nnodes),
             "--nproc-per-node", str(cluster.nproc_per_node), "--max-restarts", "0"]
@@ -273,32 +257,10 @@ def _extract(archive: Path, dest: Path) -> int:
     return total
 
 
-def install_requirements(src: Path, site: Path, file: str | None, specs: list[str], env: dict[str, str]) -> None:
-    """Install into a job-private folder, never into the image's (or the user's) environment. A requirement the plan
-    sent as a placeholder (it holds a secret: ``pkg @ https://user:TOKEN@host/...``) gets its value from the node's
-    environment, and every listed requirement reaches pip in a file only this user reads, never on its command
-    line."""
-    if not file and not specs:
-        return
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target", str(site)]
-    cmd += ["-r", str(src / file)] if file else []
-    if specs:
-        listed = site.parent / "requirements.cloudtrain.txt"
-        fd = os.open(str(listed), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write("".join(SECRET_PLACEHOLDER.sub(lambda m: env.get(m.group(1), m.group(0)), spec) + "\n"
-                              for spec in specs))
-        cmd += ["-r", str(listed)]
-    log(f"installing requirements: {' '.join(cmd[4:])}" + (f" ({', '.join(specs)})" if specs else ""))
-    result = subprocess.run(cmd, cwd=src)
-    if result.returncode != 0:
-        raise BootstrapError(f"pip install failed with exit code {result.returncode}")
-
-
 def mask_output(env: dict[str, str]) -> Any:
     """From here on, everything this node prints, and everything the processes it starts print, reaches the node's
-    log with secrets masked (cloudtrain/log_masking.py, stdlib only, loaded from the bundle just unpacked)."""
-    from cloudtrain.log_masking import MaskedOutput, Masker
+    log with secrets masked (cloudtrain/node/log_masking.py, stdlib only, loaded from the bundle just unpacked)."""
+    from cloudtrain.node.log_masking import MaskedOutput, Masker
 
     return MaskedOutput(Masker.from_env(env))
 
@@ -316,54 +278,10 @@ def log(message: str) -> None:
     print(f"[cloudtrain] {message}", flush=True)
 
 
-def run_torchrun(argv: list[str], cwd: Path, env: dict[str, str], early: list[int] | None = None) -> tuple[int, bool]:
-    """Run torchrun, forwarding SIGTERM/SIGINT to it. Returns (exit code, whether we were asked to stop).
-    ``early``: signals that arrived before the forwarding handler was installed; they are forwarded at once."""
-    stderr = launcher_stderr(argv)
-    child = subprocess.Popen(argv, cwd=cwd, env=env, stderr=None if stderr is None else subprocess.PIPE)
-    if stderr is not None:
-        stderr.start(child.stderr)
-    stopping = {"signal": None}
-
-    def forward(signum: int, _frame: object) -> None:
-        stopping["signal"] = signum  # type: ignore[assignment]
-        if stderr is not None:
-            stderr.stopping()  # before torchrun can print the traceback this signal gives it
-        if child.poll() is None:
-            child.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    if early:  # a stop that landed between the last check and the handler above: not lost
-        forward(early[-1], None)
-    try:
-        while True:
-            try:
-                code = child.wait()
-                break
-            except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for old Pythons
-                continue
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if stderr is not None:
-            stderr.finish()
-    return code, stopping["signal"] is not None
-
-
-def launcher_stderr(argv: list[str]) -> Any:
-    """torchrun's stderr as the node shows it (cloudtrain/worker_echo.py from the bundle's lib/); None (torchrun
-    writes to the node's stderr itself) without a ``--log-dir``, or in a hand-made bundle without it."""
-    try:
-        from cloudtrain.worker_echo import LauncherStderr
-    except ImportError:
-        return None
-    return LauncherStderr.for_torchrun(argv)
-
-
 def end_leftovers() -> list[str]:
-    """Once the workers ended: every process the job started that still runs is ended (cloudtrain/process_tree.py;
+    """Once the workers ended: every process the job started that still runs is ended (cloudtrain/node/process_tree.py;
     none outlives its node, on success too). Returns what was ended, in words, for the log and the status."""
-    from cloudtrain import process_tree
+    from cloudtrain.node import process_tree
 
     left = process_tree.end_leftovers()
     if left:
@@ -374,25 +292,25 @@ def end_leftovers() -> list[str]:
 
 
 def node_steps() -> Any:
-    """cloudtrain/node_steps.py from the bundle's lib/: checkpoints restored and published, logs and outputs copied."""
-    import cloudtrain.node_steps as steps
+    """cloudtrain/node/steps.py from the bundle's lib/: checkpoints restored and published, logs and outputs copied."""
+    import cloudtrain.node.steps as steps
 
     return steps
 
 
 def node_watch(env: dict[str, str], workdir: Path, on_force: Any) -> Any:
-    """cloudtrain's node watch from the bundle's lib/ (cloudtrain/node_watch.py: the supervisor, the max_idle
+    """cloudtrain's node watch from the bundle's lib/ (cloudtrain/node/watch.py: the supervisor, the max_idle
     watchdog, rank reports, why workers failed). None for a hand-made bundle without it: the node runs unwatched."""
     try:
-        from cloudtrain.node_watch import NodeWatch
+        from cloudtrain.node.watch import NodeWatch
     except ImportError:
         return None
     return NodeWatch(env, workdir, on_force)
 
 
 def worker_echo(workdir: Path) -> Any:
-    """cloudtrain/worker_echo.py from the bundle's lib/: the workers' log files, echoed into this node's output."""
-    from cloudtrain.worker_echo import WorkerEcho
+    """cloudtrain/node/worker_echo.py from the bundle's lib/: the workers' log files, echoed into this node's output."""
+    from cloudtrain.node.worker_echo import WorkerEcho
 
     return WorkerEcho(workdir / "worker-logs")
 
@@ -463,7 +381,7 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
             shutil.rmtree(unpacked)
         safe_extract(bundle, unpacked)
         sys.path.insert(0, str(unpacked / "lib"))  # cloudtrain's node-side modules, imported below from the bundle
-        from cloudtrain import process_tree
+        from cloudtrain.node import process_tree
 
         process_tree.become_subreaper()  # what the job leaves behind comes back to this process, to be ended
         masking = output.enter_context(mask_output(env))
@@ -482,7 +400,11 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
 
         watch = node_watch(env, workdir, forced)
         src, site = unpacked / "src", workdir / "site-packages"
-        install_requirements(src, site, args.requirements_file, args.requirement, env)
+        from cloudtrain.node import prepare
+
+        failed = prepare.install_requirements(src, site, args.requirements_file, args.requirement, env)
+        if failed:
+            raise BootstrapError(failed)
         python_path = [str(unpacked / "lib"), str(src), str(site)]
         if env.get("PYTHONPATH"):
             python_path.append(env["PYTHONPATH"])
@@ -512,7 +434,7 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
             raise BootstrapError(failed)
         if env.get(RESTORED_STEP, "none") != "none":
             user_args += args.resume_arg
-        user_args = expand_args(user_args, env)
+        user_args = prepare.expand_args(user_args, env)
         target = [args.script, *user_args] if args.script else ["-m", args.module, *user_args]
         argv_ = torchrun_argv(reachable(cluster, env), target, args.job_id, python=sys.executable,
                               workdir=str(workdir))
@@ -521,12 +443,14 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
             code, stopped = EXIT_PREEMPTED, True
         else:
             log("torchrun: " + " ".join(argv_[1:]))
+            from cloudtrain.node import torchrun
+
             syncer = steps.start_checkpoint_sync(env, src, cluster.node_rank,
                                                  world_size=cluster.nnodes * cluster.nproc_per_node)
             extra = watch.torchrun_started() if watch else {}
             echo.start()
             try:
-                code, stopped = run_torchrun(argv_, src, {**env, **extra}, early_stop)
+                code, stopped = torchrun.run(argv_, src, {**env, **extra}, early_stop)
             finally:
                 echo.finish()  # at once: what the workers wrote last, before anything the node says after
             if watch:
@@ -552,37 +476,11 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
         status.update(outcome="failed", error=str(exc), returncode=EXIT_USAGE, ended=time.time())
         write_status(args.status_file, status)
         return EXIT_USAGE
-    # torchrun exits 1 after forwarding SIGTERM even when every worker saved and exited cleanly: a stop we were
-    # asked for is "preempted", whatever its exit code; one the node decided on (supervisor gone, idle) failed it.
-    # A job whose checkpoints did not reach the store has not succeeded (status["error"] says where they are); a
-    # preempted one restarts from the last published. A stop that was no preemption (a peer failed, a cancel,
-    # max_runtime) is "stopped", where whoever stopped the node said why (the local supervisor does).
-    stopped_by = None
-    if watch and watch.reason:
-        outcome = "failed"
-    elif stopped:
-        stopped_by = watch.stopped_by() if watch else None
-        outcome = "stopped" if stopped_by else "preempted"
-    else:
-        outcome = "succeeded" if code == 0 and "error" not in status else "failed"
-    found = watch.findings(outcome, visible_gpus(env)) if watch else {}
-    outcome = found.pop("outcome", outcome)  # require_process_group: processes that each trained alone failed it
-    status.update(outcome=outcome, returncode=code, ended=time.time(), **found)
-    if stopped_by:
-        status["reason"] = f"stopped: {stopped_by}"
-    if outcome == "failed":
-        why = status.get("reason") or status.get("error") or (
-            f"torchrun exited {code}; the node's log (and its workers' logs in the job's outputs) says why")
-        report_failure(contract, env, f"cloudtrain: node {cluster.node_rank} of {cluster.nnodes} failed: {why}")
-    write_status(args.status_file, status)
-    for key in ("error", "reason", "note", "hint"):  # why it failed, or why its success is hollow: the last lines read
-        if status.get(key) and not (key == "reason" and stopped_by):
-            log(f"node {cluster.node_rank}: {status[key]}")
-    took = watch.took(time.time() - started) if watch else f"{time.time() - started:.1f}s"
-    log(f"node {cluster.node_rank} {outcome}{f': {stopped_by}' if stopped_by else ''} (torchrun exit {code}) "
-        f"after {took}")
-    return {"succeeded": 0, "preempted": EXIT_PREEMPTED, "stopped": EXIT_PREEMPTED}.get(outcome, EXIT_FAILED)
+    from cloudtrain.node import outcome
 
+    return outcome.conclude(status, code, stopped, watch, cluster, visible_gpus(env), started,
+                            lambda message: report_failure(contract, env, message),
+                            lambda done: write_status(args.status_file, done))
 
 if __name__ == "__main__":
     sys.exit(main())

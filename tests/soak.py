@@ -43,7 +43,7 @@ SOAK_TRAINER = '''\
 import os
 import time
 
-from cloudtrain import checkpoints
+from cloudtrain.node import checkpoint_store
 from cloudtrain.runtime import checkpointer
 from cloudtrain.storage import local as local_store
 
@@ -79,16 +79,16 @@ def save(self, n, block=False):
     _save(self, n, block)
 
 
-_upload, _describe_and_upload, _publish = (checkpoints.upload_files, checkpoints.describe_and_upload,
-                                           checkpoints.publish)
+_upload, _describe_and_upload, _publish = (checkpoint_store.upload_files, checkpoint_store.describe_and_upload,
+                                           checkpoint_store.publish)
 
 
-def upload_files(root, files, folder_uri, log=checkpoints._print):
+def upload_files(root, files, folder_uri, log=checkpoint_store._print):
     event("upload", int(folder_uri.rstrip("/").rsplit("-", 1)[1]))
     return _upload(root, files, folder_uri, log=log)
 
 
-def describe_and_upload(root, rel_paths, folder_uri, log=checkpoints._print):  # the Checkpointer's upload
+def describe_and_upload(root, rel_paths, folder_uri, log=checkpoint_store._print):  # the Checkpointer's upload
     event("upload", int(folder_uri.rstrip("/").rsplit("-", 1)[1]))
     return _describe_and_upload(root, rel_paths, folder_uri, log=log)
 
@@ -111,8 +111,8 @@ def slow_atomic_write(target, writer):
 
 
 Checkpointer.restore, Checkpointer.step, Checkpointer.save = restore, step, save
-checkpoints.upload_files, checkpoints.describe_and_upload, checkpoints.publish = (upload_files, describe_and_upload,
-                                                                             publish)
+checkpoint_store.upload_files, checkpoint_store.describe_and_upload, checkpoint_store.publish = (
+    upload_files, describe_and_upload, publish)
 local_store._atomic_write = slow_atomic_write
 
 import train_fsdp  # noqa: E402 - after the patches
@@ -320,7 +320,7 @@ def home_processes(home: Path) -> list[int]:
 def store_leftovers(root: Path) -> list[str]:
     """Files and folders in a file:// checkpoint store that no complete checkpoint accounts for: step folders without
     a manifest, files not in their manifest (temp ``.part`` files of a killed upload included), stray folders."""
-    from cloudtrain import checkpoints
+    from cloudtrain.node import checkpoint_store
 
     extra: list[str] = []
     if not root.is_dir():
@@ -329,16 +329,16 @@ def store_leftovers(root: Path) -> list[str]:
         if not (folder.is_dir() and re.fullmatch(r"step-\d+", folder.name)):
             extra.append(folder.name)
             continue
-        manifest_path = folder / checkpoints.MANIFEST
+        manifest_path = folder / checkpoint_store.MANIFEST
         listed: set[str] = set()
         if manifest_path.is_file():
             try:
                 listed = {f["path"] for f in json.loads(manifest_path.read_text())["files"]}
             except (ValueError, KeyError, TypeError):
-                extra.append(f"{folder.name}/{checkpoints.MANIFEST} (unreadable)")
+                extra.append(f"{folder.name}/{checkpoint_store.MANIFEST} (unreadable)")
         else:
             extra.append(f"{folder.name}/ (no manifest)")
-        listed.add(checkpoints.MANIFEST)
+        listed.add(checkpoint_store.MANIFEST)
         for path in sorted(folder.rglob("*")):
             rel = path.relative_to(folder).as_posix()
             if path.is_file() and rel not in listed:
@@ -588,8 +588,8 @@ class Soak:
         self.report.restarts = sum(self.status(JobHandle("local", job)).restarts for job in self.jobs)
 
     def check_cleanup(self) -> None:
-        from cloudtrain import checkpoints
         from cloudtrain.handles import JobHandle
+        from cloudtrain.node import checkpoint_store
         from cloudtrain.procs import tag_alive
 
         deadline = time.monotonic() + 15  # a supervisor records the end, then exits
@@ -606,7 +606,7 @@ class Soak:
                 except OSError:
                     continue
             self.report.problems.append("orphan processes: " + "; ".join(described))
-        kept = [c.step for c in checkpoints.list_complete(self.ckpt_root.as_uri(), log=lambda _m: None)]
+        kept = [c.step for c in checkpoint_store.list_complete(self.ckpt_root.as_uri(), log=lambda _m: None)]
         self.report.kept_steps = kept
         if len(kept) != self.cfg.keep:
             self.report.problems.append(f"the store holds {len(kept)} complete checkpoints {kept}, "
@@ -617,7 +617,7 @@ class Soak:
         # the finished job's nodes keep their newest checkpoint folder only, and no temp file
         final_job = Path(self.status(JobHandle.parse(self.handle)).details["job_dir"])
         for local in sorted(final_job.glob("node-*/checkpoints")):
-            extra = sorted(p.name for p in local.iterdir() if p.name != checkpoints.RUNTIME_MARKER)
+            extra = sorted(p.name for p in local.iterdir() if p.name != checkpoint_store.RUNTIME_MARKER)
             if len(extra) > 1:
                 self.report.problems.append(f"{local} holds {extra}; the newest checkpoint folder only expected")
         # the output holds what the trainer wrote and, beside it, each node's logs (bootstrap copies them at exit)

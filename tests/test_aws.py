@@ -15,9 +15,10 @@ from pathlib import Path
 import boto3
 import pytest
 
-from cloudtrain import checkpoints, storage
+from cloudtrain import storage
 from cloudtrain.errors import SpecError, UserError
 from cloudtrain.handles import JobHandle
+from cloudtrain.node import checkpoint_store
 from cloudtrain.providers.aws.images import training_image
 from cloudtrain.providers.aws.provider import LOG_GROUP, SageMakerProvider
 from cloudtrain.providers.aws.status import job_state
@@ -337,7 +338,7 @@ def test_the_plan_runs_under_the_sagemaker_contract(aws: SageMakerFront, project
     assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert "node 0/2 on sagemaker: 1 processes, rendezvous static" in outputs[0]
     assert "node 1/2 on sagemaker: 1 processes, rendezvous static" in outputs[1]
-    assert [c.step for c in checkpoints.list_complete(ckpt)] == [24, 32]
+    assert [c.step for c in checkpoint_store.list_complete(ckpt)] == [24, 32]
     # the job's outputs, found from the job as SageMaker describes it: the final model and each node's logs
     files = {f.name: f for f in run.outputs()}
     assert "model.pt" in files and files["model.pt"].uri.startswith(f"s3://{BUCKET}/cloudtrain/outputs/")

@@ -357,7 +357,8 @@ def test_a_job_preempted_twice_resumes_from_the_checkpoint_store_and_completes(
     """Real training under the Azure ML contract, checkpointing to Azurite: SIGTERM (the platform's pre-emption)
     ends the job with a final checkpoint; Azure reports it Failed/PreemptionError; cloudtrain's recovery resubmits a
     copy, whose node resumes from the checkpoint store. Twice; the third run completes the training."""
-    from cloudtrain import checkpoints, storage
+    from cloudtrain import storage
+    from cloudtrain.node import checkpoint_store
 
     ckpt = storage.join(f"az://{BUCKET}", f"azure-recovery-{os.urandom(4).hex()}")
     run = Job(script="train_ddp.py", source_dir=str(project), procs_per_node=2, spot=True, max_restarts=2,
@@ -390,4 +391,4 @@ def test_a_job_preempted_twice_resumes_from_the_checkpoint_store_and_completes(
     watcher.join(60)
     assert outcome and outcome[0].state is JobState.SUCCEEDED and outcome[0].handle.job_id == names[2]
     assert resumed[0] == 0 and 0 < resumed[1] < resumed[2] < 32  # each run picked up where the last one stopped
-    assert [c.step for c in checkpoints.list_complete(ckpt)][-1] == 32  # the final state is in the store
+    assert [c.step for c in checkpoint_store.list_complete(ckpt)][-1] == 32  # the final state is in the store

@@ -58,7 +58,7 @@ def test_static_rendezvous_honours_node_rank_and_module_target() -> None:
 
 
 def test_workers_write_to_files_the_bootstrap_echoes() -> None:
-    """torchrun redirects each worker's output to its own files (cloudtrain/worker_echo.py echoes them): its own
+    """torchrun redirects each worker's output to its own files (cloudtrain/node/worker_echo.py echoes them): its own
     --tee waits up to 0.1 s per file at exit for threads that poll them."""
     cluster = boot.detect_cluster(LOCAL, {"CLOUDTRAIN_NNODES": "1", "CUDA_VISIBLE_DEVICES": ""}, "2")
     argv = boot.torchrun_argv(cluster, ["train.py"], "j", workdir="/w")
@@ -117,7 +117,7 @@ from pathlib import Path
 
 rank = int(os.environ["RANK"])
 # the bundle's sitecustomize ran in this worker and installed cloudtrain's exit guard
-assert "cloudtrain.exit_guard" in sys.modules, sorted(m for m in sys.modules if m.startswith("cloudtrain"))
+assert "cloudtrain.node.exit_guard" in sys.modules, sorted(m for m in sys.modules if m.startswith("cloudtrain"))
 step = Path(os.environ["CLOUDTRAIN_CHECKPOINT_DIR"]) / "step-000000007"
 if rank == 0:
     restored = sorted(p.name for p in Path(os.environ["CLOUDTRAIN_CHECKPOINT_DIR"]).glob("step-*"))
@@ -180,7 +180,7 @@ def test_a_node_restores_runs_and_publishes_on_this_python(tmp_path: Path) -> No
     earlier = tmp_path / "earlier" / "step-000000003"  # what a previous attempt left: published by the protocol
     earlier.mkdir(parents=True)
     (earlier / "state.txt").write_text("old")
-    seed = subprocess.run([sys.executable, "-m", "cloudtrain.checkpoints", "sync", str(earlier.parent),
+    seed = subprocess.run([sys.executable, "-m", "cloudtrain.node.checkpoint_store", "sync", str(earlier.parent),
                            store.as_uri(), "--final"], cwd=REPO, capture_output=True, text=True)
     assert seed.returncode == 0, seed.stderr
     bundle = make_bundle(tmp_path, TRAIN)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import checkpoints, snapshots
+from cloudtrain.node import checkpoint_snapshots, checkpoint_store
 from cloudtrain.procs import kill_tagged
 from tests.conftest import SCRIPTS, stop_every_job, wait_for
 from tests.test_resume import Cloudtrain
@@ -78,20 +78,20 @@ def bare_torchrun(tmp: Path, stack: Stack) -> tuple[int, str]:
 def torn_files(uri: str) -> list[str]:
     """Files of complete checkpoints in the store whose own format says they were cut short."""
     torn = []
-    for found in checkpoints.list_complete(uri, log=lambda _m: None):
+    for found in checkpoint_store.list_complete(uri, log=lambda _m: None):
         folder = Path(found.uri.removeprefix("file://"))
         torn += [f"{found.uri}/{f['path']}" for f in found.manifest["files"]
-                 if snapshots.file_complete(folder / f["path"]) is False]
+                 if checkpoint_snapshots.file_complete(folder / f["path"]) is False]
     return torn
 
 
 def kill_while_it_saves(job_id: str, folder: Path, timeout: float = 120) -> None:
     """SIGKILL the node (no final sync: the machine is gone) the moment the stack starts its next save, seen as a
     new or growing file in its checkpoint folder: what a kill mid-save leaves is a torn file."""
-    before = snapshots.scan(folder)
+    before = checkpoint_snapshots.scan(folder)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        now = snapshots.scan(folder)
+        now = checkpoint_snapshots.scan(folder)
         if any(before.get(rel) != state for rel, state in now.items()):
             break
         time.sleep(0.005)

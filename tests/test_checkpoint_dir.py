@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.nodes import bootstrap_module
 from tests.conftest import SCRIPTS, stop_every_job, wait_for
 from tests.test_resume import Cloudtrain
 
@@ -54,7 +53,8 @@ def test_plan_says_where_checkpoints_go_and_when_resume_args_apply(ct: Cloudtrai
 
 
 def test_node_variables_in_args_are_replaced_without_a_shell() -> None:
-    expand = bootstrap_module().expand_args
+    from cloudtrain.node.prepare import expand_args as expand
+
     env = {"CLOUDTRAIN_CHECKPOINT_DIR": "/n/ckpt dir", "CLOUDTRAIN_NODE_RANK": "1"}
     assert expand(["--out_dir=${CLOUDTRAIN_CHECKPOINT_DIR}", "${CLOUDTRAIN_NODE_RANK}${CLOUDTRAIN_NODE_RANK}",
                    "$${CLOUDTRAIN_NODE_RANK}", "${model.name}", "$(rm -rf /)"], env) == [

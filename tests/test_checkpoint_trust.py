@@ -12,20 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import checkpoints, storage
+from cloudtrain import storage
+from cloudtrain.node import checkpoint_store
 from tests.conftest import REPO
 
 SHARD = "__0_0.distcp"
 
 
 def _publish(root: str, tmp: Path, step: int, payload: bytes | None = None) -> None:
-    folder = tmp / "local" / checkpoints.step_dir(step)
+    folder = tmp / "local" / checkpoint_store.step_dir(step)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / SHARD).write_bytes(payload or f"shard-{step}".encode() * 100)
-    files = checkpoints.describe_files(folder, [SHARD])
-    remote = storage.join(root, checkpoints.step_dir(step))
-    checkpoints.upload_files(folder, files, remote)
-    checkpoints.publish(remote, step, files, world_size=1)
+    files = checkpoint_store.describe_files(folder, [SHARD])
+    remote = storage.join(root, checkpoint_store.step_dir(step))
+    checkpoint_store.upload_files(folder, files, remote)
+    checkpoint_store.publish(remote, step, files, world_size=1)
 
 
 def _put(root: str, name: str, data: bytes) -> None:
@@ -58,23 +59,23 @@ def test_junk_in_the_store_never_blocks_a_restore(store_root: str, tmp_path: Pat
         90: _manifest(60, _entry("state.pt", data)),  # another step's manifest
     }
     for step, body in junk.items():
-        _put(store_root, f"{checkpoints.step_dir(step)}/state.pt", data)
-        _put(store_root, f"{checkpoints.step_dir(step)}/manifest.json", body)
+        _put(store_root, f"{checkpoint_store.step_dir(step)}/state.pt", data)
+        _put(store_root, f"{checkpoint_store.step_dir(step)}/manifest.json", body)
 
     messages: list[str] = []
-    found = checkpoints.restore_latest(store_root, tmp_path / "restore", log=messages.append)
+    found = checkpoint_store.restore_latest(store_root, tmp_path / "restore", log=messages.append)
     assert found is not None and found.step == 20
     assert not [m for m in messages if "retry" in m or "Traceback" in m], messages
     for step in junk:
-        said = [m for m in messages if checkpoints.step_dir(step) in m]
+        said = [m for m in messages if checkpoint_store.step_dir(step) in m]
         assert len(said) == 1 and "skipped" in said[0] and "\n" not in said[0], (step, said)
     assert [m for m in messages if "step-5 is not a checkpoint folder" in m]
-    assert sorted(p.name for p in (tmp_path / "restore").iterdir()) == [checkpoints.step_dir(20)]
+    assert sorted(p.name for p in (tmp_path / "restore").iterdir()) == [checkpoint_store.step_dir(20)]
 
-    assert checkpoints.apply_retention(store_root, keep=2) == []  # the junk is newer: may be somebody's in flight
+    assert checkpoint_store.apply_retention(store_root, keep=2) == []  # the junk is newer: may be somebody's in flight
     _publish(store_root, tmp_path, 100)
-    assert checkpoints.apply_retention(store_root, keep=2) == [10, *junk]  # older than the newest: removed
-    assert [c.step for c in checkpoints.list_complete(store_root)] == [20, 100]
+    assert checkpoint_store.apply_retention(store_root, keep=2) == [10, *junk]  # older than the newest: removed
+    assert [c.step for c in checkpoint_store.list_complete(store_root)] == [20, 100]
     assert storage.store_for(store_root).exists(f"{store_root}/step-5/state.pt")  # not cloudtrain's: never deleted
 
 
@@ -87,43 +88,43 @@ def test_restore_is_confined_to_its_folder(store_root: str, tmp_path: Path) -> N
     outside = tmp_path / "outside" / "escape.bin"
     # absolute: the store holds 'step-N/' + '/abs/path' (object stores keep the double slash) and the object the
     # manifest's path joins to; on file:// the folder cannot hold such a name and the manifest alone remains
-    absolute = checkpoints.step_dir(20)
+    absolute = checkpoint_store.step_dir(20)
     _put(store_root, f"{absolute}/{outside}", data)
     _put(store_root, f"{absolute}/{str(outside).lstrip('/')}", data)
     _put(store_root, f"{absolute}/manifest.json", _manifest(20, _entry(str(outside), data)))
-    climbing = checkpoints.step_dir(30)
+    climbing = checkpoint_store.step_dir(30)
     if scheme == "s3":  # S3 keeps '..' in a key as it is
         _put(store_root, f"{climbing}/../../../escape.bin", data)
     if scheme == "az":  # Azure turns '\' into '/': the listing then names 'a/../../../escape.bin'
         _put(store_root, f"{climbing}/a\\..\\..\\..\\escape.bin", data)
     _put(store_root, f"{climbing}/manifest.json", _manifest(30, _entry("../../../escape.bin", data)))
     for step, path in ((40, "a/./b"), (50, "manifest.json"), (60, "")):
-        _put(store_root, f"{checkpoints.step_dir(step)}/manifest.json", _manifest(step, _entry(path, data)))
+        _put(store_root, f"{checkpoint_store.step_dir(step)}/manifest.json", _manifest(step, _entry(path, data)))
 
     target = tmp_path / "a" / "b" / "restore"
     messages: list[str] = []
-    found = checkpoints.restore_latest(store_root, target, log=messages.append)
+    found = checkpoint_store.restore_latest(store_root, target, log=messages.append)
     assert not outside.exists()
     written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")
                      if p.is_file() and not p.is_relative_to(tmp_path / "local"))
-    assert written == [f"a/b/restore/{checkpoints.step_dir(10)}/{name}" for name in (SHARD, "manifest.json")]
+    assert written == [f"a/b/restore/{checkpoint_store.step_dir(10)}/{name}" for name in (SHARD, "manifest.json")]
     assert found is not None and found.step == 10
     for step in (20, 30, 40, 50, 60):
-        said = [m for m in messages if checkpoints.step_dir(step) in m]
+        said = [m for m in messages if checkpoint_store.step_dir(step) in m]
         assert len(said) == 1 and ("corrupt" in said[0] or "unusable" in said[0]), (step, messages)
 
 
 def _restore_in_another_process(root: str, target: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "cloudtrain.checkpoints", "restore", root, str(target)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "cloudtrain.node.checkpoint_store", "restore", root, str(target)],
+                          env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "is corrupt" in done.stderr
     return dict(json.loads(done.stdout))
 
 
 def _restored_step(root: str, target: Path) -> int | None:
-    found = checkpoints.restore_latest(root, target, log=lambda _m: None)
+    found = checkpoint_store.restore_latest(root, target, log=lambda _m: None)
     return found.step if found else None
 
 
@@ -132,33 +133,33 @@ def test_retention_counts_only_checkpoints_that_verify(store_root: str, tmp_path
     retention after the next save (another process) keeps the newest checkpoint that verifies."""
     for step in (10, 20, 30):
         _publish(store_root, tmp_path, step)
-    assert checkpoints.apply_retention(store_root, keep=2) == [10]
-    _put(store_root, f"{checkpoints.step_dir(30)}/{SHARD}", b"bit rot")
+    assert checkpoint_store.apply_retention(store_root, keep=2) == [10]
+    _put(store_root, f"{checkpoint_store.step_dir(30)}/{SHARD}", b"bit rot")
     assert _restore_in_another_process(store_root, tmp_path / "restore") == {"step": 20}
-    assert [c.step for c in checkpoints.list_complete(store_root)] == [20]
+    assert [c.step for c in checkpoint_store.list_complete(store_root)] == [20]
 
     _publish(store_root, tmp_path, 25)  # the resumed job's next save
-    assert checkpoints.apply_retention(store_root, keep=2) == []
-    assert [c.step for c in checkpoints.list_complete(store_root)] == [20, 25]
+    assert checkpoint_store.apply_retention(store_root, keep=2) == []
+    assert [c.step for c in checkpoint_store.list_complete(store_root)] == [20, 25]
     assert _restored_step(store_root, tmp_path / "again") == 25
 
     # step 30 published again (the resumed job got there): it counts, and the marker of the old one goes
     _publish(store_root, tmp_path, 30)
-    assert checkpoints.apply_retention(store_root, keep=2) == [20]
-    assert [c.step for c in checkpoints.list_complete(store_root)] == [25, 30]
-    names = storage.store_for(store_root).list(storage.join(store_root, checkpoints.step_dir(30)))
+    assert checkpoint_store.apply_retention(store_root, keep=2) == [20]
+    assert [c.step for c in checkpoint_store.list_complete(store_root)] == [25, 30]
+    names = storage.store_for(store_root).list(storage.join(store_root, checkpoint_store.step_dir(30)))
     assert [n.rsplit("/", 1)[1] for n in names] == [SHARD, "manifest.json"]
 
 
 def test_a_corrupt_checkpoint_older_than_the_newest_verified_one_is_removed(store_root: str, tmp_path: Path) -> None:
     for step in (10, 20):
         _publish(store_root, tmp_path, step)
-    _put(store_root, f"{checkpoints.step_dir(20)}/{SHARD}", b"bit rot")
+    _put(store_root, f"{checkpoint_store.step_dir(20)}/{SHARD}", b"bit rot")
     assert _restored_step(store_root, tmp_path / "restore") == 10
     for step in (30, 40):
         _publish(store_root, tmp_path, step)
-        checkpoints.apply_retention(store_root, keep=2)
-    assert [c.step for c in checkpoints.list_complete(store_root)] == [30, 40]
+        checkpoint_store.apply_retention(store_root, keep=2)
+    assert [c.step for c in checkpoint_store.list_complete(store_root)] == [30, 40]
     assert sorted({u.split("/step-")[1].split("/")[0] for u in storage.store_for(store_root).list(store_root)}) == \
         ["000000030", "000000040"]
 
@@ -171,8 +172,8 @@ def test_folder_markers_are_neither_files_nor_corruption(store_root: str, tmp_pa
     from cloudtrain import outputs
 
     _publish(store_root, tmp_path, 10)
-    _put(store_root, f"{checkpoints.step_dir(10)}/", b"")
-    _put(store_root, f"{checkpoints.step_dir(10)}/extra/", b"")
+    _put(store_root, f"{checkpoint_store.step_dir(10)}/", b"")
+    _put(store_root, f"{checkpoint_store.step_dir(10)}/extra/", b"")
     assert _restored_step(store_root, tmp_path / "restore") == 10
 
     out = storage.join(store_root, "out")

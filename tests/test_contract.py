@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from cloudtrain import contract
-from cloudtrain.nodes import bootstrap_module
+from cloudtrain.node_commands import bootstrap_module
 from tests.conftest import REPO
 
 NAME = re.compile(r"CLOUDTRAIN_[A-Z0-9_]+")
@@ -58,14 +58,10 @@ def test_the_bootstraps_copy_is_the_table() -> None:
     used = literals(REPO / "entrypoints" / "bootstrap.py")
     copied = {getattr(boot, name) for name in ("NNODES", "NODE_RANK", "PLATFORM", "JOB_ID", "CHECKPOINT_DIR",
                                                "OUTPUT_DIR", "OUTPUT_URI", "MASTER_OVERRIDE",
-                                               "RESTORED_STEP", "SECRET_ARG_PREFIX")}
+                                               "RESTORED_STEP")}
     assert used == copied <= contract.NAMES
-    for code in ("EXIT_FAILED", "EXIT_USAGE", "EXIT_PREEMPTED"):
+    for code in ("EXIT_USAGE", "EXIT_PREEMPTED"):
         assert getattr(boot, code) == getattr(contract, code)
-    assert boot.ARG_VARIABLE.pattern == contract.ARG_VARIABLE
-    from cloudtrain.secrets import PLACEHOLDER
-
-    assert boot.SECRET_PLACEHOLDER.pattern == PLACEHOLDER.pattern
     readers = {v.name for v in contract.VARIABLES if "bootstrap" in v.set_by or "bootstrap" in v.read_by}
     assert copied <= readers  # the table says the bootstrap sets or reads each name it copies
 

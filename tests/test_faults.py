@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from cloudtrain import checkpoints, storage
+from cloudtrain import storage
 from cloudtrain.errors import CloudtrainError
+from cloudtrain.node import checkpoint_store
 from tests.emulators import Emulator, ensure
 from tests.faultproxy import KINDS, FaultPlan, FaultProxy, Request
 from tests.faulty import MIB, PLAN, Faulty
@@ -36,23 +37,24 @@ REPORT: dict[str, dict[str, Any]] = {}
 
 
 def _make_checkpoint(local: Path, step: int, shard_bytes: int) -> tuple[Path, list[dict[str, Any]]]:
-    folder = local / checkpoints.step_dir(step)
+    folder = local / checkpoint_store.step_dir(step)
     (folder / "extra").mkdir(parents=True, exist_ok=True)
     (folder / "__0_0.distcp").write_bytes(random.Random(step).randbytes(shard_bytes))
     (folder / "extra" / "rank-0.pt").write_bytes(f"rng-{step}".encode() * 64)
-    return folder, checkpoints.describe_files(folder, ["__0_0.distcp", "extra/rank-0.pt"])
+    return folder, checkpoint_store.describe_files(folder, ["__0_0.distcp", "extra/rank-0.pt"])
 
 
 def _save(folder: Path, files: list[dict[str, Any]], root: str, step: int, log: Callable[[str], None]) -> None:
     """What the Checkpointer does after a save: upload, publish (manifest last), then retention."""
-    remote = storage.join(root, checkpoints.step_dir(step))
-    checkpoints.upload_files(folder, files, remote, log=log)
-    checkpoints.publish(remote, step, files, world_size=1, log=log)
-    storage.with_retries(lambda: checkpoints.apply_retention(root, KEEP, log=log), f"retention under {root}", log=log)
+    remote = storage.join(root, checkpoint_store.step_dir(step))
+    checkpoint_store.upload_files(folder, files, remote, log=log)
+    checkpoint_store.publish(remote, step, files, world_size=1, log=log)
+    storage.with_retries(lambda: checkpoint_store.apply_retention(root, KEEP, log=log), f"retention under {root}",
+                         log=log)
 
 
 def _has_manifest(root: str, step: int) -> bool:
-    return storage.exists(storage.join(root, checkpoints.step_dir(step), checkpoints.MANIFEST))
+    return storage.exists(storage.join(root, checkpoint_store.step_dir(step), checkpoint_store.MANIFEST))
 
 
 def _publish_report(row: dict[str, Any]) -> None:
@@ -77,9 +79,9 @@ def test_checkpoints_survive_storage_faults(faulty: Faulty, tmp_path: Path) -> N
     lost: set[int] = set()  # published, yet missing or not verifying when it should be there
     sources: dict[int, Path] = {}
 
-    def verify(step: int, complete: dict[int, checkpoints.Checkpoint]) -> None:
+    def verify(step: int, complete: dict[int, checkpoint_store.Checkpoint]) -> None:
         try:  # download checks every file's size and sha256 against the manifest
-            checkpoints.download(complete[step], tmp_path / "verify" / checkpoints.step_dir(step))
+            checkpoint_store.download(complete[step], tmp_path / "verify" / checkpoint_store.step_dir(step))
         except (KeyError, ValueError, OSError, CloudtrainError):
             lost.add(step)
 
@@ -92,7 +94,7 @@ def test_checkpoints_survive_storage_faults(faulty: Faulty, tmp_path: Path) -> N
         except CloudtrainError:
             not_published.append(step)
         with proxy.calm():  # read back the ground truth
-            complete = {c.step: c for c in checkpoints.list_complete(root, log=messages.append)}
+            complete = {c.step: c for c in checkpoint_store.list_complete(root, log=messages.append)}
             if step in published:
                 verify(step, complete)
             else:
@@ -103,7 +105,7 @@ def test_checkpoints_survive_storage_faults(faulty: Faulty, tmp_path: Path) -> N
 
     # An outage beyond every retry budget while the shard of step 40 is already up: it must stay unpublished.
     folder, files = _make_checkpoint(tmp_path / "local", 40, SHARD_BYTES[faulty.scheme])
-    refused = f"{checkpoints.step_dir(40)}/extra/"
+    refused = f"{checkpoint_store.step_dir(40)}/extra/"
     with (proxy.fail_matching(lambda r: r.method in ("PUT", "POST") and r.mentions(refused)),
           pytest.raises(CloudtrainError, match="failed after 5 attempts")):
         _save(folder, files, root, 40, messages.append)
@@ -111,17 +113,17 @@ def test_checkpoints_survive_storage_faults(faulty: Faulty, tmp_path: Path) -> N
 
     # Read back with the proxy calm: reads under faults are test_restore_survives_a_read_cut_short's business.
     with proxy.calm():
-        uploaded = storage.store_for(root).list(storage.join(root, checkpoints.step_dir(40)))
+        uploaded = storage.store_for(root).list(storage.join(root, checkpoint_store.step_dir(40)))
         assert [u.rsplit("/", 1)[1] for u in uploaded] == ["__0_0.distcp"], "step 40 should be left partial"
         assert not _has_manifest(root, 40)
-        complete = {c.step: c for c in checkpoints.list_complete(root, log=messages.append)}
+        complete = {c.step: c for c in checkpoint_store.list_complete(root, log=messages.append)}
         assert not set(complete) & set(not_published)
         assert sorted(complete) == published[-KEEP:], "retention kept the wrong checkpoints"
         for step in published[-KEEP:]:
             verify(step, complete)
-        found = checkpoints.restore_latest(root, tmp_path / "restore", log=messages.append)
+        found = checkpoint_store.restore_latest(root, tmp_path / "restore", log=messages.append)
     assert found is not None and found.step == published[-1], "restore must take the newest complete checkpoint"
-    restored = tmp_path / "restore" / checkpoints.step_dir(found.step) / "__0_0.distcp"
+    restored = tmp_path / "restore" / checkpoint_store.step_dir(found.step) / "__0_0.distcp"
     assert restored.read_bytes() == (sources[found.step] / "__0_0.distcp").read_bytes()
     assert not lost, f"published checkpoints lost: {sorted(lost)}"
 
@@ -143,7 +145,7 @@ def test_checkpoints_survive_storage_faults(faulty: Faulty, tmp_path: Path) -> N
 
 def _manifest_read(request: Request) -> bool:
     """The GET of a manifest's content (S3/Azure: the object path; GCS: ``.../o/<name>?alt=media``)."""
-    return request.method == "GET" and request.mentions(checkpoints.MANIFEST)
+    return request.method == "GET" and request.mentions(checkpoint_store.MANIFEST)
 
 
 def _listing(request: Request) -> bool:
@@ -163,9 +165,9 @@ _READ_FAULTS = [pytest.param(scheme, what, kind, id=f"{scheme}-{what.__name__.st
 def _publish_small(root: str, tmp_path: Path, steps: tuple[int, ...]) -> None:
     for step in steps:
         folder, files = _make_checkpoint(tmp_path / "local", step, 64 * 1024)
-        remote = storage.join(root, checkpoints.step_dir(step))
-        checkpoints.upload_files(folder, files, remote)
-        checkpoints.publish(remote, step, files, world_size=1)
+        remote = storage.join(root, checkpoint_store.step_dir(step))
+        checkpoint_store.upload_files(folder, files, remote)
+        checkpoint_store.publish(remote, step, files, world_size=1)
 
 
 @pytest.mark.parametrize(("faulty", "what", "kind"), _READ_FAULTS, indirect=["faulty"])
@@ -175,7 +177,7 @@ def test_restore_survives_a_read_cut_short(faulty: Faulty, what: Callable[[Reque
     with faulty.proxy.calm():
         _publish_small(faulty.root, tmp_path, (10, 20))
     with faulty.proxy.calm(), faulty.proxy.fail_matching(what, kind=kind, times=1):
-        found = checkpoints.restore_latest(faulty.root, tmp_path / "restore", log=lambda _m: None)
+        found = checkpoint_store.restore_latest(faulty.root, tmp_path / "restore", log=lambda _m: None)
     assert faulty.proxy.injected[kind] == 1
     assert found is not None and found.step == 20
 
@@ -223,17 +225,17 @@ def test_a_bit_flipped_in_transit_does_not_condemn_a_good_checkpoint(faulty: Fau
     never quarantined. (Clients that verify checksums themselves catch it first and retry: same outcome.)"""
     with faulty.proxy.calm():
         _publish_small(faulty.root, tmp_path, (10, 20))
-        shard = f"{checkpoints.step_dir(20)}/__0_0.distcp"
+        shard = f"{checkpoint_store.step_dir(20)}/__0_0.distcp"
         messages: list[str] = []
         with faulty.proxy.fail_matching(lambda r: r.method == "GET" and r.mentions(shard), kind="flip", times=1):
-            found = checkpoints.restore_latest(faulty.root, tmp_path / "restore", log=messages.append)
+            found = checkpoint_store.restore_latest(faulty.root, tmp_path / "restore", log=messages.append)
         assert faulty.proxy.injected["flip"] == 1
         assert found is not None and found.step == 20, messages
         assert not [m for m in messages if "corrupt" in m], messages
-        names = storage.store_for(faulty.root).list(storage.join(faulty.root, checkpoints.step_dir(20)))
+        names = storage.store_for(faulty.root).list(storage.join(faulty.root, checkpoint_store.step_dir(20)))
         assert not [n for n in names if "quarantine" in n]
-    restored = tmp_path / "restore" / checkpoints.step_dir(20) / "__0_0.distcp"
-    assert restored.read_bytes() == (tmp_path / "local" / checkpoints.step_dir(20) / "__0_0.distcp").read_bytes()
+    restored = tmp_path / "restore" / checkpoint_store.step_dir(20) / "__0_0.distcp"
+    assert restored.read_bytes() == (tmp_path / "local" / checkpoint_store.step_dir(20) / "__0_0.distcp").read_bytes()
 
 
 def _job(cli: Callable[..., Any], proj: Path, script: str, root: str, *args: str) -> tuple[str, dict[str, Any]]:
@@ -271,7 +273,7 @@ def test_plain_script_job_whose_checkpoints_cannot_be_published_fails(faulty: Fa
     node = json.loads((Path(status["job_dir"]) / "node-0.status.json").read_text())
     assert node["outcome"] == "failed" and "not published" in node["error"]
     with faulty.proxy.calm():
-        assert checkpoints.list_complete(faulty.root) == []
+        assert checkpoint_store.list_complete(faulty.root) == []
 
 
 @pytest.mark.slow
@@ -286,21 +288,22 @@ def test_checkpointer_job_whose_last_checkpoint_is_refused_fails_on_every_rank(f
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "train_ddp.py").write_text((REPO / "entrypoints" / "train_ddp.py").read_text())
-    manifest = f"{checkpoints.step_dir(32)}/{checkpoints.MANIFEST}"  # 2048 samples / (32 x 2): 32 steps per epoch
+    # 2048 samples / (32 x 2): 32 steps per epoch
+    manifest = f"{checkpoint_store.step_dir(32)}/{checkpoint_store.MANIFEST}"
     with faulty.proxy.calm(), faulty.proxy.fail_matching(lambda r: _refuse_writes(r) and r.mentions(manifest)):
         handle, status = _job(cli, proj, "train_ddp.py", faulty.root, "--", "--epochs", "1")
     assert status["state"] == "failed", status
     message = status["message"]
     assert "checkpoint step 32 was not saved to" in message and "AccessDenied" in message, message
     folder = Path(message.split("its files are still in ")[1].split()[0])
-    assert folder.name == checkpoints.step_dir(32) and (folder / ".metadata").is_file()
+    assert folder.name == checkpoint_store.step_dir(32) and (folder / ".metadata").is_file()
     assert cli("wait", handle).returncode == 1
     logs = cli("logs", handle).stdout
     for rank in (0, 1):  # both ranks raised it (torch prefixes each worker's stderr with its rank), no hang
         assert f"[rank{rank}]: cloudtrain.runtime.checkpointer.CheckpointNotPublished: checkpoint step 32" in logs, \
             logs[-4000:]
     with faulty.proxy.calm():
-        assert checkpoints.list_complete(faulty.root) == []
+        assert checkpoint_store.list_complete(faulty.root) == []
 
 
 @pytest.mark.parametrize("faulty", ["s3"], indirect=True)

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from google.cloud.aiplatform_v1 import CustomJob
 
-from cloudtrain import checkpoints, storage
+from cloudtrain import storage
 from cloudtrain.errors import CredentialsError, HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
+from cloudtrain.node import checkpoint_store
 from cloudtrain.providers.base import JobState
 from cloudtrain.providers.gcp import request as rq
 from cloudtrain.providers.gcp.provider import VertexProvider
@@ -458,4 +459,4 @@ def test_the_plan_runs_under_the_vertex_contract(vertex: VertexFake, project: Pa
     assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert "node 0/2 on vertex: 1 processes, rendezvous static" in outputs[0]
     assert "node 1/2 on vertex: 1 processes, rendezvous static" in outputs[1]
-    assert [c.step for c in checkpoints.list_complete(ckpt)] == [24, 32]
+    assert [c.step for c in checkpoint_store.list_complete(ckpt)] == [24, 32]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import checkpoints, storage
+from cloudtrain import storage
+from cloudtrain.node import checkpoint_store
 from tests.faultproxy import Request
 from tests.faulty import MIB, Faulty
 
@@ -64,7 +65,7 @@ def test_gcs_upload_spoilt_in_transit_is_caught_and_sent_again(faulty: Faulty, s
             storage.store_for(uri).put_file(source, uri)
         messages: list[str] = []
         with faulty.proxy.fail_matching(carries_the_file, kind="flip_request", times=1):
-            checkpoints.upload_files(folder, checkpoints.describe_files(folder, ["shard.bin"]), remote,
+            checkpoint_store.upload_files(folder, checkpoint_store.describe_files(folder, ["shard.bin"]), remote,
                                      log=messages.append)
         assert faulty.proxy.injected["flip_request"] == 2
         assert [m for m in messages if "crc32c" in m and "retry 1/4" in m], messages
@@ -76,19 +77,19 @@ def test_gcs_manifest_spoilt_in_transit_is_published_again(faulty: Faulty, tmp_p
     """The manifest (``write_bytes``) goes through the same checked upload: a spoilt one is refused, published again,
     and never left as the checkpoint's manifest."""
     with faulty.proxy.calm():
-        folder = tmp_path / checkpoints.step_dir(10)
+        folder = tmp_path / checkpoint_store.step_dir(10)
         folder.mkdir()
         _random_file(folder / "shard.bin", 64 * 1024)
-        files = checkpoints.describe_files(folder, ["shard.bin"])
-        remote = storage.join(faulty.root, checkpoints.step_dir(10))
-        checkpoints.upload_files(folder, files, remote)
+        files = checkpoint_store.describe_files(folder, ["shard.bin"])
+        remote = storage.join(faulty.root, checkpoint_store.step_dir(10))
+        checkpoint_store.upload_files(folder, files, remote)
         messages: list[str] = []
-        with faulty.proxy.fail_matching(lambda r: r.method == "POST" and r.mentions(checkpoints.MANIFEST),
+        with faulty.proxy.fail_matching(lambda r: r.method == "POST" and r.mentions(checkpoint_store.MANIFEST),
                                         kind="flip_request", times=1):
-            checkpoints.publish(remote, 10, files, world_size=1, log=messages.append)
+            checkpoint_store.publish(remote, 10, files, world_size=1, log=messages.append)
         assert faulty.proxy.injected["flip_request"] == 1
         assert [m for m in messages if "crc32c" in m], messages
-        assert [c.step for c in checkpoints.list_complete(faulty.root, log=messages.append)] == [10], messages
+        assert [c.step for c in checkpoint_store.list_complete(faulty.root, log=messages.append)] == [10], messages
 
 
 @pytest.mark.parametrize("faulty", ["gs"], indirect=True)

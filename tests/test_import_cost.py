@@ -52,6 +52,19 @@ def test_sdk_import_is_lazy() -> None:
     assert not any(n.split(".")[0] in HEAVY for n in names)
 
 
+def test_the_node_side_loads_nothing_client_side() -> None:
+    """What the bootstrap imports from the bundle (cloudtrain.node) loads only the node side: no spec, plan,
+    provider or CLI module, nothing heavy (a node has only its image's Python and torch)."""
+    code = ("import cloudtrain.node.steps, cloudtrain.node.watch, cloudtrain.node.log_masking, "
+            "cloudtrain.node.worker_echo, cloudtrain.node.process_tree, cloudtrain.node.output_upload")
+    names = imported_modules(code)
+    node_side = ("cloudtrain", "cloudtrain._lazy", "cloudtrain.contract", "cloudtrain.errors")
+    client = sorted(n for n in names if n.startswith("cloudtrain.") and n not in node_side
+                    and not n.startswith(("cloudtrain.node", "cloudtrain.storage")))
+    assert client == []
+    assert sorted(n for n in names if n.split(".")[0] in HEAVY) == []
+
+
 def test_a_plan_with_no_yaml_to_read_does_not_load_yaml(tmp_path: Path) -> None:
     """A project without cloudtrain.yaml and a machine without a config file: yaml is never imported (it was, at
     every start, for ~15 ms of a local job's ~0.3 s CLI phase)."""

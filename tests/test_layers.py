@@ -1,5 +1,6 @@
 """The layers hold: the import contracts in pyproject.toml ([tool.importlinter], run by `nox -s lint`) pass on this
-tree and fail on a tree with a cycle added; the bootstrap imports only the standard library."""
+tree and fail on a tree with a cycle added; node-side code imports nothing client-side; the bootstrap imports only the
+standard library."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def test_the_import_contracts_hold() -> None:
     ("plan.py", "import cloudtrain.sdk", "No import cycles"),  # sdk -> plan -> sdk
     ("providers/gcp/request.py", "import cloudtrain.providers.aws.request", "No provider imports another"),
     ("spec.py", "import cloudtrain.cli.render", "The core imports no provider"),
+    ("node/steps.py", "import cloudtrain.formatting", "Node-side code"),
 ])
 def test_a_cycle_or_an_upward_import_breaks_lint(tmp_path: Path, module: str, added: str, broken: str) -> None:
     shutil.copytree(REPO / "cloudtrain", tmp_path / "cloudtrain", ignore=shutil.ignore_patterns("__pycache__"))
@@ -47,6 +49,21 @@ def test_a_cycle_or_an_upward_import_breaks_lint(tmp_path: Path, module: str, ad
     result = lint_imports(tmp_path)
     assert result.returncode != 0
     assert f"{broken}" in result.stdout and "BROKEN" in result.stdout
+
+
+def test_the_node_side_contract_forbids_every_client_side_module() -> None:
+    """A module added at the top of cloudtrain is client-side unless the bundle ships it (packaging.NODE_SIDE): the
+    node-side contract must name it as forbidden, so node code cannot start importing it unnoticed."""
+    from cloudtrain.packaging import NODE_SIDE
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    node_side = next(c for c in contracts if c["name"].startswith("Node-side code"))
+    package = REPO / "cloudtrain"
+    top = {p.stem if p.suffix == ".py" else p.name for p in package.iterdir()
+           if (p.suffix == ".py" or (p / "__init__.py").is_file()) and p.name != "__init__.py"}
+    shipped = {part.split("/")[0].removesuffix(".py") for part in NODE_SIDE} - {"__init__", "providers"}
+    assert {f"cloudtrain.{name}" for name in shipped} == set(node_side["source_modules"])
+    assert {f"cloudtrain.{name}" for name in top - shipped} == set(node_side["forbidden_modules"])
 
 
 def test_the_bootstrap_imports_only_the_standard_library() -> None:

@@ -73,8 +73,8 @@ def test_a_local_checkpoint_uri_is_never_sent_to_cloud_nodes(clouds: None, tmp_p
 
 def run_module(*args: str, lineage: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "CLOUDTRAIN_LINEAGE": lineage, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "cloudtrain.checkpoints", *args], env=env, capture_output=True,
-                          text=True)
+    return subprocess.run([sys.executable, "-m", "cloudtrain.node.checkpoint_store", *args], env=env,
+                          capture_output=True, text=True)
 
 
 def test_restore_refuses_another_jobs_checkpoints_and_resumes_its_own(tmp_path: Path) -> None:

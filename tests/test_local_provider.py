@@ -112,7 +112,7 @@ def test_a_resumed_reference_trainer_never_logs_a_loss_it_did_not_compute(cli, t
 def test_node_logs_upload_names(tmp_path: Path) -> None:
     """`upload-logs` (run by the bootstrap) names logs by attempt and local rank; torchrun's run folder stays only
     when a node ran torchrun more than once, so no two runs' logs land on one name."""
-    from cloudtrain import outputs
+    from cloudtrain.node import output_upload
 
     def tree(root: Path, runs: list[str]) -> None:
         for run in runs:
@@ -124,7 +124,7 @@ def test_node_logs_upload_names(tmp_path: Path) -> None:
     def uploaded(runs: list[str]) -> dict[str, str]:
         logs, out = tmp_path / f"logs{len(runs)}", tmp_path / f"out{len(runs)}"
         tree(logs, runs)
-        assert outputs.main(["upload-logs", str(logs), out.as_uri()]) == 0
+        assert output_upload.main(["upload-logs", str(logs), out.as_uri()]) == 0
         return {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()}
 
     assert uploaded(["a1b2_x9"]) == {"attempt_0/local-rank-0/stdout.log": "a1b2_x9 0",

@@ -1,5 +1,5 @@
 """Secrets never reach a log or a command line: masking at the source (the node's own output and every child's, via
-cloudtrain/log_masking.py, loaded by the bootstrap from the bundle), torchrun's per-worker log files, and secret
+cloudtrain/node/log_masking.py, loaded by the bootstrap from the bundle), torchrun's per-worker log files, and secret
 script arguments that travel in the environment and come back in each worker's sys.argv.
 
 Credential-shaped values are assembled at run time, so this file itself holds none."""
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.log_masking import Masker
+from cloudtrain.node.log_masking import Masker
+from cloudtrain.node.secret_values import MASK, env_secrets
 from cloudtrain.packaging import build_package
-from cloudtrain.secrets import MASK, env_secrets
 from tests.conftest import SCRIPTS
 from tests.test_packaging_secrets import aws_key_id, rand
 
@@ -60,7 +60,7 @@ def test_masked_output_covers_the_process_and_every_child(tmp_path: Path) -> Non
     secret = "hunter2-" + rand(12)
     program = textwrap.dedent(f"""
         import subprocess, sys, time
-        from cloudtrain.log_masking import Masker, MaskedOutput
+        from cloudtrain.node.log_masking import Masker, MaskedOutput
         with MaskedOutput(Masker.from_env({{"DB_PASSWORD": {secret!r}}})):
             print("parent", {secret!r}, flush=True)
             subprocess.run([sys.executable, "-c", "import sys, time;"
@@ -84,7 +84,7 @@ def test_log_masking_needs_only_the_standard_library(tmp_path: Path) -> None:
     (root / "train.py").write_text("print(1)\n")
     with build_package(root) as package, tarfile.open(package.path) as tar:
         tar.extractall(tmp_path / "bundle", filter="data")
-    check = ("import sys; sys.path.insert(0, sys.argv[1]); import cloudtrain.log_masking; "
+    check = ("import sys; sys.path.insert(0, sys.argv[1]); import cloudtrain.node.log_masking; "
              "extra = sorted(m for m in sys.modules if m.split('.')[0] not in sys.stdlib_module_names "
              "and m.split('.')[0] not in ('cloudtrain', '__main__')); print(extra); sys.exit(bool(extra))")
     out = subprocess.run([sys.executable, "-S", "-I", "-c", check, str(tmp_path / "bundle" / "lib")],
@@ -165,7 +165,7 @@ def _boundary_lines(secret: str, block: int) -> list[bytes]:
 def test_a_secret_cut_at_a_read_boundary_is_masked_whole() -> None:
     """Before: a line longer than 64 KiB was cut at each read and each piece masked alone, so a value across a cut
     was written in clear. Registered values and every well-known format, at each offset around the boundary."""
-    from cloudtrain.log_masking import _BLOCK
+    from cloudtrain.node.log_masking import _BLOCK
 
     hf = "h" + "f_" + rand(34)
     env = {"DB_PASSWORD": "hunter2-" + rand(20), "DATABASE_URL": "postgres://app:" + "pw-" + rand(12) + "@db/x"}
@@ -213,8 +213,8 @@ def test_long_lines_through_the_masked_output_and_the_worker_echo(tmp_path: Path
     program = textwrap.dedent(f"""
         import os, sys
         from pathlib import Path
-        from cloudtrain.log_masking import Masker, MaskedOutput
-        from cloudtrain.worker_echo import MAX_LINE, WorkerEcho
+        from cloudtrain.node.log_masking import Masker, MaskedOutput
+        from cloudtrain.node.worker_echo import MAX_LINE, WorkerEcho
         secret = {secret!r}.encode()
         with MaskedOutput(Masker.from_env({{"DB_PASSWORD": {secret!r}}})):
             for k in range(1, 4):  # straight to fd 1: a JSON line over 64 KiB, the secret across each read

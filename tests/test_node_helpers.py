@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import diagnosis, rank_report, watchdog
-from cloudtrain.durations import format_duration
+from cloudtrain.node import diagnosis, idle_watchdog, rank_report
+from cloudtrain.node.durations import format_duration
 from cloudtrain.providers.local import outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.spec import parse_duration
@@ -38,7 +38,7 @@ def _worker(tmp_path: Path, code: str, world_size: str = "4") -> dict | None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": world_size,
            "TORCHELASTIC_RUN_ID": "t", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0",
            rank_report.ENV: str(reports)}
-    prelude = "import cloudtrain.rank_report as r\nr.install()\n"
+    prelude = "import cloudtrain.node.rank_report as r\nr.install()\n"
     subprocess.run([sys.executable, "-c", prelude + code], env=env, check=True, timeout=120)
     path = reports / "rank-0.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -62,7 +62,8 @@ def test_rank_reports_from_real_processes(tmp_path: Path) -> None:
     assert summary and summary["group_of_one"] == 1  # a group of 1 in a world of 4: trained alone
     # the worker's own child processes inherit its environment, but never report as the rank
     child = _worker(tmp_path / "d", "import subprocess, sys\nsubprocess.run([sys.executable, '-c', "
-                                    "'import cloudtrain.rank_report as r; r.install(); print(r._state)'], check=True)\n"
+                                    "'import cloudtrain.node.rank_report as r; r.install(); print(r._state)'], "
+                                    "check=True)\n"
                                     "import os\nos._exit(0)\n")
     assert child is None, "neither the child (no report folder left to it) nor the parent (os._exit) reported"
 
@@ -133,21 +134,21 @@ def test_diagnosis_names_the_exception_a_traceback_ended_in(tmp_path: Path) -> N
 
 def test_the_watchdog_clock_reads_logs_and_checkpoints(tmp_path: Path) -> None:
     logs, ckpt = tmp_path / "worker-logs", tmp_path / "checkpoints"
-    assert watchdog.newest_change([logs, ckpt]) == 0.0
+    assert idle_watchdog.newest_change([logs, ckpt]) == 0.0
     (ckpt / "step-000000010").mkdir(parents=True)
     shard = ckpt / "step-000000010" / "shard.pt"
     shard.write_bytes(b"x")
     os.utime(shard, (time.time() + 100, time.time() + 100))
-    assert watchdog.newest_change([logs, ckpt]) == pytest.approx(shard.stat().st_mtime)
-    assert watchdog.idle_limit({watchdog.ENV: "600"}) == 600 and watchdog.idle_limit({}) is None
-    assert watchdog.idle_limit({watchdog.ENV: "soon"}) is None
+    assert idle_watchdog.newest_change([logs, ckpt]) == pytest.approx(shard.stat().st_mtime)
+    assert idle_watchdog.idle_limit({idle_watchdog.ENV: "600"}) == 600 and idle_watchdog.idle_limit({}) is None
+    assert idle_watchdog.idle_limit({idle_watchdog.ENV: "soon"}) is None
     fired: list[str] = []
-    done = watchdog.start([logs], 0.05, fired.append)
+    done = idle_watchdog.start([logs], 0.05, fired.append)
     deadline = time.monotonic() + 30
     while not fired and time.monotonic() < deadline:
         time.sleep(0.05)
     done.set()
-    assert fired == [watchdog.idle_reason(0.05)]
+    assert fired == [idle_watchdog.idle_reason(0.05)]
 
 
 def test_node_outcomes_say_what_stopped_them(tmp_path: Path) -> None:

@@ -7,14 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cloudtrain import checkpoints
+from cloudtrain.node import checkpoint_store
 from tests.test_bootstrap import REPO, make_bundle, node_env
 
 TRAIN = '''
 import os, sys
 import torch
 import torch.distributed as dist
-from cloudtrain import checkpoints
+from cloudtrain.node import checkpoint_store
 from cloudtrain.runtime import Checkpointer
 
 dist.init_process_group("gloo")
@@ -24,7 +24,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 if sys.argv[1] == "resume":
     def listed_again(*args, **kwargs):
         raise AssertionError("the Checkpointer listed the store although its node had restored it")
-    checkpoints.restore_latest = listed_again
+    checkpoint_store.restore_latest = listed_again
 ckpt = Checkpointer(model, opt)
 step = ckpt.restore()
 print("rank %d resumed at %d" % (dist.get_rank(), step), flush=True)
@@ -52,7 +52,7 @@ def test_the_checkpointer_loads_what_its_node_restored(tmp_path: Path) -> None:
     bundle = make_bundle(tmp_path, TRAIN)
     seeded = _node(tmp_path, bundle, "seed", store)
     assert seeded.returncode == 0, seeded.stdout[-3000:] + seeded.stderr[-3000:]
-    assert [c.step for c in checkpoints.list_complete(store.as_uri())] == [3]
+    assert [c.step for c in checkpoint_store.list_complete(store.as_uri())] == [3]
     resumed = _node(tmp_path, bundle, "resume", store)  # a new node (its own folder): restores, then trains
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "checkpoint: resuming from step 3" in resumed.stdout

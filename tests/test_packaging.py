@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.errors import PackagingError
-from cloudtrain.nodes import bootstrap_module
+from cloudtrain.node_commands import bootstrap_module
 from cloudtrain.packaging import PackageLimits, build_package
 
 
@@ -44,6 +44,11 @@ def test_bundle_layout_and_excludes(tmp_path: Path) -> None:
         names = tar.getnames()
         assert [f["path"] for f in package.files] == [".env.example", "pkg/model.py", "train.py"]
         assert "bootstrap.py" in names and "src/train.py" in names and "lib/cloudtrain/runtime/distributed.py" in names
+        # cloudtrain's node side only: the node package, storage, the runtime, the providers' node contracts
+        assert {"lib/cloudtrain/node/steps.py", "lib/cloudtrain/storage/s3.py", "lib/cloudtrain/errors.py",
+                "lib/cloudtrain/providers/aws/node.py", "lib/sitecustomize.py"} <= set(names)
+        assert not {"lib/cloudtrain/spec.py", "lib/cloudtrain/sdk.py", "lib/cloudtrain/providers/aws/provider.py",
+                    "lib/cloudtrain/providers/__init__.py", "lib/cloudtrain/cli/main.py"} & set(names)
         assert not any(".git" in n.split("/") or "__pycache__" in n for n in names)
         assert all(m.mtime == 0 and m.uid == 0 and m.uname == "" for m in tar.getmembers())
     assert not package.path.exists()  # closed: the temp bundle is gone
@@ -197,7 +202,7 @@ def test_workers_get_the_exit_guard_and_the_images_own_sitecustomize(tmp_path: P
     image_site = tmp_path / "image-site"
     image_site.mkdir()
     (image_site / "sitecustomize.py").write_text("import os\nos.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n")
-    probe = ("import os, sys, atexit, cloudtrain.exit_guard as g\n"
+    probe = ("import os, sys, atexit, cloudtrain.node.exit_guard as g\n"
              "print(sys.modules['sitecustomize'].__file__, g._installed, os.environ.get('IMAGE_SITECUSTOMIZE'))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "out" / "lib"), str(image_site)])}
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60,
@@ -209,7 +214,7 @@ def test_workers_get_the_exit_guard_and_the_images_own_sitecustomize(tmp_path: P
 def test_exit_guard_waits_only_where_gloo_could_run() -> None:
     from tests.emulators import free_port
 
-    code = ("import os, sys, cloudtrain.exit_guard as g\n"
+    code = ("import os, sys, cloudtrain.node.exit_guard as g\n"
             "slept = []\n"
             "g.time.sleep = slept.append  # record the pauses instead of taking them\n"
             "g.settle(); alone = list(slept)\n"
@@ -237,7 +242,7 @@ def test_exit_guard_spares_a_torch_process_the_final_collections(imports_torch: 
     garbage there was. Other processes end as Python ends them."""
     code = ("import atexit, gc\n"
             "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))  # registered first: runs last\n"
-            "import cloudtrain.exit_guard as g\n"
+            "import cloudtrain.node.exit_guard as g\n"
             "g.install()\n"
             + ("import torch\n" if imports_torch else "") +
             "gc.disable()  # no automatic collection: only an explicit one (or finalization's) finds the cycle\n"

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cloudtrain import checkpoints, storage
+from cloudtrain import storage
+from cloudtrain.node import checkpoint_store
 from cloudtrain.procs import kill_tagged, signal_group
 from tests.conftest import REPO, SCRIPTS, cli_env, stop_every_job, wait_for
 
@@ -117,7 +118,7 @@ def test_preempted_then_hard_killed_resumes_bitwise(baseline: tuple[str, dict], 
     resumed = re.search(r"INFO resumed from step (\d+)", done.stdout)
     assert resumed and 16 <= int(resumed.group(1)) < STEPS[trainer], done.stdout[-3000:]
     assert_bitwise_equal(final_weights(out), expected)
-    kept = [c.step for c in checkpoints.list_complete(ckpt)]
+    kept = [c.step for c in checkpoint_store.list_complete(ckpt)]
     history = [line for line in (ct.logs(handle) + done.stdout).splitlines()
                if "retention" in line or "published" in line]
     assert len(kept) == 2, f"retention (keep = 2) left {kept}:\n" + "\n".join(history)
@@ -131,8 +132,8 @@ def test_checkpoint_from_two_ranks_restores_on_one_and_three(tmp_path: Path) -> 
     ct("submit", str(script), "--procs-per-node", "2", "--checkpoint-uri", ckpt, "--", "--epochs", "1",
        "--checkpoint-every", "8")
     digests = {}
-    # another script reading that job's checkpoints on purpose: it names the job's lineage (docs/checkpoints.md)
-    lineage = checkpoints.list_complete(ckpt)[-1].manifest["lineage"]
+    # another script reading that job's checkpoints on purpose: it names the job's lineage (docs/checkpoint_store.md)
+    lineage = checkpoint_store.list_complete(ckpt)[-1].manifest["lineage"]
     for procs in ("2", "1", "3"):
         out = ct("submit", str(script.parent / "reshard_check.py"), "--procs-per-node", procs,
                  "--checkpoint-uri", ckpt, "--env", f"CLOUDTRAIN_LINEAGE={lineage}").stdout
@@ -150,15 +151,15 @@ def test_plain_script_checkpoint_dir_is_restored_and_synced(tmp_path: Path) -> N
     ckpt = (tmp_path / "ckpt").as_uri()
     submit = ["submit", str(proj / "plain_checkpoints.py"), "--procs-per-node", "2", "--checkpoint-uri", ckpt]
     assert "plain: resumed at 0" in ct(*submit).stdout
-    assert [c.step for c in checkpoints.list_complete(ckpt)] == [2, 3]  # all three published, keep = 2
+    assert [c.step for c in checkpoint_store.list_complete(ckpt)] == [2, 3]  # all three published, keep = 2
     again = ct(*submit).stdout
     assert "plain: resumed at 3" in again  # restored into the fresh node's CLOUDTRAIN_CHECKPOINT_DIR
-    assert [c.step for c in checkpoints.list_complete(ckpt)] == [5, 6]
+    assert [c.step for c in checkpoint_store.list_complete(ckpt)] == [5, 6]
 
 
 def documented_plain_script() -> str:
-    """The plain script exactly as docs/checkpoints.md shows it."""
-    doc = (REPO / "docs" / "checkpoints.md").read_text()
+    """The plain script exactly as docs/checkpoint_store.md shows it."""
+    doc = (REPO / "docs" / "checkpoint_store.md").read_text()
     section = doc.split("### A minimal plain script that saves and resumes", 1)[1]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
@@ -175,8 +176,8 @@ def test_corrupt_newest_checkpoint_never_poisons_the_plain_script_folder(tmp_pat
     submit = ["submit", str(proj / "train_plain.py"), "--procs-per-node", "2", "--checkpoint-uri", store.as_uri(),
               "--set", "checkpoint.keep=3"]
     ct(*submit, "--", "--steps", "30", "--save-every", "10")
-    assert [c.step for c in checkpoints.list_complete(store.as_uri())] == [10, 20, 30]
-    state = store / checkpoints.step_dir(30) / "state.pt"
+    assert [c.step for c in checkpoint_store.list_complete(store.as_uri())] == [10, 20, 30]
+    state = store / checkpoint_store.step_dir(30) / "state.pt"
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0x01
     state.write_bytes(bytes(data))
@@ -189,9 +190,9 @@ def test_corrupt_newest_checkpoint_never_poisons_the_plain_script_folder(tmp_pat
     folders = [p.name for p in (tmp_path / "home").rglob("checkpoints/*") if p.is_dir()]
     assert folders and not [f for f in folders if f.endswith(".partial") or "step-000000030" in f], folders
     # step 30 was trained again and published over the corrupt one; 40 is new: three verified checkpoints
-    assert [c.step for c in checkpoints.list_complete(store.as_uri())] == [20, 30, 40]
-    assert checkpoints.restore_latest(store.as_uri(), tmp_path / "check") is not None
-    assert torch.load(tmp_path / "check" / checkpoints.step_dir(40) / "state.pt")["step"] == 40
+    assert [c.step for c in checkpoint_store.list_complete(store.as_uri())] == [20, 30, 40]
+    assert checkpoint_store.restore_latest(store.as_uri(), tmp_path / "check") is not None
+    assert torch.load(tmp_path / "check" / checkpoint_store.step_dir(40) / "state.pt")["step"] == 40
 
 
 def test_a_short_job_leaves_a_checkpoint_to_resume_from(baseline: tuple[str, dict], tmp_path: Path) -> None:
@@ -204,7 +205,7 @@ def test_a_short_job_leaves_a_checkpoint_to_resume_from(baseline: tuple[str, dic
               "--output-uri", out, "--set", "checkpoint.interval=10m", "--"]
     first = ct(*submit, "--epochs", "1").stdout
     steps_per_epoch = 32 if trainer == "ddp" else 16  # 2048 (ddp) or 1024 (fsdp) samples / (32 x 2)
-    assert [c.step for c in checkpoints.list_complete(ckpt)] == [steps_per_epoch], first[-3000:]
+    assert [c.step for c in checkpoint_store.list_complete(ckpt)] == [steps_per_epoch], first[-3000:]
     again = ct(*submit, "--epochs", "2").stdout
     assert f"INFO resumed from step {steps_per_epoch}" in again, again[-3000:]
     assert_bitwise_equal(final_weights(out), expected)
@@ -227,7 +228,7 @@ def test_checkpoint_uri_equal_to_the_checkpoint_dir_still_resumes(tmp_path: Path
     assert again.returncode == 0 and "plain: resumed at 3" in out, out[-3000:]
     assert "are the same folder" in out and "Traceback" not in out and "retry" not in out
     assert "step-0001 is not a checkpoint folder" in out
-    assert [c.step for c in checkpoints.list_complete(shared.as_uri(), log=lambda _m: None)] == [5, 6]
+    assert [c.step for c in checkpoint_store.list_complete(shared.as_uri(), log=lambda _m: None)] == [5, 6]
 
 
 def test_four_ranks_resume_bitwise(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.secrets import MASK, looks_secret, redact, restore_args, split_args
+from cloudtrain.node.secret_values import MASK, looks_secret, redact, restore_args, split_args
 from tests.conftest import SCRIPTS
 
 SECRET = "supersecret-123456"

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from cloudtrain import checkpoints
 from cloudtrain.formatting import plan_text
+from cloudtrain.node import checkpoint_store
 from cloudtrain.providers.base import JobState
 from cloudtrain.providers.slurm import clients
 from cloudtrain.providers.slurm.node import detect, expand_hostlist
@@ -163,7 +163,7 @@ def test_a_job_at_its_time_limit_takes_a_final_checkpoint(cli: Cli, slurm: Slurm
     assert cli("wait", handle, "--timeout", "240", check=False).returncode != 0
     logs = cli.logs(handle)
     assert "stop requested: final checkpoint at step" in logs, logs[-4000:]
-    saved = [c.step for c in checkpoints.list_complete(ckpt)]
+    saved = [c.step for c in checkpoint_store.list_complete(ckpt)]
     assert saved and f"final checkpoint at step {saved[-1]}" in logs, (saved, logs[-3000:])
     status = cli.status(handle)
     assert status["state"] == "failed" and status["slurm_state"] in ("FAILED", "TIMEOUT"), status

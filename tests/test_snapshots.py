@@ -1,5 +1,6 @@
-"""Snapshots of the checkpoint layouts real stacks write (cloudtrain/snapshots.py): what is complete, what is
-published, what a restore puts back. Real files (torch.save's zip format, safetensors), a real file:// store."""
+"""Snapshots of the checkpoint layouts real stacks write (cloudtrain/node/checkpoint_snapshots.py): what is
+complete, what is published, what a restore puts back. Real files (torch.save's zip format, safetensors), a real
+file:// store."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cloudtrain import checkpoints, snapshots
-from cloudtrain.checkpoint_manifest import MANIFEST
+from cloudtrain.node import checkpoint_snapshots, checkpoint_store
+from cloudtrain.node.checkpoint_manifest import MANIFEST
 
 
 def save(path: Path, value: float, mb: int = 0) -> None:
@@ -30,7 +31,7 @@ def store(tmp_path: Path) -> str:
 
 
 def published(uri: str) -> list[tuple[int, list[str]]]:
-    return [(c.step, sorted(f["path"] for f in c.manifest["files"])) for c in checkpoints.list_complete(uri)]
+    return [(c.step, sorted(f["path"] for f in c.manifest["files"])) for c in checkpoint_store.list_complete(uri)]
 
 
 def test_file_complete_reads_the_format(tmp_path: Path) -> None:
@@ -45,16 +46,16 @@ def test_file_complete_reads_the_format(tmp_path: Path) -> None:
     short.write_bytes(safetensors_bytes(1000)[:-10])
     other = tmp_path / "notes.json"
     other.write_text("{}")
-    assert snapshots.file_complete(whole) is True
-    assert snapshots.file_complete(cut) is False  # torch's zip: the central directory comes last
-    assert snapshots.file_complete(tensors) is True
-    assert snapshots.file_complete(short) is False
-    assert snapshots.file_complete(other) is None  # no format to ask: the quiet period decides
+    assert checkpoint_snapshots.file_complete(whole) is True
+    assert checkpoint_snapshots.file_complete(cut) is False  # torch's zip: the central directory comes last
+    assert checkpoint_snapshots.file_complete(tensors) is True
+    assert checkpoint_snapshots.file_complete(short) is False
+    assert checkpoint_snapshots.file_complete(other) is None  # no format to ask: the quiet period decides
 
 
 def test_overwritten_file_gets_a_generation_each_version_and_a_torn_one_never(tmp_path: Path) -> None:
     root, uri = tmp_path / "out", store(tmp_path)
-    snap = snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
     save(root / "ckpt.pt", 1.0)
     assert snap.poll() == 1
     assert snap.poll() is None  # unchanged: nothing new to publish
@@ -73,7 +74,7 @@ def test_overwritten_file_gets_a_generation_each_version_and_a_torn_one_never(tm
 
 def test_restore_puts_the_files_back_under_their_names_and_nothing_beside(tmp_path: Path) -> None:
     root, uri = tmp_path / "out", store(tmp_path)
-    snap = snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
     save(root / "checkpoint-10" / "optimizer.pt", 1.0)
     (root / "checkpoint-10" / "trainer_state.json").write_text('{"global_step": 10}')
     save(root / "checkpoint-20" / "optimizer.pt", 2.0)
@@ -81,7 +82,7 @@ def test_restore_puts_the_files_back_under_their_names_and_nothing_beside(tmp_pa
     (root / "config.json").write_text("{}")
     assert snap.poll() == 20  # the script's own step
     fresh = tmp_path / "node2" / "out"
-    report = checkpoints.restore_report(uri, fresh)
+    report = checkpoint_store.restore_report(uri, fresh)
     assert report["step"] == 20 and report["entries"] == ["checkpoint-20", "config.json"]
     assert sorted(p.relative_to(fresh).as_posix() for p in fresh.rglob("*")) == [
         "checkpoint-20", "checkpoint-20/optimizer.pt", "checkpoint-20/trainer_state.json", "config.json"]
@@ -91,7 +92,7 @@ def test_restore_puts_the_files_back_under_their_names_and_nothing_beside(tmp_pa
 
 def test_folder_without_the_file_its_stack_writes_last_is_never_taken(tmp_path: Path) -> None:
     root, uri = tmp_path / "out", store(tmp_path)
-    snap = snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
     save(root / "checkpoint-5" / "optimizer.pt", 1.0)
     (root / "checkpoint-5" / "trainer_state.json").write_text("{}")
     assert snap.poll() == 5
@@ -101,12 +102,12 @@ def test_folder_without_the_file_its_stack_writes_last_is_never_taken(tmp_path: 
     assert snap.poll(final=True) is None  # checkpoint-5 stands in for it, and is in the store already
     assert snap.unpublished and "trainer_state.json" in snap.unpublished[0]
     dcp = root / "ckpt" / "run-3"  # a DCP folder inside a layout of the script's own
-    late = snapshots.Snapshotter(root / "ckpt", uri, keep=2, quiet=0.0)
+    late = checkpoint_snapshots.Snapshotter(root / "ckpt", uri, keep=2, quiet=0.0)
     dcp.mkdir(parents=True)
     (dcp / "__0_0.distcp").write_bytes(b"shard")
     assert late.poll(final=True) is None and ".metadata" in late.unpublished[0]
     (dcp / ".metadata").write_bytes(b"meta")  # complete on one node of two: rank 1's shard is on the other
-    two = snapshots.Snapshotter(root / "two", uri, keep=2, quiet=0.0, world_size=2)
+    two = checkpoint_snapshots.Snapshotter(root / "two", uri, keep=2, quiet=0.0, world_size=2)
     (root / "two").mkdir()
     os.replace(dcp, root / "two" / "run-3")
     assert two.poll(final=True) is None and "rank 1" in two.unpublished[0]
@@ -115,14 +116,14 @@ def test_folder_without_the_file_its_stack_writes_last_is_never_taken(tmp_path: 
 
 def test_a_snapshot_waits_for_the_quiet_period_and_takes_families_newest(tmp_path: Path) -> None:
     root, uri = tmp_path / "out", store(tmp_path)
-    snap = snapshots.Snapshotter(root, uri, keep=2, quiet=3600.0)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=3600.0)
     save(root / "epoch=0-step=4.ckpt", 1.0)
     save(root / "epoch=0-step=8.ckpt", 2.0)
     save(root / "last.ckpt", 2.0)
     assert snap.poll() is None  # changed just now: the save may not be over
     assert snap.poll(final=True) == 8
     assert published(uri) == [(8, ["epoch=0-step=8.ckpt", "last.ckpt"])]
-    one = snapshots.Snapshotter(tmp_path / "one", store(tmp_path / "other"), keep=2, quiet=3600.0)
+    one = checkpoint_snapshots.Snapshotter(tmp_path / "one", store(tmp_path / "other"), keep=2, quiet=3600.0)
     save(tmp_path / "one" / "ckpt.pt", 1.0)
     assert one.poll() == 1  # one file that says itself it is whole: no save is under way
 
@@ -131,26 +132,26 @@ def test_a_file_rewritten_during_its_upload_voids_that_snapshot(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     root, uri = tmp_path / "out", store(tmp_path)
     save(root / "ckpt.pt", 1.0)
-    snap = snapshots.Snapshotter(tmp_path / "empty", uri, keep=2, quiet=0.0)
+    snap = checkpoint_snapshots.Snapshotter(tmp_path / "empty", uri, keep=2, quiet=0.0)
     snap.root = root
-    real = checkpoints.describe_and_upload
+    real = checkpoint_store.describe_and_upload
 
     def upload_then_rewrite(*args: object, **kwargs: object) -> object:
         entries = real(*args, **kwargs)  # type: ignore[arg-type]
         save(root / "ckpt.pt", 2.0)  # the script saved again while the bytes were on their way
         return entries
 
-    monkeypatch.setattr(checkpoints, "describe_and_upload", upload_then_rewrite)
+    monkeypatch.setattr(checkpoint_store, "describe_and_upload", upload_then_rewrite)
     assert snap.poll() is None
     assert published(uri) == []
-    monkeypatch.setattr(checkpoints, "describe_and_upload", real)
+    monkeypatch.setattr(checkpoint_store, "describe_and_upload", real)
     assert snap.poll() == 2  # taken again, under a new number: the void attempt's objects never mix with it
     assert published(uri) == [(2, ["ckpt.pt"])]
 
 
 def test_special_files_and_links_out_of_the_folder_are_never_opened(tmp_path: Path) -> None:
     root, uri = tmp_path / "out", store(tmp_path)
-    snap = snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
     root.mkdir()
     os.mkfifo(root / "data.pt")
     secret = tmp_path / "elsewhere.txt"
@@ -161,24 +162,25 @@ def test_special_files_and_links_out_of_the_folder_are_never_opened(tmp_path: Pa
     (root / "hf").mkdir()
     (root / "hf" / ".tmpk3j2x9").write_bytes(b"safetensors being written, renamed when done")
     (root / "hf" / ".metadata.tmp").write_bytes(b"DCP's metadata being written")
-    assert sorted(snapshots.scan(root)) == ["last.pt", "model.pt"]
+    assert sorted(checkpoint_snapshots.scan(root)) == ["last.pt", "model.pt"]
     assert snap.poll(final=True) == 1
     assert published(uri) == [(1, ["last.pt", "model.pt"])]
-    assert snap.published == {**snapshots.scan(root)}  # what was there when the node started counts as in the store
-    assert snapshots.Snapshotter(root, uri, keep=2, quiet=0.0).poll(final=True) is None
+    # what was there when the node started counts as in the store
+    assert snap.published == {**checkpoint_snapshots.scan(root)}
+    assert checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=0.0).poll(final=True) is None
 
 
 def test_a_folder_of_one_family_takes_its_newest_member(tmp_path: Path) -> None:
     """Accelerate's project_dir/checkpoints/checkpoint_<i>/: the newest checkpoint_<i> only, under its own path;
     a step-<N> folder is an entry like any other when the folder is the script's own."""
     root, uri = tmp_path / "proj", store(tmp_path)
-    snap = snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
     for i in range(3):
         save(root / "checkpoints" / f"checkpoint_{i}" / "model.pt", float(i))
     save(root / "ckpt" / "step-7" / "x.pt", 7.0)
     assert snap.poll(final=True) == 7
     assert published(uri) == [(7, ["checkpoints/checkpoint_2/model.pt", "ckpt/step-7/x.pt"])]
     fresh = tmp_path / "fresh"
-    checkpoints.restore_report(uri, fresh)
+    checkpoint_store.restore_report(uri, fresh)
     assert sorted(p.relative_to(fresh).as_posix() for p in fresh.rglob("*.pt")) == [
         "checkpoints/checkpoint_2/model.pt", "ckpt/step-7/x.pt"]

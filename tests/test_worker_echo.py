@@ -1,11 +1,11 @@
-"""cloudtrain/worker_echo.py: the workers' log files, echoed into the node's output as torchrun's --tee did."""
+"""cloudtrain/node/worker_echo.py: the workers' log files, echoed into the node's output as torchrun's --tee did."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from cloudtrain.worker_echo import MAX_LINE, PARTIAL_LINE_POLLS, LauncherStderr, WorkerEcho
+from cloudtrain.node.worker_echo import MAX_LINE, PARTIAL_LINE_POLLS, LauncherStderr, WorkerEcho
 
 
 def rank_logs(log_dir: Path, run: str, rank: int) -> Path:

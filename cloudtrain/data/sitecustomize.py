@@ -1,8 +1,8 @@
 """Shipped as the bundle's ``lib/sitecustomize.py`` (lib/ leads PYTHONPATH on a node), so Python loads it in every
-process torchrun starts: in a torchrun worker it puts the script's secret arguments back into ``sys.argv`` (they
-reach the node as variables, so no command line shows them: ``cloudtrain/secrets.py`` split_args), it installs
-cloudtrain's exit guard (``cloudtrain/exit_guard.py`` says why) and the rank report (whether the worker joins a
-process group: ``cloudtrain/rank_report.py``), then runs the sitecustomize that this one shadows (the image's), if
+process torchrun starts: in a torchrun worker it puts the script's secret arguments back into ``sys.argv`` (they reach
+the node as variables, so no command line shows them: ``cloudtrain/node/secret_values.py`` split_args), it installs
+cloudtrain's exit guard (``cloudtrain/node/exit_guard.py`` says why) and the rank report (whether the worker joins a
+process group: ``cloudtrain/node/rank_report.py``), then runs the sitecustomize that this one shadows (the image's), if
 there is one."""
 
 import importlib.machinery
@@ -29,7 +29,7 @@ def _restore_secret_args() -> None:
     # placeholders on, or the values would appear on every worker's command line.
     if "TORCHELASTIC_RUN_ID" not in os.environ or not any("@@CLOUDTRAIN_SECRET_ARG_" in a for a in sys.argv):
         return
-    from cloudtrain.secrets import restore_args
+    from cloudtrain.node.secret_values import restore_args
 
     sys.argv[:] = restore_args(sys.argv, os.environ)
 
@@ -39,15 +39,15 @@ try:
 except Exception as exc:  # the script then sees the placeholders, and says so in its own error
     print(f"[cloudtrain] secret arguments not restored: {exc!r}", file=sys.stderr)
 try:
-    from cloudtrain.exit_guard import install
+    from cloudtrain.node.exit_guard import install
 
     install()
 except Exception as exc:  # never stop a worker from starting
     print(f"[cloudtrain] exit guard not installed: {exc!r}", file=sys.stderr)
 
-# --- rank reports: does this worker join a process group? (cloudtrain/rank_report.py) ---------------------
+# --- rank reports: does this worker join a process group? (cloudtrain/node/rank_report.py) ---------------------
 try:
-    from cloudtrain.rank_report import install as _report_rank
+    from cloudtrain.node.rank_report import install as _report_rank
 
     _report_rank()
 except Exception as exc:  # never stop a worker from starting

@@ -242,7 +242,7 @@ class Provider(ABC):
         """Every node's command, sent ``env``, with the torchrun line its bootstrap derives from what the platform
         gives node N: the contract's ``planned`` variables (``seen(N)`` where the provider knows better, e.g. a
         local emulation's loopback rendezvous)."""
-        from cloudtrain.nodes import node_command
+        from cloudtrain.node_commands import node_command
 
         contract = self.contract(spec)
         module = registry.node_contract(contract.name)

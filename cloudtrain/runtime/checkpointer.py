@@ -34,8 +34,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from cloudtrain import checkpoints, contract, storage
+from cloudtrain import contract, storage
 from cloudtrain.errors import CloudtrainError
+from cloudtrain.node import checkpoint_store
 from cloudtrain.runtime.data import ResumableSampler
 from cloudtrain.runtime.logs import get_logger
 from cloudtrain.runtime.rng import rng_state, set_rng_state
@@ -45,7 +46,7 @@ _UNKNOWN = object()  # the node restored nothing for this Checkpointer: it resto
 _node_restore_used = False  # the node's restore serves the first restore of this worker process only
 
 
-class CheckpointNotPublished(checkpoints.CheckpointNotPublished, RuntimeError):
+class CheckpointNotPublished(checkpoint_store.CheckpointNotPublished, RuntimeError):
     """A save that did not reach the store, raised on every rank; the message says where its files are. Also a
     RuntimeError, which is what a failed save raised before."""
 
@@ -94,7 +95,7 @@ class Checkpointer:
         self.log = get_logger("cloudtrain.checkpoint")
         if self.local_rank == 0:  # before any step folder exists: the bootstrap's plain-script sync keeps out
             self.local_dir.mkdir(parents=True, exist_ok=True)
-            (self.local_dir / checkpoints.RUNTIME_MARKER).touch()
+            (self.local_dir / checkpoint_store.RUNTIME_MARKER).touch()
         self.blocked_seconds: list[float] = []  # training time lost per save (staging), for benchmarks
         self.last_saved_step: int | None = None
         self._last_step: int | None = None  # the newest step seen by step()/save(): what close() saves
@@ -140,7 +141,7 @@ class Checkpointer:
         self.wait()  # at most one save in flight
         if step == self.last_saved_step:
             return
-        folder = self.local_dir / checkpoints.step_dir(step)
+        folder = self.local_dir / checkpoint_store.step_dir(step)
         extra = folder / "extra" / f"rank-{self.rank}.pt"
         extra.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
@@ -175,8 +176,8 @@ class Checkpointer:
             if future is not None:
                 future.result()
             if self.uri:  # each file hashed while the uploads run, not in a pass of its own before them
-                remote = storage.join(self.uri, checkpoints.step_dir(step))
-                described = checkpoints.describe_and_upload(folder, self._my_files(folder), remote,
+                remote = storage.join(self.uri, checkpoint_store.step_dir(step))
+                described = checkpoint_store.describe_and_upload(folder, self._my_files(folder), remote,
                                                             log=self.log.warning)
         except BaseException as exc:  # the others must still meet us in the collectives below
             error = f"rank {self.rank}: {_reason(exc)}"
@@ -185,9 +186,9 @@ class Checkpointer:
         verdict: list[Any] = [[g["error"] for g in gathered if g["error"]]]
         if self.rank == 0 and self.uri and not verdict[0]:
             try:
-                remote = storage.join(self.uri, checkpoints.step_dir(step))
+                remote = storage.join(self.uri, checkpoint_store.step_dir(step))
                 files = [f for g in gathered for f in g["files"]]
-                checkpoints.publish(remote, step, files, world_size=self.world_size, log=self.log.warning)
+                checkpoint_store.publish(remote, step, files, world_size=self.world_size, log=self.log.warning)
                 self.log.info(f"checkpoint step {step} published to {remote}")
             except BaseException as exc:
                 verdict[0] = [f"rank 0: {_reason(exc)}"]
@@ -196,10 +197,10 @@ class Checkpointer:
             self._not_published(step, folder, verdict[0])
             return
         if self.rank == 0:
-            (self.local_dir / checkpoints.UNPUBLISHED_MARKER).unlink(missing_ok=True)
+            (self.local_dir / checkpoint_store.UNPUBLISHED_MARKER).unlink(missing_ok=True)
         if self.rank == 0 and self.uri:
             try:  # the checkpoint stands; what retention misses now, the next save's retention removes
-                storage.with_retries(lambda: checkpoints.apply_retention(self.uri or "", self.keep,
+                storage.with_retries(lambda: checkpoint_store.apply_retention(self.uri or "", self.keep,
                                                                          log=self.log.info),
                                      f"retention under {self.uri}", log=self.log.warning)
             except Exception as exc:
@@ -219,14 +220,14 @@ class Checkpointer:
             # the bootstrap's final sync reads this: the job cannot end "succeeded" with the state on a node's disk
             with contextlib.suppress(OSError):
                 marker = {"step": step, "error": message}
-                (self.local_dir / checkpoints.UNPUBLISHED_MARKER).write_text(json.dumps(marker))
+                (self.local_dir / checkpoint_store.UNPUBLISHED_MARKER).write_text(json.dumps(marker))
 
     def _prune_local(self, newest: int) -> None:
         """Local disk keeps the newest folder only (the bucket keeps ``keep``); never mirrored to the bucket."""
         if self.local_rank != 0:
             return
         for folder in self.local_dir.glob("step-*"):
-            if folder.name != checkpoints.step_dir(newest) and not folder.name.endswith(".partial"):
+            if folder.name != checkpoint_store.step_dir(newest) and not folder.name.endswith(".partial"):
                 try:
                     if int(folder.name.split("-")[1]) < newest:
                         shutil.rmtree(folder, ignore_errors=True)
@@ -265,7 +266,7 @@ class Checkpointer:
         nor anything downloaded, a second time."""
         restored = self._restored_by_node()
         if self.uri and self.local_rank == 0 and restored is _UNKNOWN:
-            checkpoints.restore_latest(self.uri, self.local_dir, log=self.log.warning)
+            checkpoint_store.restore_latest(self.uri, self.local_dir, log=self.log.warning)
         dist.barrier(group=self.control_group)
         choice: list[Any] = [None]
         if self.rank == 0:
@@ -274,7 +275,7 @@ class Checkpointer:
         step = choice[0]
         if step is None:
             return 0
-        folder = self.local_dir / checkpoints.step_dir(step)
+        folder = self.local_dir / checkpoint_store.step_dir(step)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)), process_group=self.save_group)
@@ -305,14 +306,14 @@ class Checkpointer:
         if value == "none":
             return None
         step = int(value)
-        if not (self.local_dir / checkpoints.step_dir(step) / checkpoints.MANIFEST).is_file():
+        if not (self.local_dir / checkpoint_store.step_dir(step) / checkpoint_store.MANIFEST).is_file():
             return _UNKNOWN  # not where the bootstrap left it: look for ourselves
         return step
 
     def _newest_local(self) -> int | None:
         steps = []
         for folder in self.local_dir.glob("step-*"):
-            if (folder / checkpoints.MANIFEST).is_file() or (not self.uri and (folder / ".metadata").is_file()):
+            if (folder / checkpoint_store.MANIFEST).is_file() or (not self.uri and (folder / ".metadata").is_file()):
                 try:
                     steps.append(int(folder.name.split("-")[1]))
                 except ValueError:

@@ -35,7 +35,7 @@ def init_distributed() -> DistContext:
     """Join the job's process group (idempotent). Works for a single process without torchrun too."""
     import torch.distributed as dist
 
-    from cloudtrain.exit_guard import install
+    from cloudtrain.node.exit_guard import install
 
     install()  # outside a cloudtrain node too: gloo's threads finish before the interpreter shuts down
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import checkpoints
+from cloudtrain.node import checkpoint_store
 from cloudtrain.providers.base import JobState
 from cloudtrain.sdk import Job
 from tests.conftest import REPO
@@ -49,4 +49,4 @@ def test_tiny_job_trains_checkpoints_and_succeeds_on_sagemaker(tmp_path: Path) -
     logs = list(run.logs())
     assert status.state is JobState.SUCCEEDED, status.message + "\n" + "\n".join(logs[-60:])
     assert any("published" in line for line in logs)
-    assert checkpoints.list_complete(ckpt), f"no complete checkpoint under {ckpt}"
+    assert checkpoint_store.list_complete(ckpt), f"no complete checkpoint under {ckpt}"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import checkpoints
+from cloudtrain.node import checkpoint_store
 from cloudtrain.providers.base import JobState
 from cloudtrain.providers.gcp.provider import VertexProvider
 from cloudtrain.sdk import Job, Run, plan_job
@@ -58,5 +58,5 @@ def test_tiny_job_trains_checkpoints_and_succeeds_on_vertex(tmp_path: Path) -> N
     logs = list(run.logs())
     assert status.state is JobState.SUCCEEDED, status.message + "\n" + "\n".join(logs[-60:])
     assert any("published" in line for line in logs)
-    assert checkpoints.list_complete(ckpt), f"no complete checkpoint under {ckpt}"
+    assert checkpoint_store.list_complete(ckpt), f"no complete checkpoint under {ckpt}"
     assert any(s.handle == run.handle for s in provider.list(50))

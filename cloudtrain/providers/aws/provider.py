@@ -17,7 +17,7 @@ from cloudtrain.errors import HandleError, UserError
 from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
-from cloudtrain.nodes import bootstrap_args, launcher_note
+from cloudtrain.node_commands import bootstrap_args, launcher_note
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
 from cloudtrain.providers.aws import PROVIDER

@@ -18,7 +18,7 @@ from typing import Any
 from cloudtrain import __version__
 from cloudtrain.errors import SpecError
 from cloudtrain.naming import platform_tags
-from cloudtrain.nodes import input_env, job_env
+from cloudtrain.node_commands import input_env, job_env
 from cloudtrain.providers.aws import PROVIDER
 from cloudtrain.spec import JobSpec
 

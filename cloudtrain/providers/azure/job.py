@@ -15,7 +15,7 @@ from typing import Any
 from cloudtrain import catalog, contract, images
 from cloudtrain.errors import SpecError
 from cloudtrain.images import Runtime
-from cloudtrain.nodes import input_env, job_env
+from cloudtrain.node_commands import input_env, job_env
 from cloudtrain.packaging import BOOTSTRAP_NAME
 from cloudtrain.spec import JobSpec
 

@@ -21,7 +21,7 @@ from cloudtrain.errors import HandleError, SpecError, UserError
 from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
-from cloudtrain.nodes import bootstrap_args
+from cloudtrain.node_commands import bootstrap_args
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
 from cloudtrain.providers.base import Capability, JobStatus, Provider

@@ -22,7 +22,7 @@ from cloudtrain.errors import CloudtrainError, HandleError, SpecError, UserError
 from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
-from cloudtrain.nodes import bootstrap_args, job_env
+from cloudtrain.node_commands import bootstrap_args, job_env
 from cloudtrain.packaging import BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
 from cloudtrain.providers.base import Capability, JobStatus, Provider

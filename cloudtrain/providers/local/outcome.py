@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.durations import format_duration
-from cloudtrain.rank_report import alone_text
+from cloudtrain.node.durations import format_duration
+from cloudtrain.node.rank_report import alone_text
 
 # Why the supervisor stopped the nodes; a node that saw our SIGTERM reports "preempted" (the first of these) or
 # "stopped" (the supervisor said why: the others).

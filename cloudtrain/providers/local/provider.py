@@ -28,7 +28,7 @@ from cloudtrain.handles import JobHandle
 from cloudtrain.home import cloudtrain_home, default_store_uri
 from cloudtrain.home_errors import os_problem
 from cloudtrain.images import this_machine
-from cloudtrain.nodes import bootstrap_args, job_env, node_command
+from cloudtrain.node_commands import bootstrap_args, job_env, node_command
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import NodeCommand, Plan
 from cloudtrain.procs import is_alive, kill_tagged, signal_group, start_ticks, tag_alive
@@ -377,7 +377,7 @@ class _SupervisorExit:
 def visible_gpus() -> int:
     """This machine's GPUs, counted as a node counts its own (the bootstrap's rule: CUDA_VISIBLE_DEVICES, else the
     driver's device list), without importing torch."""
-    from cloudtrain.nodes import bootstrap_module
+    from cloudtrain.node_commands import bootstrap_module
 
     return int(bootstrap_module().visible_gpus(dict(os.environ)))
 

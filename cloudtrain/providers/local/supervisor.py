@@ -4,7 +4,7 @@ every change in the job database. Started detached by ``LocalProvider.submit``; 
 Stopping follows the cloud's contract: SIGTERM to each node's bootstrap (a container's PID 1), then SIGKILL to
 the whole node after the grace period. ``max_runtime`` is enforced as the clouds do (stopped, failed, says why).
 Nodes never outlive the supervisor: each holds the read end of a pipe whose write end only this process has, and
-its bootstrap stops the node when the pipe reports end-of-file (``cloudtrain/node_watch.py``).
+its bootstrap stops the node when the pipe reports end-of-file (``cloudtrain/node/watch.py``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain import contract
-from cloudtrain.durations import format_duration
 from cloudtrain.home import cloudtrain_home
-from cloudtrain.node_watch import GRACE_ENV, SUPERVISOR_FD
+from cloudtrain.node.durations import format_duration
+from cloudtrain.node.watch import GRACE_ENV, SUPERVISOR_FD
 from cloudtrain.procs import TAG_VAR, kill_tagged, signal_group, start_ticks
 from cloudtrain.providers.local import outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord

@@ -23,7 +23,7 @@ from cloudtrain.config import lookup, placeholder_note, with_defaults
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.formatting import Summary
 from cloudtrain.handles import JobHandle
-from cloudtrain.nodes import bootstrap_args, job_env
+from cloudtrain.node_commands import bootstrap_args, job_env
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
 from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider

@@ -20,7 +20,7 @@ from cloudtrain.config import lookup, placeholder_note
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.home import cloudtrain_home
-from cloudtrain.nodes import bootstrap_args, job_env
+from cloudtrain.node_commands import bootstrap_args, job_env
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
 from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider

@@ -22,8 +22,9 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from cloudtrain import contract, process_tree
-from cloudtrain.durations import format_duration
+from cloudtrain import contract
+from cloudtrain.node import process_tree
+from cloudtrain.node.durations import format_duration
 
 ENV = contract.MAX_IDLE  # seconds; set by the plan unless the spec says max_idle: off
 # A worker process is busy when it used this share of one core since the previous CPU sample. A rank waiting in a

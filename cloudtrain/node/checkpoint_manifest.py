@@ -12,7 +12,7 @@ from typing import Any
 
 MANIFEST = "manifest.json"
 # A manifest whose file paths are relative to the script's checkpoint folder itself (a snapshot of a stack's own
-# layout: cloudtrain/snapshots.py), not to a step-<N> folder inside it; restored under those very names.
+# layout: cloudtrain/node/checkpoint_snapshots.py), not to a step-<N> folder inside it; restored under those very names.
 LAYOUT_DIR = "dir"
 QUARANTINE_PREFIX = "quarantine-"  # step-N/quarantine-<manifest sha256>.json: a restore found that manifest corrupt
 _STEP_DIR = re.compile(r"^step-(\d+)$")

@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
-from cloudtrain.log_masking import safe_end, write_all
+from cloudtrain.node.log_masking import safe_end, write_all
 
 ROLE = "default"  # torchrun's worker role: its prefix is [<role><local rank>]:
 STREAMS = {"stdout.log": 1, "stderr.log": 2}  # each file is echoed to the node's own stream of that name

@@ -8,8 +8,8 @@ torchrun echoes, the checkpoint and log uploaders) inherits the masked descripto
 bootstrap itself: nothing is installed on a node at that point.
 
 What is masked: every value the node's environment marks as secret (by the variable's name or a well-known format,
-``cloudtrain.secrets.env_secrets``; the script's secret arguments arrive as such variables too) and every well-known
-credential format (``cloudtrain.secrets.VALUE_RULES``), line by line, as ``****``. A line longer than a read (a config
+``secret_values.env_secrets``; the script's secret arguments arrive as such variables too) and every well-known
+credential format (``secret_values.VALUE_RULES``), line by line, as ``****``. A line longer than a read (a config
 dump, a JSON line over 64 KiB) is passed on in pieces cut only where no secret is cut in two (``Masker.safe_end``).
 """
 
@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from cloudtrain.secrets import MASK, VALUE_RULES, env_secrets
+from cloudtrain.node.secret_values import MASK, VALUE_RULES, env_secrets
 
 _BLOCK = 1 << 16
 # A long line is let through in pieces cut where no secret is cut in two; a well-known format's match is kept whole
@@ -158,7 +158,7 @@ _ACTIVE: list[Masker] = []  # the masker of this process's masked output (Masked
 
 def safe_end(data: bytes, pause: bool = False) -> int:
     """:meth:`Masker.safe_end` by this process's masked output (all of ``data`` when there is none), for a writer to
-    it that ends each piece of a long or paused line with a line end of its own (cloudtrain/worker_echo.py): a cut
+    it that ends each piece of a long or paused line with a line end of its own (cloudtrain/node/worker_echo.py): a cut
     there would split a secret into two lines, each masked alone."""
     return _ACTIVE[-1].safe_end(data, pause) if _ACTIVE else len(data)
 

@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cloudtrain import contract, rank_report
+from cloudtrain import contract
+from cloudtrain.node import rank_report
 
 GPU_FIX = ("run it on a GPU provider (e.g. --provider aws --gpus A10G:1), or let the script pick its backend and "
            "device from the environment: cloudtrain.runtime.init_distributed()")

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain import contract, storage
-from cloudtrain.checkpoint_manifest import (
+from cloudtrain.errors import CloudtrainError
+from cloudtrain.node.checkpoint_manifest import (
     MANIFEST,
     QUARANTINE_PREFIX,
     CorruptCheckpoint,
@@ -39,8 +40,7 @@ from cloudtrain.checkpoint_manifest import (
     step_dir,
     step_of,
 )
-from cloudtrain.errors import CloudtrainError
-from cloudtrain.paths import is_within
+from cloudtrain.node.paths import is_within
 from cloudtrain.storage import transfer
 
 __all__ = ["MANIFEST", "RUNTIME_MARKER", "UNPUBLISHED_MARKER", "Checkpoint", "CheckpointNotPublished",
@@ -436,8 +436,8 @@ def _report(result: dict[str, Any], code: int) -> int:
 
 
 def restore_report(uri: str, local: Path) -> dict[str, Any]:
-    """The node's restore, before its workers start (the bootstrap, through cloudtrain.node_steps, or
-    ``python -m cloudtrain.checkpoints restore``): ``{"step": N or None, "error": why or None}``."""
+    """The node's restore, before its workers start (the bootstrap, through cloudtrain.node.steps, or
+    ``python -m cloudtrain.node.checkpoint_store restore``): ``{"step": N or None, "error": why or None}``."""
     if _overlaps(uri, local):
         _print(f"warning: the checkpoint URI {uri} and CLOUDTRAIN_CHECKPOINT_DIR {local} are the same folder (or "
                "one holds the other): the store then holds the script's own folders too; give the checkpoint "
@@ -453,9 +453,9 @@ def restore_report(uri: str, local: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """What the bootstrap runs around torchrun (each prints one JSON line; ``error`` and exit 1 on failure):
 
-    ``python -m cloudtrain.checkpoints restore URI DIR``           before the workers start
-    ``python -m cloudtrain.checkpoints sync DIR URI [--every S]``   while they run (node 0)
-    ``python -m cloudtrain.checkpoints sync DIR URI --final``       after they exited (node 0)
+    ``python -m cloudtrain.node.checkpoint_store restore URI DIR``           before the workers start
+    ``python -m cloudtrain.node.checkpoint_store sync DIR URI [--every S]``   while they run (node 0)
+    ``python -m cloudtrain.node.checkpoint_store sync DIR URI --final``       after they exited (node 0)
     """
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 3 and args[0] == "restore":
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             except CloudtrainError as exc:  # the final sync tries again and decides the job's outcome
                 _print(f"warning: {exc}; trying again in {every:.0f}s")
             time.sleep(every)
-    print("usage: python -m cloudtrain.checkpoints restore URI DIR | sync DIR URI [--every S | --final]",
+    print("usage: python -m cloudtrain.node.checkpoint_store restore URI DIR | sync DIR URI [--every S | --final]",
           file=sys.stderr)
     return 2
 

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cloudtrain import contract, diagnosis, rank_report, watchdog
-from cloudtrain.durations import format_duration
+from cloudtrain import contract
+from cloudtrain.node import diagnosis, idle_watchdog, rank_report
+from cloudtrain.node.durations import format_duration
 
 SUPERVISOR_FD = contract.SUPERVISOR_FD  # local nodes: the read end of a pipe the supervisor holds open
 GRACE_ENV = contract.GRACE_PERIOD  # seconds between this node's own SIGTERM and its SIGKILL
@@ -99,15 +100,15 @@ class NodeWatch:
         torchrun's environment adds: the folder where each worker reports whether it joined a process group."""
         reports = self.workdir / "ranks"
         shutil.rmtree(reports, ignore_errors=True)  # a restarted node reports afresh
-        limit = watchdog.idle_limit(self.env)
+        limit = idle_watchdog.idle_limit(self.env)
         # Only the node of global rank 0 watches: it is where a job prints (most scripts print from rank 0 alone)
         # and where plain checkpoints are written. When it stops, the platform (or the local supervisor) ends the
         # other nodes.
         if limit is not None and self.env.get(contract.NODE_RANK, "0") == "0":
             folders = [self.workdir / "worker-logs", Path(self.env.get(contract.CHECKPOINT_DIR) or self.workdir)]
-            self._idle = watchdog.start(folders, limit, self.stop)
-        elif limit is None and self.env.get(watchdog.ENV):
-            log(f"warning: {watchdog.ENV}={self.env[watchdog.ENV]!r} is not a number of seconds: no watchdog")
+            self._idle = idle_watchdog.start(folders, limit, self.stop)
+        elif limit is None and self.env.get(idle_watchdog.ENV):
+            log(f"warning: {idle_watchdog.ENV}={self.env[idle_watchdog.ENV]!r} is not a number of seconds: no watchdog")
         return {rank_report.ENV: str(reports)}
 
     def torchrun_ended(self) -> None:

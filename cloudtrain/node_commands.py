@@ -15,8 +15,8 @@ from typing import Any
 
 from cloudtrain import contract
 from cloudtrain.home import resource_dir
+from cloudtrain.node.secret_values import split_args
 from cloudtrain.plan import NodeCommand
-from cloudtrain.secrets import split_args
 from cloudtrain.spec import JobSpec
 
 
@@ -85,7 +85,7 @@ def job_env(spec: JobSpec) -> dict[str, str]:
         env[contract.OUTPUT_URI] = spec.output_uri
     if spec.require_process_group:  # the node watch fails a run whose processes each trained alone
         env[contract.REQUIRE_PROCESS_GROUP] = "1"
-    if spec.max_idle:  # the bootstrap's watchdog (cloudtrain/watchdog.py)
+    if spec.max_idle:  # the bootstrap's watchdog (cloudtrain/node/idle_watchdog.py)
         env[contract.MAX_IDLE] = str(spec.max_idle)
     for name, uri in spec.inputs.items():  # a provider that mounts or downloads inputs replaces the URI with a path
         env[input_env(name)] = uri

@@ -18,7 +18,7 @@ does; anything else (and a folder, which may still gain files) once nothing in t
 period. After the workers exited, everything that is complete is final. A file whose bytes change while it is
 uploaded makes that snapshot void (its manifest is never written); the next one is taken when it has settled.
 
-The ``step-<N>/`` folders cloudtrain's own layout uses are published per folder as before (checkpoints.sync_dir).
+The ``step-<N>/`` folders cloudtrain's own layout uses are published per folder as before (checkpoint_store.sync_dir).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ import zipfile
 from pathlib import Path
 from typing import Any, Dict, NamedTuple
 
-from cloudtrain import checkpoints, contract, storage
-from cloudtrain.checkpoint_manifest import LAYOUT_DIR, is_dir_layout, step_dir, step_of
+from cloudtrain import contract, storage
+from cloudtrain.node import checkpoint_store
+from cloudtrain.node.checkpoint_manifest import LAYOUT_DIR, is_dir_layout, step_dir, step_of
 
 QUIET = 2.0  # seconds a snapshot must stay unchanged before it is taken for complete (CLOUDTRAIN_CHECKPOINT_QUIET)
 LIVE_AFTER = 10  # a file of no known format that changed at this many scans in a row is a log, not a checkpoint
@@ -227,7 +228,7 @@ class Snapshotter:
                  world_size: int = 0, step_folders: bool = True) -> None:
         self.root, self.uri, self.keep, self.quiet, self.world_size = root, uri, keep, quiet, world_size
         self.step_folders = step_folders  # False: cloudtrain's step-<N> folders are published one by one elsewhere
-        self.log = log or checkpoints.log_line
+        self.log = log or checkpoint_store.log_line
         self.published: Files = self._scan()  # what the folder held when the node started: restored, in the store
         self.seen: dict[str, Files] = _by_entry(self.published)
         self.changed_at: dict[str, float] = {}  # entry -> when a poll last found it changed
@@ -311,7 +312,7 @@ class Snapshotter:
 
     def _generation(self, names: list[str]) -> int:
         if self.next_step is None:
-            self.next_step = max(checkpoints.steps_present(self.uri), default=0) + 1
+            self.next_step = max(checkpoint_store.steps_present(self.uri), default=0) + 1
         step = script_step(names)
         return max(self.next_step, step if step is not None else 0)
 
@@ -333,18 +334,18 @@ class Snapshotter:
         folder = storage.join(self.uri, step_dir(step))
         self.next_step = step + 1  # a void attempt's objects never mix with the next attempt's
         rels = sorted(snapshot)
-        entries = checkpoints.describe_and_upload(self.root, rels, folder, log=self.log)
+        entries = checkpoint_store.describe_and_upload(self.root, rels, folder, log=self.log)
         changed = [rel for rel in rels if _state(self.root / rel) != snapshot[rel]]
         if changed:  # rewritten while it was read: what reached the store may mix two versions
             self.log(f"{self.root / changed[0]} changed while it was uploaded; its snapshot is taken again once it "
                      "has settled")
             return None
-        checkpoints.publish(folder, step, entries, world_size=0, kind="snapshot", log=self.log,
+        checkpoint_store.publish(folder, step, entries, world_size=0, kind="snapshot", log=self.log,
                             extra={"layout": LAYOUT_DIR, "entries": chosen, "script_step": script_step(chosen)})
         self.published = snapshot
         self.log(f"published {', '.join(chosen)} from {self.root} as {folder}")
         try:  # the checkpoint stands; what retention misses now, the next publish's retention removes
-            checkpoints.apply_retention(self.uri, self.keep, log=self.log)
+            checkpoint_store.apply_retention(self.uri, self.keep, log=self.log)
         except Exception as exc:
             self.log(f"retention under {self.uri} failed ({exc}); the next publish tries again")
         return step
@@ -363,7 +364,7 @@ def resume_point(uri: str | None) -> str:
     or ``from scratch: ...`` (what `preempt`, `wait` and `status` say, so a restart never claims a resume)."""
     if not uri:
         return "from scratch: the job has no checkpoint.uri"
-    complete = checkpoints.list_complete(uri, log=lambda _message: None)
+    complete = checkpoint_store.list_complete(uri, log=lambda _message: None)
     if not complete:
         return f"from scratch: no checkpoint is published under {uri} yet"
     newest = complete[-1]

@@ -102,9 +102,9 @@ def restore_checkpoint(env: dict[str, str], cwd: Path) -> str | None:
     started = time.monotonic()
     _adopt(env)
     try:
-        from cloudtrain import checkpoints
+        from cloudtrain.node import checkpoint_store
 
-        report = checkpoints.restore_report(uri, _local(env, cwd))
+        report = checkpoint_store.restore_report(uri, _local(env, cwd))
     except Exception as exc:  # a storage client that is missing or breaks: the node stops, saying why
         return f"restoring checkpoints from {uri} failed: {exc!r}"
     if report["error"]:
@@ -123,25 +123,26 @@ def restore_checkpoint(env: dict[str, str], cwd: Path) -> str | None:
 
 class PlainSync:
     """Node 0 publishes what a plain script writes into its checkpoint folder while it runs, from a thread of the
-    bootstrap: cloudtrain's own ``step-<N>`` folders one by one (checkpoints.sync_dir, every
-    CLOUDTRAIN_CHECKPOINT_INTERVAL seconds) and any other layout as snapshots (cloudtrain.snapshots, looked at
-    every second: taking one needs two looks a quiet period apart)."""
+    bootstrap: cloudtrain's own ``step-<N>`` folders one by one (checkpoint_store.sync_dir, every
+    CLOUDTRAIN_CHECKPOINT_INTERVAL seconds) and any other layout as snapshots (checkpoint_snapshots, looked at every
+    second: taking one needs two looks a quiet period apart)."""
 
     LOOK_EVERY = 1.0
 
     def __init__(self, env: dict[str, str], cwd: Path, world_size: int = 0) -> None:
         _adopt(env)
-        from cloudtrain import checkpoints, snapshots
+        from cloudtrain.node import checkpoint_snapshots, checkpoint_store
 
-        self.checkpoints = checkpoints
+        self.checkpoints = checkpoint_store
         self.local, self.uri = _local(env, cwd), env[contract.CHECKPOINT_URI]
         self.keep = contract.keep_count(env.get(contract.CHECKPOINT_KEEP))
         self.every = float(env.get(contract.CHECKPOINT_INTERVAL) or contract.SYNC_EVERY)
         # the script's own folder (checkpoint.dir): every entry is its own, step-<N> folders too; else cloudtrain's
         # step-<N> folders are published one by one (sync_dir) and only the other entries as snapshots
         self.own_layout = env.get(contract.CHECKPOINT_LAYOUT) == contract.SCRIPT_LAYOUT
-        self.snapshots = snapshots.Snapshotter(self.local, self.uri, self.keep, snapshots.quiet_period(env),
-                                               world_size=world_size, step_folders=self.own_layout)
+        self.snapshots = checkpoint_snapshots.Snapshotter(
+            self.local, self.uri, self.keep, checkpoint_snapshots.quiet_period(env), world_size=world_size,
+            step_folders=self.own_layout)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cloudtrain-checkpoint-sync", daemon=True)
         self._thread.start()
@@ -229,10 +230,10 @@ def upload_logs(env: dict[str, str], cwd: Path, workdir: Path, node_rank: int, m
     target = f"{output.rstrip('/')}/logs/node-{node_rank}"
     _adopt(env)
     try:
-        from cloudtrain import outputs
+        from cloudtrain.node import output_upload
 
         runs = sum(1 for p in logs.iterdir() if p.is_dir())
-        count = outputs.upload_tree(logs, target, functools.partial(outputs.log_name, runs=runs))
+        count = output_upload.upload_tree(logs, target, functools.partial(output_upload.log_name, runs=runs))
     except Exception as exc:
         warning = f"copying logs to {target} failed ({_why(exc)}); they are still in {logs} on this node"
         log(f"warning: {warning}")
@@ -253,9 +254,9 @@ def upload_outputs(env: dict[str, str], cwd: Path, node_rank: int) -> str | None
         return None  # the folder is the output location (a mount): nothing to copy
     _adopt(env)
     try:
-        from cloudtrain import outputs
+        from cloudtrain.node import output_upload
 
-        count = outputs.upload_tree(folder, target)
+        count = output_upload.upload_tree(folder, target)
     except Exception as exc:
         error = f"copying outputs to {target} failed ({_why(exc)}); the files are still in {folder} on this node"
         log(f"error: {error}")
