@@ -16,6 +16,7 @@ job unchanged. Standard library only, Python 3.8; no token or response body is e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -193,10 +194,8 @@ def start(node_contract: Any, env: dict[str, str], workdir: Path) -> tuple[dict[
     """What the workers' environment adds (the request file's path, always: a script may also be asked by hand),
     and the running watch where this node's platform has a notice to poll."""
     request = workdir / "checkpoint-request.json"
-    try:
+    with contextlib.suppress(OSError):
         request.unlink()  # an earlier run's request is not this one's
-    except OSError:
-        pass
     added = {contract.CHECKPOINT_REQUEST: str(request)}
     kind = enabled(node_contract, env)
     if kind is None:

@@ -32,7 +32,7 @@ class MetadataFake:
             def log_message(self, *_args: object) -> None:
                 pass
 
-            def do_PUT(self) -> None:  # noqa: N802
+            def do_PUT(self) -> None:
                 fake.requests.append(("PUT", self.path, {k.lower(): v for k, v in self.headers.items()}))
                 ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
                 if self.path != "/latest/api/token" or not ttl.isdigit() or not 1 <= int(ttl) <= 21600:
@@ -41,7 +41,7 @@ class MetadataFake:
                 fake.tokens.add(token)
                 return self.reply(200, token)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 fake.requests.append(("GET", self.path, {k.lower(): v for k, v in self.headers.items()}))
                 url = urlsplit(self.path)
                 announced = fake.notice_at is not None and time.time() >= fake.notice_at

@@ -73,7 +73,7 @@ class _CheckpointRequest:
 
     def __init__(self) -> None:
         self.path = os.environ.get(contract.CHECKPOINT_REQUEST)
-        self.seen = self._stamp()  # one written before this Checkpointer existed is not ours to answer
+        self.seen = 0  # the node removes an earlier run's file: one there already is a notice before our first step
 
     def _stamp(self) -> int:
         try:
@@ -89,6 +89,7 @@ class _CheckpointRequest:
         return stamp != 0
 
 
+class Checkpointer:
     """Create it on every rank (it makes process groups, a collective) after the model and optimizer.
 
     ``uri``, ``every_seconds`` and ``keep`` default to what the job spec set (CLOUDTRAIN_CHECKPOINT_*).
