@@ -135,8 +135,8 @@ def test_the_checkpointer_saves_at_the_notice(cli, fake: MetadataFake, tmp_path:
     mid-run: every rank saves that step, training goes on, and the store holds that step and the last."""
     ckpt = (tmp_path / "ckpt").as_uri()
     script = project(tmp_path, "train_ddp.py", (REPO / "entrypoints" / "train_ddp.py").read_text())
-    log, status = run_with_notice(cli, fake, script, platform, "--checkpoint-uri", ckpt, "--set", "checkpoint.interval=1h",
-                                  "--", "--epochs", "3", "--step-sleep", "0.2")
+    log, status = run_with_notice(cli, fake, script, platform, "--checkpoint-uri", ckpt, "--set",
+                                  "checkpoint.interval=1h", "--", "--epochs", "3", "--step-sleep", "0.2")
     assert status["state"] == "succeeded"
     assert NOTICE_LINE.findall(log) == [platform], log[-4000:]
     asked = re.search(r"checkpoint requested by the node \(a spot notice\): saving step (\d+)", log)
