@@ -94,6 +94,20 @@ VARIABLES = (
              "(default 8)", "you (the spec's env, or your shell)", "cloudtrain.storage.transfer"),
     Variable("CLOUDTRAIN_FORCE_CPU", "1: use the CPU even where CUDA is available", "you",
              "cloudtrain.runtime (init_distributed)"),
+    # spot notices (cloudtrain/node/spot_notice.py): checkpoint before the reclaim
+    Variable("CLOUDTRAIN_SPOT_NOTICE", "on / off: poll the platform's spot notice (the node contract's SPOT_NOTICE: "
+             "EC2 instance-action, Azure Scheduled Events, GCE instance/preempted); default: the contract's "
+             "SPOT_NOTICE_ON (off on SageMaker, whose training containers have no documented IMDS access)",
+             "you (the spec's env)", "bootstrap (spot notice)"),
+    Variable("CLOUDTRAIN_METADATA_URL", "the metadata endpoint's scheme and host (default: the platform's, "
+             "http://169.254.169.254 or http://metadata.google.internal); off: no polling",
+             "you (tests: a fake on 127.0.0.1); local provider (--emulate: off unless set)", "bootstrap (spot notice)"),
+    Variable("CLOUDTRAIN_CHECKPOINT_REQUEST", "a file the node writes (JSON: platform, seen, action, at) when the "
+             "platform announces a reclaim: checkpoint at your next step (each new write is a new request; its "
+             "mtime tells them apart)", "bootstrap (spot notice)", "Checkpointer, your script"),
+    Variable("CLOUDTRAIN_CHECKPOINT_SIGNAL", "SIGUSR1: on a spot notice the node also sends that signal to the "
+             "workers (only for a script that handles it: SIGUSR1's default action kills the process)",
+             "you (the spec's env)", "bootstrap (spot notice)"),
     Variable("CLOUDTRAIN_HOME", "cloudtrain's own state on this machine (default ~/.cloudtrain)", "you",
              "cloudtrain (jobs, local store, temp files)", "host"),
     Variable("CLOUDTRAIN_CONFIG", "the settings file (profiles)", "you", "cloudtrain.config", "host"),
@@ -117,6 +131,8 @@ SUPERVISOR_FD, GRACE_PERIOD, PROCESS_TAG, RANK_REPORTS, SECRET_ARG_PREFIX, FORCE
     "CLOUDTRAIN_SECRET_ARG_", "CLOUDTRAIN_FORCE_CPU")
 HOME, CONFIG, PROFILE, PLUGINS = "CLOUDTRAIN_HOME", "CLOUDTRAIN_CONFIG", "CLOUDTRAIN_PROFILE", "CLOUDTRAIN_PLUGINS"
 REQUIRE_PROCESS_GROUP, STOP_REASON_FILE = "CLOUDTRAIN_REQUIRE_PROCESS_GROUP", "CLOUDTRAIN_STOP_REASON_FILE"
+SPOT_NOTICE, METADATA_URL = "CLOUDTRAIN_SPOT_NOTICE", "CLOUDTRAIN_METADATA_URL"
+CHECKPOINT_REQUEST, CHECKPOINT_SIGNAL = "CLOUDTRAIN_CHECKPOINT_REQUEST", "CLOUDTRAIN_CHECKPOINT_SIGNAL"
 
 # cloudtrain's node variables a script's args (and resume_args) may name as ${NAME}: the node replaces each with its
 # value before torchrun starts (no shell involved; $${NAME} stands for the text ${NAME}), and a plan refuses any

@@ -308,6 +308,16 @@ def node_watch(env: dict[str, str], workdir: Path, on_force: Any) -> Any:
     return NodeWatch(env, workdir, on_force)
 
 
+def spot_notices(contract: Any, env: dict[str, str], workdir: Path) -> tuple[dict[str, str], Any]:
+    """cloudtrain/node/spot_notice.py from the bundle's lib/: the workers' checkpoint request file, and the poller of
+    the platform's spot notice where its contract names one (else None). Nothing for a hand-made bundle without it."""
+    try:
+        from cloudtrain.node import spot_notice
+    except ImportError:
+        return {}, None
+    return spot_notice.start(contract, env, workdir)
+
+
 def worker_echo(workdir: Path) -> Any:
     """cloudtrain/node/worker_echo.py from the bundle's lib/: the workers' log files, echoed into this node's output."""
     from cloudtrain.node.worker_echo import WorkerEcho
@@ -448,11 +458,14 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
             syncer = steps.start_checkpoint_sync(env, src, cluster.node_rank,
                                                  world_size=cluster.nnodes * cluster.nproc_per_node)
             extra = watch.torchrun_started() if watch else {}
+            asks, notices = spot_notices(contract, env, workdir)  # checkpoint before the reclaim
             echo.start()
             try:
-                code, stopped = torchrun.run(argv_, src, {**env, **extra}, early_stop)
+                code, stopped = torchrun.run(argv_, src, {**env, **extra, **asks}, early_stop)
             finally:
                 echo.finish()  # at once: what the workers wrote last, before anything the node says after
+                if notices:
+                    notices.stop()
             if watch:
                 watch.torchrun_ended()
             leftovers = end_leftovers()

@@ -4,7 +4,8 @@ Training is blocked only while DCP stages the state out of the training tensors;
 publishing run in a background thread, on a process group of their own (``dcp.async_save`` on the default gloo
 group while training continues hangs or crashes gloo). At most one save is in flight. On SIGTERM every rank agrees
 (an all_reduce on a third group) at the next ``step()``, takes a final checkpoint, drains the upload and raises
-``Preempted``.
+``Preempted``. Where the node writes its checkpoint request file (a spot notice: cloudtrain/node/spot_notice.py), the
+same all_reduce makes every rank save at that step, and training goes on until the SIGTERM.
 
 A save that cannot be written or published (the store refuses it, or stays unreachable through every retry) is
 known to every rank: each raises ``CheckpointNotPublished`` at its next ``wait()`` (the next save, a stop, or
@@ -68,6 +69,27 @@ def _env_seconds(name: str) -> float | None:
     return float(value) if value else None
 
 
+class _CheckpointRequest:
+    """The node's checkpoint request file (contract.CHECKPOINT_REQUEST): each write of it is one request."""
+
+    def __init__(self) -> None:
+        self.path = os.environ.get(contract.CHECKPOINT_REQUEST)
+        self.seen = 0  # the node removes an earlier run's file: one there already is a notice before our first step
+
+    def _stamp(self) -> int:
+        try:
+            return os.stat(self.path).st_mtime_ns if self.path else 0
+        except OSError:
+            return 0
+
+    def new(self) -> bool:
+        stamp = self._stamp()  # one stat per step: ~1 us
+        if stamp == self.seen:
+            return False
+        self.seen = stamp
+        return stamp != 0
+
+
 class Checkpointer:
     """Create it on every rank (it makes process groups, a collective) after the model and optimizer.
 
@@ -104,6 +126,7 @@ class Checkpointer:
         self._stop_requested = False
         self._last_save = time.monotonic()
         self._previous_handler: Any = None
+        self._request = _CheckpointRequest()  # the node's ask on a spot notice (cloudtrain/node/spot_notice.py)
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -119,9 +142,12 @@ class Checkpointer:
         self._last_step = step
         due_time = self.rank == 0 and self.every_seconds is not None and \
             time.monotonic() - self._last_save >= self.every_seconds
-        flags = torch.tensor([int(self._stop_requested), int(due_time)])
+        flags = torch.tensor([int(self._stop_requested), int(due_time), int(self._request.new())])
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.control_group)
         stop, due = bool(flags[0]), bool(flags[1]) or bool(self.every_steps and step % self.every_steps == 0)
+        if bool(flags[2]) and not stop:  # any rank's node was asked: every rank saves this step together
+            self.log.info(f"checkpoint requested by the node (a spot notice): saving step {step}")
+            due = True
         if stop:
             self.log.warning(f"stop requested: final checkpoint at step {step}")
             self.save(step, block=True)

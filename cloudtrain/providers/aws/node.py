@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 PLATFORM = "sagemaker"
+# Spot notice (cloudtrain/node/spot_notice.py): EC2's instance-action, but off unless CLOUDTRAIN_SPOT_NOTICE=on.
+# SageMaker documents no IMDS access from a training container (its credentials come from elsewhere), stops a job
+# with SIGTERM and 120 s, and handles managed spot interruptions itself.
+SPOT_NOTICE, SPOT_NOTICE_ON = "ec2", False
 MASTER_PORT = 7777  # what SageMaker's own torchrun driver uses
 # Instance types on which SageMaker's own launchers (sagemaker-core's torchrun driver, the training toolkit) turn on
 # EFA for NCCL, and its RDMA path: their lists, as of sagemaker-core 2.27.0 (tests/test_launcher_equivalence.py

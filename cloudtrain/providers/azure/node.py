@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 PLATFORM = "azureml"
+SPOT_NOTICE = "azure"  # Scheduled Events' Preempt (cloudtrain/node/spot_notice.py): compute cluster nodes are Azure VMs
 MASTER_PORT = 6105  # what Azure ML's PyTorch distribution sets
 
 

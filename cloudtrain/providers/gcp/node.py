@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 PLATFORM = "vertex"
+SPOT_NOTICE = "gce"  # the metadata server's instance/preempted (cloudtrain/node/spot_notice.py)
 CLUSTER_PORT = 2222  # the port Vertex writes into CLUSTER_SPEC
 
 

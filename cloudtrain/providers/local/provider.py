@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from cloudtrain import contract, registry, storage
+from cloudtrain.contract import METADATA_URL
 from cloudtrain.errors import HandleError, HomeError, SpecError, UserError
 from cloudtrain.formatting import Summary
 from cloudtrain.handles import JobHandle
@@ -97,6 +98,8 @@ class LocalProvider(Provider):
             emulated, node_files = module.emulate(spec.nodes, rank, PORT_AT_SUBMIT, job_dir / f"node-{rank}", job_id)
             files.update({str(rank): node_files} if node_files else {})
             envs[rank] = {"OMP_NUM_THREADS": "1", **job_env(spec), **emulated}  # several CPU ranks share the cores
+            if contract.name != "local":  # an emulated cloud node polls no real metadata server, unless told to
+                envs[rank].setdefault(METADATA_URL, "off")
         args_of = {rank: bootstrap_args(spec, bundle=bundle_uri, digest=package.digest,
                                         workdir=str(job_dir / f"node-{rank}"), job_id=job_id,
                                         contract=contract.node_path(), nproc=nproc,
