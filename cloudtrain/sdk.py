@@ -26,11 +26,14 @@ if TYPE_CHECKING:
     from cloudtrain.packaging import Package
 
 
-def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spec_file: str | None = None) -> Plan:
+def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spec_file: str | None = None,
+             package: Package | None = None) -> Plan:
     """Validate paths, package the source and ask the provider for its request. Nothing is staged or sent.
     Provider settings the spec leaves unset come from the environment or the active profile (cloudtrain.config).
-    ``spec_file``: the file the spec came from, shown in the plan."""
+    ``spec_file``: the file the spec came from, shown in the plan. ``package``: one already built for this spec
+    (`plan --compare` packages once for every provider); the caller closes it."""
     from cloudtrain.config import with_defaults
+    from cloudtrain.cost import plan_budget
     from cloudtrain.nodes import checkpoint_notes, script_args
     from cloudtrain.secrets import split_args_note
 
@@ -38,14 +41,19 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
     spec = with_defaults(spec, impl.name)
     contract = impl.contract(spec)  # a plugin's node contract travels in the bundle's lib/ (cloudtrain's is there)
     lib = {} if contract.node_module().startswith("cloudtrain.") else {contract.node_path(): contract.node_file()}
-    package = _package(spec, check_local_paths(spec), progress, lib)
+    shared = package is not None and not lib
+    if not shared:
+        package = _package(spec, check_local_paths(spec), progress, lib)
+    assert package is not None
     try:
         plan = impl.plan(spec, package)
+        plan.budget = plan_budget(plan)  # max_cost: what it buys; refused below one hour of a list price
         plan.notes += package.notes() + checkpoint_notes(plan.spec)
         if note := split_args_note(script_args(spec), spec.env):
             plan.notes.append(note)
     except BaseException:
-        package.close()
+        if not shared:
+            package.close()
         raise
     plan.spec_file = spec_file
     return plan
