@@ -77,6 +77,7 @@ class Comparison:
         self.rows = sorted(rows, key=Row.sort_key)
         self.package = package
         self.spec = spec
+        self._taken: list[Row] = []
 
     def __enter__(self) -> Comparison:
         return self
@@ -85,11 +86,18 @@ class Comparison:
         self.close()
 
     def close(self) -> None:
-        for row in self.rows:
-            if row.plan is not None and row.plan.package is not self.package:
-                row.plan.package.close()
-        if self.package is not None:
-            self.package.close()
+        """Every plan's package, but a taken plan's (it is being submitted; its own ``with`` closes it)."""
+        kept = {id(row.plan.package) for row in self._taken if row.plan is not None}
+        packages = [row.plan.package for row in self.rows if row.plan is not None]
+        for package in {id(p): p for p in [*packages, *([self.package] if self.package else [])]}.values():
+            if id(package) not in kept:
+                package.close()
+
+    def take(self, row: Row) -> Plan:
+        """The row's plan, left open by ``close`` (for submit)."""
+        assert row.plan is not None
+        self._taken.append(row)
+        return row.plan
 
     def cheapest(self) -> Row:
         """The first row that can run with a list price; else a UserError saying what each needs."""
@@ -177,6 +185,7 @@ def _row(spec: JobSpec, name: str, region: str | None, package: Package, spec_fi
 
         rate = rate_of(plan)
         if rate is not None and rate.hourly is not None:
+            row.instance = row.instance or rate.instance_type
             row.billed_as, row.on_demand = rate.capacity, rate.hourly
             row.spot = rate.hourly if rate.spot is not None else None
     if row.hourly is not None:

@@ -30,6 +30,8 @@ from cloudtrain.home import cloudtrain_home
 if TYPE_CHECKING:
     from cloudtrain.plan import Plan
 
+clock = time.time  # what a running leg is priced until (tests move it instead of waiting an hour)
+
 
 @dataclass(frozen=True)
 class Rate:
@@ -136,7 +138,7 @@ def leg_cost(leg: Leg, now: float | None = None) -> LegCost:
     if leg.started_at is None:
         hours = 0.0
     else:
-        end = leg.ended_at if leg.ended_at is not None else (time.time() if now is None else now)
+        end = leg.ended_at if leg.ended_at is not None else (clock() if now is None else now)
         hours = max(0.0, end - leg.started_at) / 3600
     rate = leg.rate
     if rate is None or rate.hourly is None:

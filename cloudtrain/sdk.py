@@ -124,8 +124,11 @@ def with_restart_point(status: JobStatus) -> JobStatus:
     """A job that may restart (running, stopping, preempted) says what a restart starts from: the newest checkpoint
     its store holds, or "from scratch" (read from the store here; said nothing where this machine cannot read it).
     What `cloudtrain status|wait|preempt` and ``Run.status()`` show."""
+    from cloudtrain.budget import stopped_note
     from cloudtrain.errors import CloudtrainError
 
+    if (note := stopped_note(status.handle)) and note not in status.message:  # the budget watcher stopped it
+        status.message = f"{status.message}; {note}" if status.message else note
     if not status.checkpoint_uri or status.state.value in ("succeeded", "failed", "cancelled"):
         return status
     try:

@@ -96,11 +96,8 @@ def _planned(args: argparse.Namespace, spec: Any, spec_file: str | None) -> Any:
         return plan_job(spec, _provider_name(args), spec_file=spec_file)
     with compare(spec, spec_file=spec_file) as found:
         row = found.cheapest()
-        plan = row.plan
-        assert plan is not None
-        found.rows.remove(row)  # kept open: it is submitted
-        found.package = None if plan.package is found.package else found.package
-        ready = sum(r.ready and r.hourly is not None for r in found.rows) + 1
+        plan = found.take(row)  # left open: the caller's `with` closes it after submit
+        ready = sum(r.ready and r.hourly is not None for r in found.rows)
         from cloudtrain.formatting import money
 
         print(f"cheapest: {row.provider}{' ' + row.region if row.region else ''}, {row.instance}, "
