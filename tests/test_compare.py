@@ -73,4 +73,4 @@ def test_submit_cheapest_takes_the_first_row_that_can_run(cli, project: Path) ->
     assert cli("wait", submitted.stdout.strip(), timeout=240).returncode == 0
     none = cli("submit", str(project / "train_ddp.py"), "-p", "cheapest", "--gpus", "A100:8", "--detach")
     assert none.returncode == 2 and "--provider: no provider with a list price can run this job" in none.stderr
-    assert "gcp: set providers.gcp.project" in none.stderr and "Traceback" not in none.stderr
+    assert "gcp/us-central1: set providers.gcp.project" in none.stderr and "Traceback" not in none.stderr
