@@ -5,14 +5,15 @@ chain of legs at every status poll (cloudtrain/cost.py). When the cost accrued a
 ``max_cost`` it stops the running leg with the provider's ``cancel`` (local: SIGTERM to every node, which saves a final
 checkpoint and exits; SageMaker: StopTrainingJob, SIGTERM then 120 s; Azure ML and Vertex: their cancel), and never
 resubmits after that. The stop is recorded beside the root's price (``stopped``), so ``status`` and a watcher started
-later say so too.
+later say so too. (`cloudtrain cost` and the status note are in cloudtrain/sdk.py: they read the recovery chain,
+which imports this module.)
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cloudtrain import cost
 from cloudtrain.durations import format_duration
@@ -21,21 +22,6 @@ from cloudtrain.handles import JobHandle
 
 if TYPE_CHECKING:
     from cloudtrain.providers.base import JobStatus, Provider
-
-
-def chain_of(handle: JobHandle | str) -> list[str]:
-    """Every submission of the job ``handle`` belongs to, oldest first (the recovery chain, else the handle)."""
-    from cloudtrain import recovery
-
-    parsed = JobHandle.parse(handle) if isinstance(handle, str) else handle
-    state = recovery.load(parsed)
-    return list(state.chain) if state else [str(parsed)]
-
-
-def stopped_note(handle: JobHandle | str) -> str | None:
-    """What the budget did to the job ``handle`` belongs to ("stopped: budget USD ... reached ..."), or None."""
-    chain = chain_of(handle)
-    return (cost.recorded(chain[0]) or {}).get("stopped")
 
 
 class Watcher:
@@ -125,12 +111,3 @@ def _describe(handle: str) -> JobStatus:
 
     parsed = JobHandle.parse(handle)
     return get_provider(parsed.provider).describe(parsed)
-
-
-def report(handle: JobHandle | str) -> dict[str, Any]:
-    """`cloudtrain cost HANDLE`: runtime per leg, restarts, list-price cost and spot savings, so far."""
-    chain = chain_of(handle)
-    found = Watcher(chain)
-    total = found.spent()
-    return {"handle": str(handle), "root": chain[0], "max_cost": found.max_cost, "stopped": found.stopped,
-            "priced": bool(cost.rate_from(found.record)), **total.to_dict()}

@@ -124,10 +124,9 @@ def with_restart_point(status: JobStatus) -> JobStatus:
     """A job that may restart (running, stopping, preempted) says what a restart starts from: the newest checkpoint
     its store holds, or "from scratch" (read from the store here; said nothing where this machine cannot read it).
     What `cloudtrain status|wait|preempt` and ``Run.status()`` show."""
-    from cloudtrain.budget import stopped_note
     from cloudtrain.errors import CloudtrainError
 
-    if (note := stopped_note(status.handle)) and note not in status.message:  # the budget watcher stopped it
+    if (note := budget_note(status.handle)) and note not in status.message:  # the budget watcher stopped it
         status.message = f"{status.message}; {note}" if status.message else note
     if not status.checkpoint_uri or status.state.value in ("succeeded", "failed", "cancelled"):
         return status
@@ -138,6 +137,36 @@ def with_restart_point(status: JobStatus) -> JobStatus:
     except (CloudtrainError, OSError, ImportError, ValueError):
         pass
     return status
+
+
+def chain_of(handle: JobHandle | str) -> list[str]:
+    """Every submission of the job ``handle`` belongs to, oldest first (its recovery chain, else the handle)."""
+    from cloudtrain import recovery
+
+    parsed = JobHandle.parse(handle) if isinstance(handle, str) else handle
+    state = recovery.load(parsed)
+    return list(state.chain) if state else [str(parsed)]
+
+
+def budget_note(handle: JobHandle | str) -> str | None:
+    """What the budget watcher did to the job ``handle`` belongs to ("stopped: budget USD ... reached ..."), or
+    None."""
+    from cloudtrain.cost import recorded
+
+    return (recorded(chain_of(handle)[0]) or {}).get("stopped")
+
+
+def job_cost(handle: JobHandle | str) -> dict[str, Any]:
+    """`cloudtrain cost HANDLE`, ``Run.cost()``: runtime per leg, restarts, list-price cost and spot savings so far,
+    across every leg of the job's recovery chain (cloudtrain/cost.py prices them)."""
+    from cloudtrain.budget import Watcher
+    from cloudtrain.cost import rate_from
+
+    chain = chain_of(handle)
+    found = Watcher(chain)
+    total = found.spent()
+    return {"handle": str(handle), "root": chain[0], "max_cost": found.max_cost, "stopped": found.stopped,
+            "priced": bool(rate_from(found.record)), **total.to_dict()}
 
 
 def preempt(provider: Provider, handle: JobHandle) -> JobStatus:
@@ -247,6 +276,10 @@ class Run:
 
     def cancel(self) -> JobStatus:
         return self.provider.cancel(self.handle)
+
+    def cost(self) -> dict[str, Any]:
+        """What this job has cost so far at list prices, leg by leg, as `cloudtrain cost` shows it (with -o json)."""
+        return job_cost(self.handle)
 
     def outputs(self, download: str | Path | None = None) -> list[OutputFile]:
         """The job's outputs (final model, node logs) at its output location; ``download``: copy them into that

@@ -13,7 +13,7 @@ import pytest
 from cloudtrain import budget, cost, recovery
 from cloudtrain.handles import JobHandle
 from cloudtrain.providers.base import JobState
-from cloudtrain.sdk import Job
+from cloudtrain.sdk import Job, budget_note, chain_of
 from tests.sagemaker_front import SageMakerFront
 from tests.test_aws import aws  # noqa: F401 - the SageMaker front fixture
 
@@ -134,7 +134,7 @@ def test_budget_spans_every_leg_of_a_recovery_chain(ct_home: Path, monkeypatch: 
         def cancel(self, handle: JobHandle) -> None:
             cancelled.append(str(handle))
 
-    watcher = budget.watcher(budget.chain_of("gcp://p/r/2"), log=lambda _m: None)
+    watcher = budget.watcher(chain_of("gcp://p/r/2"), log=lambda _m: None)
     assert watcher is not None
     monkeypatch.setattr(cost, "clock", lambda: 10_000.0 + 3600 * 0.4)  # leg two: $4 -> $24 in all
     watcher.poll(Provider(), status("2", 10_000.0, None))  # type: ignore[arg-type]
@@ -143,7 +143,7 @@ def test_budget_spans_every_leg_of_a_recovery_chain(ct_home: Path, monkeypatch: 
     watcher.poll(Provider(), status("2", 10_000.0, None))  # type: ignore[arg-type]
     watcher.poll(Provider(), status("2", 10_000.0, None))  # type: ignore[arg-type]
     assert cancelled == ["gcp://p/r/2"]  # asked once
-    assert "2 leg(s), 1 restart(s), USD 26.00" in (budget.stopped_note("gcp://p/r/1") or "")
+    assert "2 leg(s), 1 restart(s), USD 26.00" in (budget_note("gcp://p/r/1") or "")
 
 
 def test_cost_of_a_job_without_a_price_says_so(cli, project: Path, ct_home: Path) -> None:

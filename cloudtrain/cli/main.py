@@ -240,11 +240,11 @@ def cmd_outputs(args: argparse.Namespace) -> int:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
-    from cloudtrain.budget import report
     from cloudtrain.cli.render import cost_text, emit
     from cloudtrain.handles import JobHandle
+    from cloudtrain.sdk import job_cost
 
-    found = report(JobHandle.parse(args.handle))
+    found = job_cost(JobHandle.parse(args.handle))
     print(cost_text(found, colour())) if args.output == "text" else emit(found, args.output)
     return 0
 
