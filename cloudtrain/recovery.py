@@ -114,7 +114,7 @@ def wait_with_recovery(provider: Provider, handle: JobHandle, *, max_restarts: i
                        retry_failed: bool = False, timeout: float | None = None, poll: float = 5.0,
                        log: Callable[[str], None] = print) -> JobStatus:
     """Wait for the job (and its restarts) to end; resubmit while it ends preempted and restarts are left."""
-    from cloudtrain.budget import watcher
+    from cloudtrain.budget import Watcher, watcher
 
     state = begin(provider, handle, max_restarts=max_restarts, retry_failed=retry_failed)
     budget = watcher(state.chain, log)  # max_cost: each poll prices every leg; spent, the running one is stopped
@@ -128,6 +128,6 @@ def wait_with_recovery(provider: Provider, handle: JobHandle, *, max_restarts: i
         current = advance(provider, state, status, log)
         if current is None:
             status.recovery = {"chain": state.chain, "restarts": state.restarts}
-            if budget and budget.stopped:
-                status.recovery["budget"] = budget.stopped
+            if budget and (stopped := Watcher(state.chain).stopped):  # by a poll, or by advance at a leg's end
+                status.recovery["budget"] = stopped
             return status
