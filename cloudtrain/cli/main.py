@@ -20,7 +20,7 @@ def cmd_plan(args: argparse.Namespace, script_args: list[str]) -> int:
     from cloudtrain.cli.render import emit, plan_text
 
     spec, spec_file = spec_from_args(args, script_args)
-    if args.compare or args.region:
+    if getattr(args, "compare", False) or getattr(args, "region", None):  # plan only (submit --dry-run: not)
         return _compare(args, spec, spec_file)
     with _planned(args, spec, spec_file) as plan:
         if args.output == "text":
