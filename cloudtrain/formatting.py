@@ -102,6 +102,18 @@ def estimate_text(estimate: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def budget_text(budget: dict[str, Any]) -> str:
+    """What max_cost buys: hours of this job's nodes at on-demand and at spot prices, and who holds it."""
+    def hours(value: float | None) -> str | None:
+        return None if value is None else format_duration(max(1, round(value * 3600)))
+
+    bought = [f"{label} {hours(budget[key])}" + (" (billed)" if budget["billed_as"] == kind else "")
+              for label, key, kind in (("on-demand", "on_demand_hours", "on_demand"), ("spot", "spot_hours", "spot"))
+              if budget.get(key) is not None]
+    return (f"{money(budget['max_cost'])} buys {', '.join(bought)} of this job's nodes; the watcher (a foreground "
+            "submit, wait --recover) stops the job with a final checkpoint there")
+
+
 def watchdog_text(spec: JobSpec) -> str:
     """What a plan says about the hang watchdog (max_idle, on unless 'off')."""
     if not spec.max_idle:
@@ -155,6 +167,8 @@ def plan_text(plan: Plan, colour: bool = False, request: bool = True) -> str:
     ]
     for n, text in enumerate(estimate_text(plan.estimate)):
         lines.append(row("estimate" if n == 0 else "", text))
+    if plan.budget:
+        lines.append(row("budget", budget_text(plan.budget)))
     if spec.env:
         masked = redact(dict(spec.env))
         lines.append(row("env", " ".join(f"{k}={v}" for k, v in masked.items())))

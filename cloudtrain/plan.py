@@ -50,6 +50,7 @@ class Plan:
     image: str | None = None  # the container image (or Azure ML environment) every node runs
     machine: Machine | None = None  # each node's machine (None: this computer, or a cluster cloudtrain can't see)
     estimate: dict[str, Any] | None = None  # what it may cost, from the catalog's list prices (Provider.plan adds it)
+    budget: dict[str, Any] | None = None  # what max_cost buys (cloudtrain.cost.plan_budget); None: no max_cost
     runtime: Runtime | None = None  # the torch and Python every node runs (None: this machine's own)
     spec_file: str | None = None  # the spec file the job's settings started from (None: flags or Python only)
     created_at: float = field(default_factory=time.time)  # a saved plan is good for a day (cloudtrain.saved_plan)
@@ -96,6 +97,8 @@ class Plan:
                      "max_idle": self.spec.model_dump(mode="json", include={"max_idle"})["max_idle"]},
             "notes": self.notes,
         }
+        if self.budget is not None:  # only with max_cost: plans saved before it existed read the same
+            data["budget"] = self.budget
         if not redact:
             return data
         from cloudtrain.plan_seal import SEAL, seal_parts

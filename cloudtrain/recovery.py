@@ -94,6 +94,10 @@ def advance(provider: Provider, state: RecoveryState, status: JobStatus,
     again = status.state is JobState.PREEMPTED or (state.retry_failed and status.state is JobState.FAILED)
     if not again:
         return None
+    from cloudtrain.budget import watcher
+
+    if (budget := watcher(state.chain, log)) and budget.reached(status):  # spent: no further leg
+        return None
     if state.restarts >= state.max_restarts:
         log(f"{current} ended {status.state.value}; no restarts left ({state.restarts}/{state.max_restarts})")
         return None
@@ -110,14 +114,20 @@ def wait_with_recovery(provider: Provider, handle: JobHandle, *, max_restarts: i
                        retry_failed: bool = False, timeout: float | None = None, poll: float = 5.0,
                        log: Callable[[str], None] = print) -> JobStatus:
     """Wait for the job (and its restarts) to end; resubmit while it ends preempted and restarts are left."""
+    from cloudtrain.budget import Watcher, watcher
+
     state = begin(provider, handle, max_restarts=max_restarts, retry_failed=retry_failed)
+    budget = watcher(state.chain, log)  # max_cost: each poll prices every leg; spent, the running one is stopped
     deadline = None if timeout is None else time.monotonic() + timeout
     current: JobHandle | None = JobHandle.parse(state.chain[-1])
     while True:
         assert current is not None
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        status = provider.wait(current, timeout=left, poll=poll)
+        status = provider.wait(current, timeout=left, poll=poll,
+                               on_poll=(lambda s: budget.poll(provider, s)) if budget else None)
         current = advance(provider, state, status, log)
         if current is None:
             status.recovery = {"chain": state.chain, "restarts": state.restarts}
+            if budget and (stopped := Watcher(state.chain).stopped):  # by a poll, or by advance at a leg's end
+                status.recovery["budget"] = stopped
             return status

@@ -26,11 +26,14 @@ if TYPE_CHECKING:
     from cloudtrain.packaging import Package
 
 
-def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spec_file: str | None = None) -> Plan:
+def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spec_file: str | None = None,
+             package: Package | None = None) -> Plan:
     """Validate paths, package the source and ask the provider for its request. Nothing is staged or sent.
     Provider settings the spec leaves unset come from the environment or the active profile (cloudtrain.config).
-    ``spec_file``: the file the spec came from, shown in the plan."""
+    ``spec_file``: the file the spec came from, shown in the plan. ``package``: one already built for this spec
+    (`plan --compare` packages once for every provider); the caller closes it."""
     from cloudtrain.config import with_defaults
+    from cloudtrain.cost import plan_budget
     from cloudtrain.node.secret_values import split_args_note
     from cloudtrain.node_commands import checkpoint_notes, script_args
 
@@ -38,14 +41,19 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
     spec = with_defaults(spec, impl.name)
     contract = impl.contract(spec)  # a plugin's node contract travels in the bundle's lib/ (cloudtrain's is there)
     lib = {} if contract.node_module().startswith("cloudtrain.") else {contract.node_path(): contract.node_file()}
-    package = _package(spec, check_local_paths(spec), progress, lib)
+    shared = package is not None and not lib
+    if not shared:
+        package = _package(spec, check_local_paths(spec), progress, lib)
+    assert package is not None
     try:
         plan = impl.plan(spec, package)
+        plan.budget = plan_budget(plan)  # max_cost: what it buys; refused below one hour of a list price
         plan.notes += package.notes() + checkpoint_notes(plan.spec)
         if note := split_args_note(script_args(spec), spec.env):
             plan.notes.append(note)
     except BaseException:
-        package.close()
+        if not shared:
+            package.close()
         raise
     plan.spec_file = spec_file
     return plan
@@ -118,6 +126,8 @@ def with_restart_point(status: JobStatus) -> JobStatus:
     What `cloudtrain status|wait|preempt` and ``Run.status()`` show."""
     from cloudtrain.errors import CloudtrainError
 
+    if (note := budget_note(status.handle)) and note not in status.message:  # the budget watcher stopped it
+        status.message = f"{status.message}; {note}" if status.message else note
     if not status.checkpoint_uri or status.state.value in ("succeeded", "failed", "cancelled"):
         return status
     try:
@@ -127,6 +137,36 @@ def with_restart_point(status: JobStatus) -> JobStatus:
     except (CloudtrainError, OSError, ImportError, ValueError):
         pass
     return status
+
+
+def chain_of(handle: JobHandle | str) -> list[str]:
+    """Every submission of the job ``handle`` belongs to, oldest first (its recovery chain, else the handle)."""
+    from cloudtrain import recovery
+
+    parsed = JobHandle.parse(handle) if isinstance(handle, str) else handle
+    state = recovery.load(parsed)
+    return list(state.chain) if state else [str(parsed)]
+
+
+def budget_note(handle: JobHandle | str) -> str | None:
+    """What the budget watcher did to the job ``handle`` belongs to ("stopped: budget USD ... reached ..."), or
+    None."""
+    from cloudtrain.cost import recorded
+
+    return (recorded(chain_of(handle)[0]) or {}).get("stopped")
+
+
+def job_cost(handle: JobHandle | str) -> dict[str, Any]:
+    """`cloudtrain cost HANDLE`, ``Run.cost()``: runtime per leg, restarts, list-price cost and spot savings so far,
+    across every leg of the job's recovery chain (cloudtrain/cost.py prices them)."""
+    from cloudtrain.budget import Watcher
+    from cloudtrain.cost import rate_from
+
+    chain = chain_of(handle)
+    found = Watcher(chain)
+    total = found.spent()
+    return {"handle": str(handle), "root": chain[0], "max_cost": found.max_cost, "stopped": found.stopped,
+            "priced": bool(rate_from(found.record)), **total.to_dict()}
 
 
 def preempt(provider: Provider, handle: JobHandle) -> JobStatus:
@@ -236,6 +276,10 @@ class Run:
 
     def cancel(self) -> JobStatus:
         return self.provider.cancel(self.handle)
+
+    def cost(self) -> dict[str, Any]:
+        """What this job has cost so far at list prices, leg by leg, as `cloudtrain cost` shows it (with -o json)."""
+        return job_cost(self.handle)
 
     def outputs(self, download: str | Path | None = None) -> list[OutputFile]:
         """The job's outputs (final model, node logs) at its output location; ``download``: copy them into that

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, create_m
 from cloudtrain import contract, registry
 from cloudtrain.errors import SpecError
 from cloudtrain.spec_errors import friendly_error, spec_error_from, unusable_text
-from cloudtrain.spec_fields import Duration, DurationOrOff, Model, Uri, one_token, parse_duration
+from cloudtrain.spec_fields import Duration, DurationOrOff, Model, Uri, Usd, one_token, parse_duration
 from cloudtrain.specfile import SPEC_FILENAME, project_options, read_spec_file
 from cloudtrain.storage.uris import SCHEMES as STORAGE_SCHEMES
 
@@ -168,6 +168,9 @@ class JobSpec(_Model):
         MAX_IDLE, description="Hang watchdog: stop the job when its workers print nothing, write no checkpoint and "
                               "use no CPU for this long; 'off' turns it off")
     max_restarts: int = Field(0, ge=0, le=100, description="Resubmissions after preemption")
+    max_cost: Usd | None = Field(
+        None, description="Budget in USD at list prices across all restarts: the watcher (a foreground submit, wait "
+                          "--recover) stops the job with a final checkpoint when the cost accrued reaches it")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     inputs: dict[str, Uri] = Field(default_factory=dict, description="Named input data URIs")
     output_uri: Uri | None = None

@@ -57,6 +57,27 @@ Uri = Annotated[str, Field(min_length=1, description="Object storage URI: file:/
                 AfterValidator(check_uri)]
 
 
+def _usd(value: Any) -> Any:
+    """An amount of US dollars: a number, or text such as "250", "$99.50", "1,000"."""
+    if isinstance(value, bool):
+        raise ValueError("must be an amount in USD, e.g. 250 or 99.50")
+    if isinstance(value, str):
+        text = value.strip().removeprefix("$").replace(",", "").strip()
+        try:
+            value = float(text) if len(text) <= 30 else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise ValueError("must be an amount in USD, e.g. 250 or 99.50")
+    if isinstance(value, (int, float)) and not 0 < value < MAX_USD:  # also false for nan
+        raise ValueError(f"must be more than 0 and less than {MAX_USD:,} USD")
+    return value
+
+
+MAX_USD = 10 ** 8  # far beyond any one job's budget: a typo, refused before it reaches a plan
+Usd = Annotated[float, BeforeValidator(_usd, json_schema_input_type=float | str), Field(gt=0, allow_inf_nan=False)]
+
+
 def shaped(pattern: str, what: str, example: str) -> Any:
     """A field validator for a name the platform spells one way (a region): None passes, else it must match."""
     compiled = re.compile(pattern)

@@ -18,12 +18,12 @@ from cloudtrain.cli.reference import markdown
 REPO = Path(__file__).resolve().parents[1]
 
 JOB_FLAGS = ["--allow-secret", "--checkpoint-dir", "--checkpoint-uri", "--emulate", "--env", "--file", "--gpus",
-             "--image", "--max-idle", "--max-restarts", "--max-runtime", "--module", "--name", "--no-spec", "--nodes",
-             "--output", "--output-uri", "--procs-per-node", "--profile", "--provider", "--require-process-group",
-             "--resume-arg", "--set", "--source-dir", "--spot", "--strategy"]
+             "--image", "--max-cost", "--max-idle", "--max-restarts", "--max-runtime", "--module", "--name",
+             "--no-spec", "--nodes", "--output", "--output-uri", "--procs-per-node", "--profile", "--provider",
+             "--require-process-group", "--resume-arg", "--set", "--source-dir", "--spot", "--strategy"]
 CLI = {
     "submit": sorted([*JOB_FLAGS, "--detach", "--dry-run", "--follow", "--plan"]),
-    "plan": sorted([*JOB_FLAGS, "--export"]),
+    "plan": sorted([*JOB_FLAGS, "--compare", "--export", "--region"]),
     "status": ['--output', '--profile'],
     "cancel": ['--output', '--profile'],
     "preempt": ['--output', '--profile'],
@@ -31,6 +31,7 @@ CLI = {
     "wait": ['--max-restarts', '--output', '--profile', '--recover', '--retry-failed', '--timeout'],
     "list": ['--limit', '--output', '--profile', '--provider'],
     "outputs": ['--download', '--output', '--profile'],
+    "cost": ['--output', '--profile'],
     "catalog": ['--gpus', '--output', '--provider'],
     "config": ['--file', '--output', '--profile', '--provider', '--set'],
     "config show": ['--file', '--output', '--profile', '--provider', '--set'],
@@ -44,7 +45,7 @@ CLI = {
 }
 SDK = {"CloudtrainError", "Job", "JobSpec", "Run", "__version__", "list_runs"}
 JOB_METHODS = {"from_yaml", "plan", "submit"}
-RUN_METHODS = {"attach", "cancel", "logs", "outputs", "preempt", "status", "wait"}
+RUN_METHODS = {"attach", "cancel", "cost", "logs", "outputs", "preempt", "status", "wait"}
 
 
 def test_cli_commands_and_flags_are_pinned() -> None:

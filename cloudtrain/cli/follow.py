@@ -34,11 +34,15 @@ def _on_sigterm(handler: Any) -> Any:
 def follow(provider: Any, handle: Any, max_restarts: int = 0, poll: float = 1.0) -> int:
     """Stream logs until the job ends; where the platform does not restart preempted jobs itself, resubmit them
     (cloudtrain's recovery) and follow the new one. Returns the command's exit code."""
+    from cloudtrain.budget import watcher
     from cloudtrain.cli.render import status_text
     from cloudtrain.recovery import advance, begin
 
     recovering = max_restarts > 0 and "resubmit" in provider.capabilities
     state = begin(provider, handle, max_restarts=max_restarts) if recovering else None
+    chain = state.chain if state else [str(handle)]  # the recovery's own list: it grows with each resubmission
+    budget = watcher(chain, lambda m: print(m, file=sys.stderr, flush=True))
+    watching = budget.follow(provider, lambda: type(handle).parse(chain[-1]), max(poll, 1.0)) if budget else None
     previous = _on_sigterm(_raise_terminated)
     try:
         while True:
@@ -62,5 +66,7 @@ def follow(provider: Any, handle: Any, max_restarts: int = 0, poll: float = 1.0)
         return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
     finally:
         _on_sigterm(previous)
+        if watching:
+            watching.set()
     print(status_text(status), file=sys.stderr)
     return 0 if status.state.value == "succeeded" else 1

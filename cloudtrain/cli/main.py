@@ -18,10 +18,11 @@ __all__ = ["build_parser", "entry", "main"]
 def cmd_plan(args: argparse.Namespace, script_args: list[str]) -> int:
     from cloudtrain.cli.jobargs import spec_from_args
     from cloudtrain.cli.render import emit, plan_text
-    from cloudtrain.sdk import plan_job
 
     spec, spec_file = spec_from_args(args, script_args)
-    with plan_job(spec, _provider_name(args), spec_file=spec_file) as plan:
+    if getattr(args, "compare", False) or getattr(args, "region", None):  # plan only (submit --dry-run: not)
+        return _compare(args, spec, spec_file)
+    with _planned(args, spec, spec_file) as plan:
         if args.output == "text":
             print(plan_text(plan, colour()))
         else:
@@ -69,8 +70,8 @@ def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
         from cloudtrain.cli.jobargs import spec_from_args
 
         spec, spec_file = spec_from_args(args, script_args)
-        provider = get_provider(_provider_name(args))
-        with plan_job(spec, provider, spec_file=spec_file) as plan:
+        with _planned(args, spec, spec_file) as plan:
+            provider = get_provider(plan.provider)
             handle = provider.submit(plan)
     if args.detach or args.output != "text":
         if args.output == "text":
@@ -84,6 +85,44 @@ def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
 
 def _provider_name(args: argparse.Namespace) -> str:
     return "local" if args.provider is None else str(args.provider)
+
+
+def _planned(args: argparse.Namespace, spec: Any, spec_file: str | None) -> Any:
+    """The plan for --provider; ``cheapest``: the first row of `plan --compare` that can run, said on stderr."""
+    from cloudtrain.compare import CHEAPEST, compare
+    from cloudtrain.sdk import plan_job
+
+    if _provider_name(args) != CHEAPEST:
+        return plan_job(spec, _provider_name(args), spec_file=spec_file)
+    with compare(spec, spec_file=spec_file) as found:
+        row = found.cheapest()
+        plan = found.take(row)  # left open: the caller's `with` closes it after submit
+        ready = sum(r.ready and r.hourly is not None for r in found.rows)
+        from cloudtrain.formatting import money
+
+        print(f"cheapest: {row.provider}{' ' + row.region if row.region else ''}, {row.instance}, "
+              f"{money(row.hourly)}/h {(row.billed_as or 'on_demand').replace('_', '-')} (of {ready} ready with a "
+              "list price; `cloudtrain plan --compare` shows every row)", file=sys.stderr)
+    return plan
+
+
+def _compare(args: argparse.Namespace, spec: Any, spec_file: str | None) -> int:
+    from cloudtrain.cli.render import compare_text, emit
+    from cloudtrain.compare import compare
+    from cloudtrain.errors import UserError
+
+    regions: dict[str, list[str]] = {}
+    for item in args.region:
+        name, sep, listed = item.partition("=")
+        found = [r.strip() for r in listed.split(",") if r.strip()]
+        if not sep or not name or not found:
+            raise UserError(f"{item!r} is not PROVIDER=REGION[,REGION]", field="--region",
+                            remedy="write e.g. --region aws=us-east-1,us-west-2")
+        regions.setdefault(name.strip(), []).extend(found)
+    providers = [args.provider] if args.provider and args.provider != "cheapest" else None
+    with compare(spec, providers, regions, spec_file) as table:
+        print(compare_text(table, colour())) if args.output == "text" else emit(table.to_dict(), args.output)
+    return 0
 
 
 def _follow(provider: Any, handle: Any, max_restarts: int = 0) -> int:
@@ -197,6 +236,16 @@ def cmd_outputs(args: argparse.Namespace) -> int:
     rows += [(str(f["name"]), size(f["bytes"]) if isinstance(f["bytes"], int) else "-", str(f.get("path") or f["uri"]))
              for f in found]
     print(columns(rows, colour()))
+    return 0
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    from cloudtrain.cli.render import cost_text, emit
+    from cloudtrain.handles import JobHandle
+    from cloudtrain.sdk import job_cost
+
+    found = job_cost(JobHandle.parse(args.handle))
+    print(cost_text(found, colour())) if args.output == "text" else emit(found, args.output)
     return 0
 
 

@@ -137,7 +137,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                                         "and '-- ARGS' override what it says)")
     p.add_argument("--no-spec", action="store_true", help="ignore ./cloudtrain.yaml: the job is SCRIPT and the flags")
     p.add_argument("-m", "--module", help="run a module (python -m) instead of a script")
-    p.add_argument("-p", "--provider", help=PROVIDERS_HELP)
+    p.add_argument("-p", "--provider", help=PROVIDERS_HELP + "; 'cheapest': the first row of `plan --compare` that "
+                                                             "can run")
     p.add_argument("--name", help="job name (default: from the script)")
     p.add_argument("--source-dir", help="folder to package (default: the script's folder)")
     p.add_argument("--nodes", type=int, help="number of nodes (machines)")
@@ -156,6 +157,9 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image", help="custom container image URI")
     p.add_argument("--spot", action="store_true", default=None, help="use spot/preemptible capacity")
     p.add_argument("--max-restarts", type=int, help="resubmissions after preemption")
+    p.add_argument("--max-cost", metavar="USD", help="budget at list prices across all restarts: the watcher (this "
+                                                     "submit in the foreground, wait --recover) stops the job with a "
+                                                     "final checkpoint when the cost accrued reaches it")
     p.add_argument("--max-runtime", help="e.g. 3600, 90m, 2h (each platform's own limit is checked by plan)")
     p.add_argument("--max-idle", help="hang watchdog: stop the job when it prints nothing, writes no checkpoint and "
                                       "uses no CPU for this long, e.g. 10m (default: 30m; off turns it off)")
@@ -195,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="show what submit would send, with a cost estimate (= submit --dry-run)")
     _job_flags(plan)
+    plan.add_argument("--compare", action="store_true",
+                      help="plan the job on every installed provider, as one table sorted by cost (offline)")
+    plan.add_argument("--region", action="append", default=[], metavar="PROVIDER=REGION[,REGION]",
+                      help="with --compare: also plan PROVIDER in these regions (repeatable)")
     plan.add_argument("--export", metavar="DIR", help="also write the platform's own files for this job into DIR "
                                                       "(new or empty), with a README naming the command that submits "
                                                       "them")
@@ -231,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     outputs.add_argument("--download", metavar="DIR", help="copy every output into this folder")
     _profile_flag(outputs)
     _output_flag(outputs)
+
+    cost = sub.add_parser("cost", help="what a job has cost so far at list prices: runtime per leg, restarts, "
+                                       "spot savings")
+    cost.add_argument("handle")
+    _profile_flag(cost)
+    _output_flag(cost)
 
     catalog = sub.add_parser("catalog", help="machines per accelerator, with GPU memory and list prices")
     catalog.add_argument("-p", "--provider", choices=Registered(_catalogued), metavar="PROVIDER",

@@ -21,11 +21,13 @@ from cloudtrain.formatting import (
 
 if TYPE_CHECKING:
     from cloudtrain.catalog import Machine
+    from cloudtrain.compare import Comparison
     from cloudtrain.config import Setting
     from cloudtrain.providers.base import JobStatus
 
 
-__all__ = ["catalog_text", "columns", "emit", "estimate_text", "money", "plan_text", "preempt_text", "settings_text",
+__all__ = ["catalog_text", "columns", "compare_text", "cost_text", "emit", "estimate_text", "money", "plan_text",
+           "preempt_text", "settings_text",
            "size", "status_text", "table"]
 
 
@@ -103,3 +105,49 @@ def settings_text(provider: str, settings: list[Setting], colour: bool = False) 
     rows = [("SETTING", "VALUE", "SOURCE")]
     rows += [(s.key, shown(s.value), s.source) for s in settings]
     return columns(rows, colour)
+
+
+def compare_text(found: Comparison, colour: bool = False) -> str:
+    """`plan --compare`: one row per provider (and region), cheapest first, and what each needs before submit."""
+    from cloudtrain.node.durations import format_duration
+
+    spec = found.spec
+    rows = [("PROVIDER", "REGION", "INSTANCE", "GPUS", "ON-DEMAND/H", "SPOT/H",
+             f"EST. {format_duration(spec.max_runtime)}", "TO SUBMIT")]
+    for r in found.rows:
+        billed = r.billed_as == "spot" and r.spot is not None
+        rows.append((r.provider, r.region or "-", r.instance or "-", r.gpus or "-",
+                     money(r.on_demand) + ("" if billed or r.on_demand is None else "*"),
+                     money(r.spot) + ("*" if billed else ""), money(r.estimate), r.status))
+    lines = [columns(rows, colour), "",
+             f"{spec.nodes} node(s); * the rate billed; EST.: max_runtime at that rate. List prices in one region per "
+             "provider (`cloudtrain catalog`), compute only: estimates."]
+    if spec.max_cost is not None:
+        lines.append(f"max_cost {money(spec.max_cost)}: rows it buys less than an hour of cannot run")
+    return "\n".join(lines)
+
+
+def cost_text(found: dict[str, Any], colour: bool = False) -> str:
+    """`cloudtrain cost`: each leg's runtime and cost, then the total, restarts and spot savings."""
+    from cloudtrain.node.durations import format_duration
+
+    rows = [("LEG", "STATE", "RUNTIME", "NODES", "RATE/NODE-H", "COST", "ON-DEMAND")]
+    for leg in found["legs"]:
+        rows.append((leg["handle"], leg["state"] or "-", format_duration(round(leg["hours"] * 3600)) or "0s",
+                     str(leg["nodes"] or "-"),
+                     money(leg["per_node_hour"]) + (f" {leg['capacity'].replace('_', '-')}" if leg["capacity"] else ""),
+                     money(leg["cost"]), money(leg["on_demand_cost"])))
+    lines = [columns(rows, colour), ""]
+    lines.append(f"total {money(found['cost'])} over {format_duration(round(found['hours'] * 3600)) or '0s'} and "
+                 f"{found['restarts']} restart(s); on-demand would be {money(found['on_demand_cost'])}, spot saved "
+                 f"{money(found['spot_savings'])}")
+    if found["max_cost"] is not None:
+        left = max(0.0, found["max_cost"] - found["cost"])
+        lines.append(f"budget {money(found['max_cost'])}: {money(left)} left")
+    if found["stopped"]:
+        lines.append(found["stopped"])
+    if found["unpriced"]:
+        lines.append(f"no price known for {', '.join(found['unpriced'])} (submitted from another machine, or a "
+                     "provider without list prices): counted as $0")
+    lines.append("list prices x nodes x wall time per leg: an estimate, compute only, never a bill")
+    return "\n".join(lines)

@@ -168,7 +168,11 @@ class Provider(ABC):
                             remedy=f"set {setting} in the spec (or --set {setting}=...)"
                                    + (f", or {variables[0]}" if variables else "")
                                    + f", or `cloudtrain config set {setting.removeprefix('providers.')} ...`")
-        return self._submit(plan)
+        handle = self._submit(plan)
+        from cloudtrain.cost import remember
+
+        remember(str(handle), plan)  # its rate and max_cost: what `cloudtrain cost` and the budget watcher price
+        return handle
 
     def describe(self, handle: JobHandle) -> JobStatus:
         return self._describe(self._own(handle))

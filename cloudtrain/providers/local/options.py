@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from cloudtrain.spec_fields import Duration, Model, Uri
+from cloudtrain.spec_fields import Duration, Model, Uri, Usd
 
 
 def _platforms(schema: dict[str, Any]) -> None:
@@ -23,6 +23,9 @@ class LocalOptions(Model):
     store_uri: Uri | None = Field(
         None, description="Object store for staged bundles (default: file:// under the cloudtrain home)")
     grace_period: Duration = Field(30, description="Seconds between SIGTERM and SIGKILL on cancel")
+    price_per_node_hour: Usd | None = Field(
+        None, description="What a node-hour of this machine costs you, USD: a local job's price, so max_cost and "
+                          "`cloudtrain cost` can be rehearsed here (no one-hour floor: a rehearsal stops in seconds)")
     emulate: str | None = Field(
         None, description="Run each node under that platform's node contract (files and variables)",
         json_schema_extra=_platforms)
