@@ -73,8 +73,9 @@ def cli(home: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _written(home: Path) -> set[str]:
-    """What is under the cloudtrain home, less its temp folder."""
-    return {str(p.relative_to(home)) for p in home.rglob("*") if p.relative_to(home).parts[0] != "tmp"} \
+    """What is under the cloudtrain home, less its temp folder and its derived-data cache (``home.derived``: slices of
+    an SDK's installed data, rebuilt from those files at will; no job state)."""
+    return {str(p.relative_to(home)) for p in home.rglob("*") if p.relative_to(home).parts[0] not in ("tmp", "cache")} \
         if home.exists() else set()
 
 
