@@ -93,6 +93,33 @@ def status_json(cli: Callable[..., subprocess.CompletedProcess[str]], handle: st
     return json.loads(out.stdout)
 
 
+# pytest-xdist (`nox -s tests`: -n 4 --dist loadgroup). Tests run on any worker, several at once, except these: a
+# group runs on one worker, one test after another. A file's module-scoped fixture is shared only by the tests of one
+# worker, so a file whose fixture is expensive stays together; a test the table does not name may overlap any other.
+GROUPS = {
+    # one real Slurm cluster (and sshd) per worker that runs a Slurm test, and `scancel --user` after each test
+    "test_slurm.py": "slurm",
+    # the module-scoped uninterrupted baseline run per trainer (ddp, fsdp), shared by the tests that compare with it
+    "test_resume.py::test_preempted_then_hard_killed_resumes_bitwise[ddp-": "resume-ddp",
+    "test_resume.py::test_a_short_job_leaves_a_checkpoint_to_resume_from[ddp]": "resume-ddp",
+    "test_resume.py::test_preempted_then_hard_killed_resumes_bitwise[fsdp-": "resume-fsdp",
+    "test_resume.py::test_a_short_job_leaves_a_checkpoint_to_resume_from[fsdp]": "resume-fsdp",
+    "test_azure_schema.py": "azure-schema",  # module-scoped azure-ai-ml schema loads
+}
+
+
+def xdist_group(nodeid: str) -> str | None:
+    name = nodeid.rsplit("/", 1)[-1]
+    return next((group for prefix, group in GROUPS.items() if name.startswith(prefix)), None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = xdist_group(item.nodeid)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 from tests.emulators import emulators, ensure, root_uri  # noqa: E402,F401 - fixtures
 from tests.faulty import faulty  # noqa: E402,F401 - fixture
 

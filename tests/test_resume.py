@@ -15,6 +15,7 @@ import torch
 
 from cloudtrain import checkpoints, storage
 from cloudtrain.procs import kill_tagged, signal_group
+from cloudtrain.providers.local.provider import LocalProvider
 from tests.conftest import REPO, SCRIPTS, cli_env, stop_every_job, wait_for
 
 pytestmark = pytest.mark.slow
@@ -57,6 +58,12 @@ def project(tmp: Path, trainer: str) -> Path:
     return proj / TRAINERS[trainer]
 
 
+def node_log(home: Path, handle: str) -> str:
+    """Node 0's own log file (what `cloudtrain logs` shows for a one-node job), read without starting a CLI."""
+    path = home / "jobs" / handle.split("://", 1)[1] / "node-0.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
 def final_weights(output_uri: str) -> dict[str, torch.Tensor]:
     return torch.load(Path(output_uri.removeprefix("file://")) / "model.pt", weights_only=True)
 
@@ -94,22 +101,25 @@ def test_preempted_then_hard_killed_resumes_bitwise(baseline: tuple[str, dict], 
     submit = ["submit", str(project(tmp_path, trainer)), "--procs-per-node", "2", "--checkpoint-uri", ckpt,
               "--output-uri", out]
     handle = ct(*submit, "--max-restarts", "1", "--detach", *ARGS, *SLOW).stdout.strip()
-    wait_for(lambda: "checkpoint step 8 published" in ct.logs(handle), timeout=180, interval=0.3)
+    wait_for(lambda: "checkpoint step 8 published" in node_log(ct.home, handle), timeout=180, interval=0.05)
     ct("preempt", handle)  # mid-epoch: 32 steps per epoch
 
     def after_restart() -> str:
-        return ct.logs(handle).partition("restart 1 after preemption")[2]
+        return node_log(ct.home, handle).partition("restart 1 after preemption")[2]
 
     # kill once the restarted run has published step 16 or later: the FSDP run ends at 32, 2.4 s later at
-    # --step-sleep 0.15 (waiting for 24 left 1.2 s, which a loaded machine missed: the run finished first)
+    # --step-sleep 0.15 (waiting for 24 left 1.2 s, which a loaded machine missed: the run finished first). The node's
+    # log and the job's record are read directly: a CLI call per look took seconds under load, and the run ended first
     wait_for(lambda: any(int(n) >= 16 for n in re.findall(r"checkpoint step (\d+) published", after_restart())),
-             timeout=180, interval=0.3)
+             timeout=180, interval=0.05)
+    record = LocalProvider(ct.home).db.get(handle.split("://", 1)[1])
+    assert record is not None
+    for node in record.nodes:  # no warning, no final save: the machine is simply gone
+        signal_group(node["pid"], signal.SIGKILL)
+        kill_tagged(node["tag"], signal.SIGKILL)
     logs = ct.logs(handle)
     assert "stop requested: final checkpoint at step" in logs and "INFO resumed from step" in after_restart()
     assert ct.status(handle)["restarts"] == 1
-    for node in ct.status(handle)["nodes"]:  # no warning, no final save: the machine is simply gone
-        signal_group(node["pid"], signal.SIGKILL)
-        kill_tagged(node["tag"], signal.SIGKILL)
     assert ct("wait", handle, "--timeout", "60", check=False).returncode == 1
     assert ct.status(handle)["state"] == "failed"
 
