@@ -118,6 +118,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = xdist_group(item.nodeid)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):  # an xdist worker: the long tests start first, short ones fill in at the end
+        # (xdist sends the groups first, largest first; then single tests in this order). Stable: a file's tests keep
+        # their order, and a group's stay together.
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None and xdist_group(item.nodeid) is None)
 
 
 from tests.emulators import emulators, ensure, root_uri  # noqa: E402,F401 - fixtures
