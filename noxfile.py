@@ -86,10 +86,10 @@ def soak(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def quick(session: nox.Session) -> None:
-    """The fast unit tests (no slow or soak mark), for the edit-test loop: under two minutes. ``-- ARGS`` are added
-    (``nox -s quick -- tests/test_spec.py -x``)."""
+    """The fast unit tests, for the edit-test loop (under two minutes): no slow or soak mark, and none that starts a
+    process (``--quick``, tests/conftest.py). ``-- ARGS`` are added (``nox -s quick -- tests/test_spec.py -x``)."""
     install(session, "-e", ".[dev]")
-    session.run("pytest", "-q", *PARALLEL, "-m", "not live and not slow and not soak", *session.posargs)
+    session.run("pytest", "-q", "-n", "2", "--quick", "-m", "not live and not slow and not soak", *session.posargs)
 
 
 @nox.session(python=interpreter(NODE_PYTHON), venv_backend="venv")  # virtualenv no longer seeds 3.8

@@ -113,7 +113,43 @@ def xdist_group(nodeid: str) -> str | None:
     return next((group for prefix, group in GROUPS.items() if name.startswith(prefix)), None)
 
 
+# `--quick` (`nox -s quick`): the edit-test loop keeps the tests that run in this process. It leaves out every test
+# that uses a fixture starting processes (CLI runs, emulators, cloud fakes, a cluster) and the files whose tests start
+# processes themselves; `nox -s tests` runs them all.
+STARTS_PROCESSES = {"cli", "ct", "store_root", "faulty", "emulators", "aws", "azure", "vertex", "slurm",
+                    "slurm_cluster", "sshd", "ddp_run", "baselines", "tmpfs", "toy_plugin"}
+RUNS_PROCESSES = {"test_benchmarks.py", "test_bootstrap.py", "test_bundle_errors.py", "test_byo_checkpoints.py",
+                  "test_checkpoint_dir.py", "test_concurrency.py", "test_examples.py", "test_images.py",
+                  "test_import_cost.py", "test_launcher_equivalence.py", "test_layers.py", "test_local_lifecycle.py",
+                  "test_local_provider.py", "test_log_masking.py", "test_node_helpers.py",
+                  "test_node_leaves_nothing.py",
+                  "test_node_reports.py", "test_node_restore.py", "test_node_secrets.py", "test_package_guard.py",
+                  "test_platforms.py", "test_resume.py", "test_saved_plan.py", "test_secrets.py", "test_slurm.py",
+                  "test_soak.py", "test_spec_rule.py", "test_temp_files.py", "test_tour.py", "test_azure_schema.py",
+                  "test_plan_text.py", "test_cli_errors.py", "test_fuzz.py"}
+
+# ... and tests that start a process of their own, or load a cloud SDK's whole model, in files that are otherwise quick
+STARTS_ONE = ("test_aws.py::test_prebuilt_image_is_the_one_the_sagemaker_sdk_picks",
+              "test_azure.py::test_no_workspace_and_no_credentials_are_clear", "test_export.py::test_azure_export_",
+              "test_packaging.py::test_exit_guard_", "test_fidelity_table.py::")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--quick", action="store_true",
+                     help="only the tests that start no process (the edit-test loop: nox -s quick)")
+
+
+def starts_processes(item: pytest.Item) -> bool:
+    return (item.path.name in RUNS_PROCESSES or item.nodeid.rsplit("/", 1)[-1].startswith(STARTS_ONE)
+            or bool(STARTS_PROCESSES & set(getattr(item, "fixturenames", ()))))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("quick"):
+        left_out = [item for item in items if starts_processes(item)]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if not starts_processes(item)]
     for item in items:
         group = xdist_group(item.nodeid)
         if group:
