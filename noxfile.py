@@ -1,5 +1,7 @@
-"""Sessions: tests, lint, typecheck, bootstrap (the in-node code under the oldest Python a node image carries), demo,
-soak (the full preemption soak) and live (real clouds, opt-in).
+"""Sessions: lint, typecheck, tests (everything but the soak-marked runs, in parallel), soak (the preemption soaks,
+the fuzzers and the other long end-to-end runs, then the full preemption soak), bootstrap (the in-node code under
+the oldest Python a node image carries): what CI runs. quick (the fast unit tests, for the edit-test loop), demo, and
+live (real clouds, opt-in).
 Every install goes through constraints/test.txt, which pins the CPU build of torch so pip never swaps in a
 multi-GB CUDA wheel."""
 
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests", "bootstrap"]
+nox.options.sessions = ["lint", "typecheck", "tests", "soak", "bootstrap"]
 nox.options.reuse_existing_virtualenvs = True
 CONSTRAINTS = ("-c", "constraints/test.txt")
 
@@ -48,14 +50,46 @@ def interpreter(version: str) -> str:
     return builds[-1] if builds else version  # nox says plainly when neither exists
 
 
-@nox.session(python="3.11")
-def tests(session: nox.Session) -> None:
-    install(session, "-e", ".[dev]")
+def azurite(session: nox.Session) -> None:
+    """The Azure Blob emulator, from npm, where the tests find it (AZURITE_BIN)."""
     node = Path(".nox/node")
-    if not (node / "node_modules/.bin/azurite-blob").exists():  # the Azure Blob emulator, from npm
+    if not (node / "node_modules/.bin/azurite-blob").exists():
         session.run("npm", "install", "--no-audit", "--no-fund", "--prefix", str(node), AZURITE, external=True)
     session.env["AZURITE_BIN"] = str((node / "node_modules/.bin/azurite-blob").resolve())
-    session.run("pytest", *(session.posargs or ["-q"]))
+
+
+# pytest-xdist: tests that wait on subprocesses, emulators and sleeps overlap; the ones that would contend share a
+# group and run one after another on one worker (tests/conftest.py, GROUPS). Four workers on two cores: most of a
+# worker's time is spent waiting on a child process.
+PARALLEL = ("-n", os.environ.get("CLOUDTRAIN_TEST_WORKERS", "4"), "--dist", "loadgroup")
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """Every test but the soak-marked ones (``nox -s soak``), in parallel; ``-- ARGS`` replaces the pytest arguments."""
+    install(session, "-e", ".[dev]")
+    azurite(session)
+    session.run("pytest", *(session.posargs or ["-q", *PARALLEL, "-m", "not live and not soak"]))
+
+
+@nox.session(python="3.11")
+def soak(session: nox.Session) -> None:
+    """The long runs: the reduced preemption soak, the fuzzers and the other soak-marked tests (pytest -m soak), then
+    the full preemption soak, 20 random SIGTERM/SIGKILL interruptions of a 2x2 FSDP job (benchmarks/soak.py).
+    ``-- ARGS`` replaces the pytest arguments and skips the full soak."""
+    install(session, "-e", ".[dev]")
+    azurite(session)
+    session.run("pytest", *(session.posargs or ["-q", *PARALLEL, "-m", "soak"]))
+    if not session.posargs:
+        session.run("python", "benchmarks/soak.py", "--interruptions", "20", "--seed", "1")
+
+
+@nox.session(python="3.11")
+def quick(session: nox.Session) -> None:
+    """The fast unit tests, for the edit-test loop (under two minutes): no slow or soak mark, and none that starts a
+    process (``--quick``, tests/conftest.py). ``-- ARGS`` are added (``nox -s quick -- tests/test_spec.py -x``)."""
+    install(session, "-e", ".[dev]")
+    session.run("pytest", "-q", "-n", "2", "--quick", "-m", "not live and not slow and not soak", *session.posargs)
 
 
 @nox.session(python=interpreter(NODE_PYTHON), venv_backend="venv")  # virtualenv no longer seeds 3.8
@@ -98,10 +132,3 @@ def live(session: nox.Session) -> None:
     install(session, "-e", ".[dev]")  # dev holds every provider that has a live test
     clouds = session.posargs or ["aws"]
     session.run("pytest", "-m", "live", "-v", "-s", *[f"tests/live/test_{cloud}_live.py" for cloud in clouds])
-
-
-@nox.session(python="3.11")
-def soak(session: nox.Session) -> None:
-    """Preemption soak: 20+ random SIGTERM/SIGKILL interruptions of a 2x2 FSDP job (~10 min on 2 cores)."""
-    install(session, "-e", ".[local]")
-    session.run("python", "benchmarks/soak.py", *(session.posargs or ["--interruptions", "20", "--seed", "1"]))

@@ -72,6 +72,73 @@ def status_json(cli: Callable[..., subprocess.CompletedProcess[str]], handle: st
     return json.loads(out.stdout)
 
 
+# pytest-xdist (`nox -s tests`: -n 4 --dist loadgroup). Tests run on any worker, several at once, except these: a
+# group runs on one worker, one test after another. A file's module-scoped fixture is shared only by the tests of one
+# worker, so a file whose fixture is expensive stays together; a test the table does not name may overlap any other.
+GROUPS = {
+    # one real Slurm cluster (and sshd) per worker that runs a Slurm test, and `scancel --user` after each test
+    "test_slurm.py": "slurm",
+    # the module-scoped uninterrupted baseline run per trainer (ddp, fsdp), shared by the tests that compare with it
+    "test_resume.py::test_preempted_then_hard_killed_resumes_bitwise[ddp-": "resume-ddp",
+    "test_resume.py::test_a_short_job_leaves_a_checkpoint_to_resume_from[ddp]": "resume-ddp",
+    "test_resume.py::test_preempted_then_hard_killed_resumes_bitwise[fsdp-": "resume-fsdp",
+    "test_resume.py::test_a_short_job_leaves_a_checkpoint_to_resume_from[fsdp]": "resume-fsdp",
+    "test_azure_schema.py": "azure-schema",  # module-scoped azure-ai-ml schema loads
+}
+
+
+def xdist_group(nodeid: str) -> str | None:
+    name = nodeid.rsplit("/", 1)[-1]
+    return next((group for prefix, group in GROUPS.items() if name.startswith(prefix)), None)
+
+
+# `--quick` (`nox -s quick`): the edit-test loop keeps the tests that run in this process. It leaves out every test
+# that uses a fixture starting processes (CLI runs, emulators, cloud fakes, a cluster) and the files whose tests start
+# processes themselves; `nox -s tests` runs them all.
+STARTS_PROCESSES = {"cli", "ct", "store_root", "faulty", "emulators", "aws", "azure", "vertex", "slurm",
+                    "slurm_cluster", "sshd", "ddp_run", "baselines", "tmpfs", "toy_plugin"}
+RUNS_PROCESSES = {"test_benchmarks.py", "test_bootstrap.py", "test_bundle_errors.py", "test_byo_checkpoints.py",
+                  "test_checkpoint_dir.py", "test_concurrency.py", "test_examples.py", "test_images.py",
+                  "test_import_cost.py", "test_launcher_equivalence.py", "test_layers.py", "test_local_lifecycle.py",
+                  "test_local_provider.py", "test_log_masking.py", "test_node_helpers.py",
+                  "test_node_leaves_nothing.py",
+                  "test_node_reports.py", "test_node_restore.py", "test_node_secrets.py", "test_package_guard.py",
+                  "test_platforms.py", "test_resume.py", "test_saved_plan.py", "test_secrets.py", "test_slurm.py",
+                  "test_soak.py", "test_spec_rule.py", "test_temp_files.py", "test_tour.py", "test_azure_schema.py",
+                  "test_plan_text.py", "test_cli_errors.py", "test_fuzz.py"}
+
+# ... and tests that start a process of their own, or load a cloud SDK's whole model, in files that are otherwise quick
+STARTS_ONE = ("test_aws.py::test_prebuilt_image_is_the_one_the_sagemaker_sdk_picks",
+              "test_azure.py::test_no_workspace_and_no_credentials_are_clear", "test_export.py::test_azure_export_",
+              "test_packaging.py::test_exit_guard_", "test_fidelity_table.py::")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--quick", action="store_true",
+                     help="only the tests that start no process (the edit-test loop: nox -s quick)")
+
+
+def starts_processes(item: pytest.Item) -> bool:
+    return (item.path.name in RUNS_PROCESSES or item.nodeid.rsplit("/", 1)[-1].startswith(STARTS_ONE)
+            or bool(STARTS_PROCESSES & set(getattr(item, "fixturenames", ()))))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("quick"):
+        left_out = [item for item in items if starts_processes(item)]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if not starts_processes(item)]
+    for item in items:
+        group = xdist_group(item.nodeid)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):  # an xdist worker: the long tests start first, short ones fill in at the end
+        # (xdist sends the groups first, largest first; then single tests in this order). Stable: a file's tests keep
+        # their order, and a group's stay together.
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None and xdist_group(item.nodeid) is None)
+
+
 from tests.emulators import emulators, ensure, root_uri  # noqa: E402,F401 - fixtures
 from tests.faulty import faulty  # noqa: E402,F401 - fixture
 

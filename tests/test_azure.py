@@ -278,7 +278,12 @@ def test_sdk_recovery_stops_when_restarts_run_out_and_never_retries_user_failure
     run = job.submit("azure")
     first = run.handle.job_id
     azure.set_status(first, "Failed", PREEMPTED)
-    threading.Timer(1.0, lambda: azure.set_status(f"{first[:55]}-r1", "Failed", PREEMPTED)).start()
+
+    def preempt_the_resubmission() -> None:  # once it exists: a fixed 1 s timer fired before it did under load
+        wait_for(lambda: f"{first[:55]}-r1" in azure.jobs, timeout=60, interval=0.05)
+        azure.set_status(f"{first[:55]}-r1", "Failed", PREEMPTED)
+
+    threading.Thread(target=preempt_the_resubmission, daemon=True).start()
     status = run.wait(timeout=60, poll=0.1, recover=True)
     assert status.state is JobState.PREEMPTED and status.recovery["restarts"] == 1
     assert run.handle.job_id == f"{first[:55]}-r1"  # the Run follows the newest submission

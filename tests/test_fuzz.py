@@ -17,6 +17,7 @@ from cloudtrain.cli.main import main
 from cloudtrain.errors import SpecError
 from cloudtrain.spec import JobSpec, load_spec
 
+pytestmark = pytest.mark.soak  # `nox -s soak`: ~150 generated cases per test
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 keys = st.sampled_from([*JobSpec.model_fields, "nodez", "checkpoint.uri", ""]) | st.text(max_size=12)
 scalars = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True) | st.text(max_size=30)

@@ -7,7 +7,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,13 +16,16 @@ import torch
 from cloudtrain import storage
 from cloudtrain.node import checkpoint_store
 from cloudtrain.procs import kill_tagged, signal_group
+from cloudtrain.providers.local.provider import LocalProvider
 from tests.conftest import REPO, SCRIPTS, cli_env, stop_every_job, wait_for
 
 pytestmark = pytest.mark.slow
 TRAINERS = {"ddp": "train_ddp.py", "fsdp": "train_fsdp.py"}
 ARGS = ["--", "--epochs", "2", "--checkpoint-every", "8"]
 STEPS = {"ddp": 64, "fsdp": 32}  # with ARGS, 2 ranks: 2048 / 1024 samples in batches of 32 per rank, two epochs
-SLOW = ["--step-sleep", "0.15"]  # interrupted runs only: time to interrupt them mid-way (it changes no arithmetic)
+# interrupted runs only: time to interrupt them mid-way (it changes no arithmetic). FSDP's run is 32 steps: at 0.15 s
+# a step, a loaded machine published step 16 less than 2.4 s before step 32 and the kill came after the end
+SLOW = {"ddp": ["--step-sleep", "0.15"], "fsdp": ["--step-sleep", "0.3"]}
 
 
 class Cloudtrain:
@@ -58,20 +61,34 @@ def project(tmp: Path, trainer: str) -> Path:
     return proj / TRAINERS[trainer]
 
 
+def node_log(home: Path, handle: str) -> str:
+    """Node 0's own log file (what `cloudtrain logs` shows for a one-node job), read without starting a CLI."""
+    path = home / "jobs" / handle.split("://", 1)[1] / "node-0.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
 def final_weights(output_uri: str) -> dict[str, torch.Tensor]:
     return torch.load(Path(output_uri.removeprefix("file://")) / "model.pt", weights_only=True)
 
 
-@pytest.fixture(scope="module", params=sorted(TRAINERS))
-def baseline(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
-    """One uninterrupted run per trainer, shared by every interruption test."""
-    trainer = request.param
-    tmp = tmp_path_factory.mktemp(f"baseline-{trainer}")
-    ct = Cloudtrain(tmp / "home", tmp)
-    out = (tmp / "out").as_uri()
-    ct("submit", str(project(tmp, trainer)), "--procs-per-node", "2", "--checkpoint-uri", (tmp / "ckpt").as_uri(),
-       "--output-uri", out, *ARGS)
-    return trainer, final_weights(out)
+@pytest.fixture(scope="module")
+def baselines(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, torch.Tensor]]:
+    """One uninterrupted run per trainer, made the first time a test asks for it and shared by every later one.
+    (A module-scoped fixture parametrized from the tests, as this was, is set up again for each test: pytest gives an
+    argument the narrowest scope of its parametrize call, and store_root's is the function's.)"""
+    runs: dict[str, dict[str, torch.Tensor]] = {}
+
+    def baseline(trainer: str) -> dict[str, torch.Tensor]:
+        if trainer not in runs:
+            tmp = tmp_path_factory.mktemp(f"baseline-{trainer}")
+            ct = Cloudtrain(tmp / "home", tmp)
+            out = (tmp / "out").as_uri()
+            ct("submit", str(project(tmp, trainer)), "--procs-per-node", "2", "--checkpoint-uri",
+               (tmp / "ckpt").as_uri(), "--output-uri", out, *ARGS)
+            runs[trainer] = final_weights(out)
+        return runs[trainer]
+
+    return baseline
 
 
 def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -82,35 +99,38 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
 
 # Every backend once and each trainer on several (not the full 2 x 4 product: each case is a ~40 s multi-process
 # run, and the storage protocol itself is covered per backend by test_storage.py and test_faults.py).
-@pytest.mark.parametrize(("baseline", "store_root"), [("ddp", "file"), ("ddp", "gs"), ("fsdp", "s3"), ("fsdp", "az"),
-                                                      ("fsdp", "file")], indirect=True)
-def test_preempted_then_hard_killed_resumes_bitwise(baseline: tuple[str, dict], store_root: str,
+@pytest.mark.parametrize(("trainer", "store_root"), [("ddp", "file"), ("ddp", "gs"), ("fsdp", "s3"), ("fsdp", "az"),
+                                                     ("fsdp", "file")], indirect=["store_root"])
+def test_preempted_then_hard_killed_resumes_bitwise(baselines: Callable[[str], dict], trainer: str, store_root: str,
                                                     tmp_path: Path) -> None:
     """SIGTERM mid-epoch (final checkpoint, automatic restart), then SIGKILL between checkpoints of the restarted
     run (no final checkpoint), then a resubmission: the final weights equal the uninterrupted run's, bit for bit."""
-    trainer, expected = baseline
+    expected = baselines(trainer)
     ct = Cloudtrain(tmp_path / "home", tmp_path)
     ckpt = storage.join(store_root, "ckpt")
     out = (tmp_path / "out").as_uri()
     submit = ["submit", str(project(tmp_path, trainer)), "--procs-per-node", "2", "--checkpoint-uri", ckpt,
               "--output-uri", out]
-    handle = ct(*submit, "--max-restarts", "1", "--detach", *ARGS, *SLOW).stdout.strip()
-    wait_for(lambda: "checkpoint step 8 published" in ct.logs(handle), timeout=180, interval=0.3)
+    handle = ct(*submit, "--max-restarts", "1", "--detach", *ARGS, *SLOW[trainer]).stdout.strip()
+    wait_for(lambda: "checkpoint step 8 published" in node_log(ct.home, handle), timeout=180, interval=0.05)
     ct("preempt", handle)  # mid-epoch: 32 steps per epoch
 
     def after_restart() -> str:
-        return ct.logs(handle).partition("restart 1 after preemption")[2]
+        return node_log(ct.home, handle).partition("restart 1 after preemption")[2]
 
-    # kill once the restarted run has published step 16 or later: the FSDP run ends at 32, 2.4 s later at
-    # --step-sleep 0.15 (waiting for 24 left 1.2 s, which a loaded machine missed: the run finished first)
+    # kill once the restarted run has published step 16 or later: the FSDP run ends at 32, 4.8 s later at
+    # --step-sleep 0.3 (waiting for 24 left 1.2 s at 0.15, which a loaded machine missed: the run finished first). The
+    # node's log and the job's record are read directly: a CLI call per look took seconds under load
     wait_for(lambda: any(int(n) >= 16 for n in re.findall(r"checkpoint step (\d+) published", after_restart())),
-             timeout=180, interval=0.3)
+             timeout=180, interval=0.05)
+    record = LocalProvider(ct.home).db.get(handle.split("://", 1)[1])
+    assert record is not None
+    for node in record.nodes:  # no warning, no final save: the machine is simply gone
+        signal_group(node["pid"], signal.SIGKILL)
+        kill_tagged(node["tag"], signal.SIGKILL)
     logs = ct.logs(handle)
     assert "stop requested: final checkpoint at step" in logs and "INFO resumed from step" in after_restart()
     assert ct.status(handle)["restarts"] == 1
-    for node in ct.status(handle)["nodes"]:  # no warning, no final save: the machine is simply gone
-        signal_group(node["pid"], signal.SIGKILL)
-        kill_tagged(node["tag"], signal.SIGKILL)
     assert ct("wait", handle, "--timeout", "60", check=False).returncode == 1
     assert ct.status(handle)["state"] == "failed"
 
@@ -195,10 +215,12 @@ def test_corrupt_newest_checkpoint_never_poisons_the_plain_script_folder(tmp_pat
     assert torch.load(tmp_path / "check" / checkpoint_store.step_dir(40) / "state.pt")["step"] == 40
 
 
-def test_a_short_job_leaves_a_checkpoint_to_resume_from(baseline: tuple[str, dict], tmp_path: Path) -> None:
+@pytest.mark.parametrize("trainer", sorted(TRAINERS))
+def test_a_short_job_leaves_a_checkpoint_to_resume_from(baselines: Callable[[str], dict], trainer: str,
+                                                        tmp_path: Path) -> None:
     """Issue 17.2: the template's `checkpoint.interval: 10m` and a job shorter than that: close() saves the last
     step, so running it again for more epochs resumes there, and ends bitwise equal to one uninterrupted run."""
-    trainer, expected = baseline
+    expected = baselines(trainer)
     ct = Cloudtrain(tmp_path / "home", tmp_path)
     ckpt, out = (tmp_path / "ckpt").as_uri(), (tmp_path / "out").as_uri()
     submit = ["submit", str(project(tmp_path, trainer)), "--procs-per-node", "2", "--checkpoint-uri", ckpt,

@@ -117,14 +117,13 @@ def test_an_fsdp_job_runs_on_two_nodes(cli: Cli) -> None:
 
 
 @pytest.mark.slow
-def test_a_requeued_job_resumes_from_its_checkpoint_bitwise(cli: Cli, slurm: SlurmCluster) -> None:  # noqa: F811
+def test_a_requeued_job_resumes_from_its_checkpoint_bitwise(cli: Cli, slurm: SlurmCluster,  # noqa: F811
+                                                            ddp_run: tuple[Cli, str, str]) -> None:
     """``scontrol requeue`` mid-run: Slurm SIGTERMs every node (final checkpoint) and queues the job again; started
     at once, the second run (SLURM_RESTART_COUNT=1) resumes, and the weights equal the uninterrupted run's, bitwise,
     in a world of 4 (2 nodes x 2 processes: cloudtrain.runtime fixes DDP's bucket layout from the first step)."""
     root = cli.project.parent
-    cli(*cli.submit("ddp", "--checkpoint-uri", (root / "ckpt-straight").as_uri(), "--output-uri",
-                    (root / "straight").as_uri(), *ARGS))
-    expected = final_weights((root / "straight").as_uri())
+    expected = final_weights(ddp_run[2])  # the same job (trainer, layout, ARGS) run straight through
     out = (root / "out").as_uri()
     handle = cli(*cli.submit("ddp", "--checkpoint-uri", (root / "ckpt").as_uri(), "--output-uri", out,
                              "--max-restarts", "1", "--detach", *ARGS, "--step-sleep", "0.25")).stdout.strip()

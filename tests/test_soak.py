@@ -10,7 +10,7 @@ import pytest
 
 from tests.soak import SoakConfig, run_soak
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.soak]  # `nox -s soak`
 
 # Both kinds at the moments most likely to break something: a SIGKILL mid-upload (temp files, a manifest-less
 # folder), a SIGTERM while a save is in flight (the final save waits for it), a SIGKILL right after a save started.
