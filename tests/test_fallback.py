@@ -41,8 +41,9 @@ def run(project: Path, home: Path, *args: str, env: dict[str, str] | None = None
 
 
 def test_plan_shows_every_leg_in_order(project: Path, ct_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in {"CLOUDTRAIN_AWS_ROLE": ROLE, "CLOUDTRAIN_AWS_BUCKET": "my-bucket", "CLOUDTRAIN_GCP_PROJECT": "my-project",
-                       "CLOUDTRAIN_GCP_BUCKET": "my-gbucket", "AWS_REGION": "us-east-1"}.items():
+    for key, value in {"CLOUDTRAIN_AWS_ROLE": ROLE, "CLOUDTRAIN_AWS_BUCKET": "my-bucket",
+                       "CLOUDTRAIN_GCP_PROJECT": "my-project", "CLOUDTRAIN_GCP_BUCKET": "my-gbucket",
+                       "AWS_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
     (project / "cloudtrain.yaml").write_text(
         "script: train_ddp.py\nspot: true\nprovider: [aws, gcp]\nproviders:\n"
@@ -63,8 +64,8 @@ def test_bad_fallback_lists_exit_2_naming_the_fix(project: Path, ct_home: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     for key in ("CLOUDTRAIN_GCP_PROJECT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"):
         monkeypatch.delenv(key, raising=False)
-    env = {**cli_env(ct_home), "CLOUDTRAIN_AWS_ROLE": ROLE, "CLOUDTRAIN_AWS_BUCKET": "my-bucket", "AWS_REGION": "us-east-1",
-           "CLOUDSDK_CONFIG": str(project / "no-gcloud")}
+    env = {**cli_env(ct_home), "CLOUDTRAIN_AWS_ROLE": ROLE, "CLOUDTRAIN_AWS_BUCKET": "my-bucket",
+           "AWS_REGION": "us-east-1", "CLOUDSDK_CONFIG": str(project / "no-gcloud")}
     unknown = run(project, ct_home, "plan", "train_ddp.py", "-p", "aws,nope", env=env)
     assert unknown.returncode == 2 and "provider: unknown provider 'nope'" in unknown.stderr
     assert "Traceback" not in unknown.stderr
