@@ -37,26 +37,27 @@ class Leg:
         return {"provider": self.provider, "region": self.region}
 
 
-def provider_names(spec: JobSpec, flag: str | None) -> list[str]:
-    """The providers in order: ``-p aws,gcp`` wins over the spec's ``provider``; neither: local."""
+def provider_names(spec: JobSpec, flag: str | None) -> tuple[list[str], str]:
+    """The providers in order, and where they were given: ``-p aws,gcp`` wins over the spec's ``provider``;
+    neither: local."""
     if flag:
-        return [name.strip() for name in flag.split(",") if name.strip()]
+        return [name.strip() for name in flag.split(",") if name.strip()], "--provider"
     given = spec.provider
     if given is None:
-        return ["local"]
-    return [given] if isinstance(given, str) else list(given)
+        return ["local"], "provider"
+    return ([given] if isinstance(given, str) else list(given)), "provider"
 
 
-def legs_of(spec: JobSpec, names: list[str]) -> list[Leg]:
+def legs_of(spec: JobSpec, names: list[str], field: str = "provider") -> list[Leg]:
     """Each provider once per region it lists (``providers.<name>.regions``), else once. Unknown names and
     repeated ones are refused (exit 2), naming the field."""
     known = registry.names()
     for name in names:
         if not registry.exists(name):
-            raise SpecError(f"unknown provider {name!r} in the fallback list", field="provider",
-                            remedy=f"use names from: {', '.join(known)}")
+            raise SpecError(f"unknown provider {name!r}" + (" in the fallback list" if len(names) > 1 else ""),
+                            field=field, remedy=f"use names from: {', '.join(known)}")
     if len(set(names)) != len(names):
-        raise SpecError(f"a provider is listed twice: {', '.join(names)}", field="provider",
+        raise SpecError(f"a provider is listed twice: {', '.join(names)}", field=field,
                         remedy="list each provider once; several regions go in providers.<name>.regions")
     legs = []
     for name in names:

@@ -126,9 +126,9 @@ def save(state: RecoveryState) -> None:
     tmp.write_text(json.dumps(asdict(state), indent=1))
     os.replace(tmp, path)  # a reader sees the old chain or the new one, never half of one
     if state.state_uri:  # the copy in the store that watchers share (cloudtrain.watch)
-        from cloudtrain.watch import publish_state
+        from cloudtrain import lineage_store
 
-        publish_state(state)
+        lineage_store.publish(state.state_uri, asdict(state))
 
 
 def restart_name(root_job_id: str, restart: int) -> str:

@@ -67,7 +67,7 @@ def test_bad_fallback_lists_exit_2_naming_the_fix(project: Path, ct_home: Path,
     env = {**cli_env(ct_home), "CLOUDTRAIN_AWS_ROLE": ROLE, "CLOUDTRAIN_AWS_BUCKET": "my-bucket",
            "AWS_REGION": "us-east-1", "CLOUDSDK_CONFIG": str(project / "no-gcloud")}
     unknown = run(project, ct_home, "plan", "train_ddp.py", "-p", "aws,nope", env=env)
-    assert unknown.returncode == 2 and "provider: unknown provider 'nope'" in unknown.stderr
+    assert unknown.returncode == 2 and "--provider: unknown provider 'nope' in the fallback list" in unknown.stderr
     assert "Traceback" not in unknown.stderr
     missing = run(project, ct_home, "submit", "train_ddp.py", "-p", "aws,gcp", "--detach", env=env)
     assert missing.returncode == 2, missing.stderr

@@ -100,7 +100,7 @@ def _legs(args: argparse.Namespace, spec: Any) -> list[Any]:
     """Where the job may run, in order: ``-p aws,gcp`` or the spec's ``provider`` (and each provider's regions)."""
     from cloudtrain.fallback import legs_of, provider_names
 
-    return legs_of(spec, provider_names(spec, args.provider))
+    return legs_of(spec, *provider_names(spec, args.provider))
 
 
 def _plan_legs(args: argparse.Namespace, spec: Any, spec_file: str | None, legs: list[Any]) -> int:
@@ -233,6 +233,19 @@ def cmd_wait(args: argparse.Namespace) -> int:
     status = with_restart_point(status)
     print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
     return 0 if status.state.value == "succeeded" else 1
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from cloudtrain.fallback import move
+    from cloudtrain.handles import JobHandle
+    from cloudtrain.watch import watch
+
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    watched = watch([JobHandle.parse(h) for h in args.handles], poll=args.poll, log=say, mover=move)
+    for item in watched:
+        if item.final is not None:
+            print(f"{item.state.root}: {item.final.state.value} ({item.final.handle})")
+    return 0 if all(w.final is not None and w.final.state.value == "succeeded" for w in watched) else 1
 
 
 def _poll(provider: Any) -> float:

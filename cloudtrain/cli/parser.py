@@ -237,6 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "in all, e.g. 6h (default: the spec's, else 24h)")
     _profile_flag(wait)
     _output_flag(wait)
+    watch = sub.add_parser("watch", help="recover jobs without a laptop: resubmit or move preempted jobs until each "
+                                         "chain ends (state in the checkpoint store; several watchers are safe)")
+    watch.add_argument("handles", nargs="+", metavar="HANDLE", help="a job handle (any submission of its chain)")
+    watch.add_argument("--poll", type=_seconds, default=30.0, help="seconds between rounds (default 30)")
+    _profile_flag(watch)
     lst = sub.add_parser("list", help="list jobs")
     lst.add_argument("-p", "--provider", default="local", help=PROVIDERS_HELP)
     lst.add_argument("--limit", type=_count(1, 10_000), default=50, help="at most this many jobs (default: 50)")
