@@ -106,20 +106,42 @@ def submit_first(spec: JobSpec, legs: list[Leg], spec_file: str | None = None, s
     from cloudtrain.providers import get_provider
     from cloudtrain.sdk import plan_job
 
-    refused: list[str] = []
-    for index in range(start, len(legs)):
-        leg = legs[index]
+    def attempt(leg: Leg) -> tuple[Provider, JobHandle]:
         provider = get_provider(leg.provider)
         with plan_job(leg_spec(spec, leg), provider, spec_file=spec_file) as plan:
             try:
-                return provider, provider.submit(plan), index, refused
+                return provider, provider.submit(plan)
             except CloudtrainError as exc:
-                reason = provider.capacity_error(exc)
-                if reason is None:
-                    raise
-                refused.append(f"{leg.label()} refused: {reason}")
-                following = f"; trying {legs[index + 1].label()}" if index + 1 < len(legs) else ""
-                log(f"{leg.label()} refused the job for capacity or quota ({reason}){following}")
+                raise Refused(provider, exc) from exc
+
+    return try_legs(legs, attempt, start, log)
+
+
+class Refused(Exception):
+    """A leg's submit failed: the provider that refused and its error (whether for capacity, it decides)."""
+
+    def __init__(self, provider: Provider, error: CloudtrainError) -> None:
+        super().__init__(str(error))
+        self.provider, self.error = provider, error
+
+
+def try_legs(legs: list[Leg], attempt: Callable[[Leg], tuple[Provider, JobHandle]], start: int = 0,
+             log: Log = print) -> tuple[Provider, JobHandle, int, list[str]]:
+    """The decision of ``submit_first``, on any ``attempt`` (benchmarks/goodput.py replays it on fake providers):
+    the first leg that takes the job; one that refuses for capacity (``Provider.capacity_error``) moves it on."""
+    refused: list[str] = []
+    for index in range(start, len(legs)):
+        leg = legs[index]
+        try:
+            provider, handle = attempt(leg)
+            return provider, handle, index, refused
+        except Refused as refusal:
+            reason = refusal.provider.capacity_error(refusal.error)
+            if reason is None:
+                raise refusal.error from None
+            refused.append(f"{leg.label()} refused: {reason}")
+            following = f"; trying {legs[index + 1].label()}" if index + 1 < len(legs) else ""
+            log(f"{leg.label()} refused the job for capacity or quota ({reason}){following}")
     raise CloudtrainError("every provider of the fallback list refused the job for capacity or quota: "
                           + "; ".join(refused),
                           remedy="add providers or regions (providers.<name>.regions), or try again later")

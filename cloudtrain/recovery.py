@@ -313,18 +313,21 @@ def wait_with_recovery(provider: Provider, handle: JobHandle, *, max_restarts: i
 
 def drive(provider: Provider, state: RecoveryState, *, poll: float, timeout: float | None = None,
           log: Callable[[str], None] = print, clock: Clock = SYSTEM, backoff: Backoff | None = None,
-          mover: Mover | None = None) -> JobStatus:
+          mover: Mover | None = None, resolve: Callable[[str], Provider] | None = None) -> JobStatus:
     """Follow ``state``'s chain to its end: what ``wait --recover`` and ``watch`` run. ``backoff``: between
-    status retries (default: from ``poll`` up to a minute)."""
+    status retries (default: from ``poll`` up to a minute); ``resolve``: a provider by name (default: the
+    registry's)."""
     deadline = None if timeout is None else clock.time() + timeout
     pacing = Backoff(base=poll, cap=max(RESUBMIT_CAP, poll))
+    if backoff is not None:
+        pacing.rng = backoff.rng  # one seeded source (a replay is repeatable)
     current: JobHandle | None = JobHandle.parse(state.chain[-1])
     while True:
         assert current is not None
         if current.provider != provider.name:
             from cloudtrain.providers import get_provider
 
-            provider = get_provider(current.provider)
+            provider = (resolve or get_provider)(current.provider)
         status = wait_steady(provider, current, poll=poll, clock=clock, backoff=backoff, state=state,
                              deadline=deadline, log=log)
         current = advance(provider, state, status, log, clock=clock, backoff=pacing, mover=mover)

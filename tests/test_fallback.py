@@ -174,3 +174,14 @@ def test_a_job_whose_capacity_is_gone_moves_on_with_its_checkpoint(clouds: tuple
     assert (project / "restored" / "step-000000007" / "model.pt").read_bytes() == b"weights" * 50_000
     assert any("carried step 7" in line for line in said)
     assert boto3.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=target.split(BUCKET + "/", 1)[1])["KeyCount"] == 3
+
+
+def test_goodput_replay_runs_the_real_decision_code_and_fallback_wins() -> None:
+    bench = subprocess.run([sys.executable, "benchmarks/goodput.py", "--seeds", "4"], cwd=Path(__file__).parents[1],
+                           capture_output=True, text=True, timeout=120)
+    assert bench.returncode == 0, bench.stderr
+    rows = {line.split("  ")[0].strip(): line.split() for line in bench.stdout.splitlines()
+            if line.startswith(("baseline", "fallback ("))}
+    baseline, fallback = rows["baseline (aws us-east-1 only)"], rows["fallback (4 legs)"]
+    assert float(fallback[-7]) > float(baseline[-7])  # goodput
+    assert float(fallback[-2]) > 1.0  # the job used more than one leg
