@@ -185,3 +185,44 @@ def test_goodput_replay_runs_the_real_decision_code_and_fallback_wins() -> None:
     baseline, fallback = rows["baseline (aws us-east-1 only)"], rows["fallback (4 legs)"]
     assert float(fallback[-7]) > float(baseline[-7])  # goodput
     assert float(fallback[-2]) > 1.0  # the job used more than one leg
+
+
+@pytest.mark.slow
+def test_a_checkpoint_from_an_s3_leg_resumes_bitwise_on_a_gcs_leg(emulators, tmp_path: Path,
+                                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Real jobs (local provider, emulating SageMaker then Vertex nodes): the first leg checkpoints to moto's S3 and
+    is preempted; its newest verified checkpoint is carried to the GCS emulator as a move does; the second leg
+    resumes there and ends bitwise equal to an uninterrupted run."""
+    import re
+
+    import torch
+
+    from tests.conftest import REPO, stop_every_job
+    from tests.test_resume import ARGS, SLOW, Cloudtrain, assert_bitwise_equal, final_weights
+
+    ensure("s3", emulators, tmp_path_factory.getbasetemp())
+    ensure("gs", emulators, tmp_path_factory.getbasetemp())
+    ct = Cloudtrain(tmp_path / "home", tmp_path)
+    (tmp_path / "train_ddp.py").write_text((REPO / "entrypoints" / "train_ddp.py").read_text())
+    script = str(tmp_path / "train_ddp.py")
+    try:
+        straight = (tmp_path / "straight").as_uri()
+        ct("submit", script, "--procs-per-node", "2", "--checkpoint-uri", (tmp_path / "ck0").as_uri(),
+           "--output-uri", straight, *ARGS)
+        s3, gs = f"s3://{BUCKET}/legs-{uuid.uuid4().hex[:8]}", f"gs://{BUCKET}/legs-{uuid.uuid4().hex[:8]}"
+        handle = ct("submit", script, "--procs-per-node", "2", "--emulate", "sagemaker", "--checkpoint-uri", s3,
+                    "--detach", *ARGS, *SLOW).stdout.strip()
+        wait_for(lambda: "checkpoint step 8 published" in ct.logs(handle), timeout=180, interval=0.3)
+        ct("preempt", handle)  # no restarts: the leg ends preempted after its final checkpoint
+        assert ct("wait", handle, "--timeout", "120", check=False).returncode == 1
+        copied = carry_newest(s3, gs, log=lambda _m: None)
+        assert copied is not None and copied.step >= 8
+        out = (tmp_path / "moved").as_uri()
+        done = ct("submit", script, "--procs-per-node", "2", "--emulate", "vertex", "--checkpoint-uri", gs,
+                  "--output-uri", out, *ARGS)
+        resumed = re.search(r"INFO resumed from step (\d+)", done.stdout)
+        assert resumed and int(resumed.group(1)) == copied.step, done.stdout[-3000:]
+        expected: dict[str, torch.Tensor] = final_weights(straight)
+        assert_bitwise_equal(final_weights(out), expected)
+    finally:
+        stop_every_job(tmp_path / "home")
