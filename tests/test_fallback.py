@@ -125,7 +125,8 @@ def _publish(uri: str, step: int, payload: bytes) -> None:
     checkpoints.publish(folder, step, files, world_size=2, log=lambda _m: None)
 
 
-def test_copy_is_verified_resumable_and_skips_a_corrupt_newest(clouds: tuple[SageMakerFront, VertexFake]) -> None:
+def test_copy_is_verified_resumable_and_skips_a_corrupt_newest(clouds: tuple[SageMakerFront, VertexFake],
+                                                               tmp_path: Path) -> None:
     source, target = f"gs://{BUCKET}/copy-{uuid.uuid4().hex[:8]}", f"s3://{BUCKET}/copy-{uuid.uuid4().hex[:8]}"
     _publish(source, 10, b"ten" * 100_000)
     _publish(source, 20, b"twenty" * 100_000)
@@ -136,7 +137,7 @@ def test_copy_is_verified_resumable_and_skips_a_corrupt_newest(clouds: tuple[Sag
     assert copied is not None and copied.step == 10 and copied.skipped == 0
     assert any("step-000000020 is corrupt" in line for line in said)
     assert any("2/2 files" in line for line in said)  # progress
-    restored = checkpoints.restore_latest(target, Path(str(uuid.uuid4())).absolute(), log=lambda _m: None)
+    restored = checkpoints.restore_latest(target, tmp_path / "restored", log=lambda _m: None)
     assert restored is not None and restored.step == 10
     # taken up again (a copy cut short): files already there with the right hash are skipped
     storage.store_for(target).delete([storage.join(target, "step-000000010", "manifest.json")])
