@@ -90,9 +90,13 @@ class Watcher:
         done = threading.Event()
 
         def run() -> None:
+            from cloudtrain.providers import get_provider
+
             while not done.wait(every):
+                handle = current()  # a fallback may have moved the job to another provider since the last poll
+                impl = provider if handle.provider == provider.name else get_provider(handle.provider)
                 try:
-                    self.poll(provider, provider.describe(current()))
+                    self.poll(impl, impl.describe(handle))
                 except CloudtrainError:  # a status that could not be read now: the next poll tries again
                     continue
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from cloudtrain.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE  # the one table of exit codes
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "CloudtrainError", "CredentialsError", "HandleError",
-           "HomeError", "PackagingError", "ProviderNotFound", "ProviderNotInstalled", "SpecError", "UserError"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "CapacityError", "CloudtrainError", "CredentialsError",
+           "HandleError", "HomeError", "PackagingError", "ProviderNotFound", "ProviderNotInstalled", "SpecError",
+           "TransientError", "UserError"]
 
 
 class CloudtrainError(Exception):
@@ -62,3 +63,13 @@ class CredentialsError(UserError):
 class HomeError(UserError):
     """cloudtrain's own files (``CLOUDTRAIN_HOME``: the job database, the local store, job folders) cannot be written
     or read: a full disk, a read-only folder, a locked database. Names the path; nothing is left half-written."""
+
+
+class TransientError(CloudtrainError):
+    """A platform API call failed in a way that passes (a timeout, a 5xx, throttling, a reset connection): the
+    job's state is unknown, not changed. Recovery retries with backoff and never takes it for a preemption."""
+
+
+class CapacityError(UserError):
+    """The platform refused the job for capacity or quota (SageMaker ResourceLimitExceeded, Vertex
+    RESOURCE_EXHAUSTED, Azure ML quota): another provider or region of a fallback list may run it."""

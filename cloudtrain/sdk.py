@@ -250,10 +250,13 @@ class Run:
         return preempt(self.provider, self.handle)
 
     def wait(self, timeout: float | None = None, poll: float = 1.0, recover: bool = False,
-             max_restarts: int | None = None, progress: bool = True) -> JobStatus:
+             max_restarts: int | None = None, progress: bool = True,
+             max_recovery: float | None = None) -> JobStatus:
         """The final status. ``recover=True``: while the job ends preempted and restarts are left (the spec's
-        ``max_restarts``, or ``max_restarts``), resubmit it; it resumes from its newest checkpoint. This Run then
-        follows the newest submission. ``progress``: show the state and elapsed time while waiting."""
+        ``max_restarts``, or ``max_restarts``), resubmit it; it resumes from its newest checkpoint; status calls that
+        fail in a way that passes are retried with backoff, and ``max_recovery`` seconds (default 24h) bound the
+        time spent recovering. This Run then follows the newest submission. ``progress``: show the state and
+        elapsed time while waiting."""
         from cloudtrain.progress import Progress
 
         started = time.monotonic()
@@ -269,8 +272,12 @@ class Run:
                 from cloudtrain.recovery import wait_with_recovery
 
                 status = wait_with_recovery(self.provider, self.handle, max_restarts=max_restarts, timeout=timeout,
-                                            poll=poll)
+                                            poll=poll, max_recovery=max_recovery)
                 self.handle = status.handle
+                if self.handle.provider != self.provider.name:  # moved along its fallback list
+                    from cloudtrain.providers import get_provider
+
+                    self.provider = get_provider(self.handle.provider)
             waited(status)
         return status
 

@@ -141,6 +141,9 @@ class JobSpec(_Model):
     name: str | None = Field(
         None, pattern=_NAME_RE,
         description="Lowercase letters, digits and '-', at most 40 characters; default: the script name")
+    provider: str | list[str] | None = Field(
+        None, description="Where the job runs (default local); a list is a fallback order, e.g. [aws, gcp]: the next "
+                          "is tried when one refuses for capacity or quota, or its capacity is gone")
     source_dir: str = Field(".", description="Folder packaged and shipped to every node (relative to the spec file)")
     script: str | None = Field(None, description="Training script, relative to source_dir")
     module: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*$", description="Or: a module run as 'python -m'")
@@ -171,6 +174,9 @@ class JobSpec(_Model):
     max_cost: Usd | None = Field(
         None, description="Budget in USD at list prices across all restarts: the watcher (a foreground submit, wait "
                           "--recover) stops the job with a final checkpoint when the cost accrued reaches it")
+    max_recovery: Duration | None = Field(
+        None, description="The most time recovery may spend in all (waiting for a resubmitted or moved job to run "
+                          "again, riding out a status-API outage) before it gives up and says so; default 24h")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     inputs: dict[str, Uri] = Field(default_factory=dict, description="Named input data URIs")
     output_uri: Uri | None = None

@@ -32,7 +32,7 @@ from urllib.parse import unquote
 
 KINDS = ("reset_before", "reset_mid", "http_500", "http_503", "slow", "truncate")
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "expect"}
-_REASONS = {403: "Forbidden", 500: "Internal Server Error", 503: "Service Unavailable"}
+_REASONS = {403: "Forbidden", 429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 @dataclass(frozen=True)
@@ -58,18 +58,27 @@ class Request:
 @dataclass(eq=False)
 class _Rule:
     predicate: Callable[[Request], bool]
-    kind: str
+    kind: str | tuple[str, ...]  # several: taken in turn, one per matching request
     times: int | None  # None: until removed
+    turn: int = 0
+
+    def next_kind(self) -> str:
+        if isinstance(self.kind, str):
+            return self.kind
+        self.turn += 1
+        return self.kind[(self.turn - 1) % len(self.kind)]
 
 
 def _error_body(flavor: str, status: int) -> tuple[str, bytes, dict[str, str]]:
     """What the real service answers: (content type, body, extra headers)."""
     if flavor == "gs":
-        reason = {403: "forbidden", 500: "backendError", 503: "backendError"}[status]
-        body = f'{{"error": {{"code": {status}, "message": "injected fault", "errors": [{{"reason": "{reason}"}}]}}}}'
+        reason = {403: "forbidden", 429: "rateLimitExceeded", 500: "backendError", 503: "backendError"}[status]
+        grpc = ', "status": "RESOURCE_EXHAUSTED"' if status == 429 else ""  # how Google APIs throttle
+        body = (f'{{"error": {{"code": {status}, "message": "injected fault"{grpc}, '
+                f'"errors": [{{"reason": "{reason}"}}]}}}}')
         return "application/json; charset=UTF-8", body.encode(), {}
-    codes = ({403: "AccessDenied", 500: "InternalError", 503: "SlowDown"} if flavor == "s3" else
-             {403: "AuthorizationFailure", 500: "InternalError", 503: "ServerBusy"})
+    codes = ({403: "AccessDenied", 429: "SlowDown", 500: "InternalError", 503: "SlowDown"} if flavor == "s3" else
+             {403: "AuthorizationFailure", 429: "ServerBusy", 500: "InternalError", 503: "ServerBusy"})
     body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{codes[status]}</Code>'
             f'<Message>injected fault</Message><RequestId>faultproxy</RequestId></Error>')
     extra = {"x-ms-error-code": codes[status]} if flavor == "az" else {}
@@ -238,7 +247,7 @@ class FaultProxy:
                 self.rate = saved
 
     @contextmanager
-    def fail_matching(self, predicate: Callable[[Request], bool], kind: str = "http_403",
+    def fail_matching(self, predicate: Callable[[Request], bool], kind: str | tuple[str, ...] = "http_403",
                       times: int | None = None) -> Iterator[None]:
         """Matching requests fail with ``kind`` (``http_403``: a refusal no client retries) until the block ends,
         an outage longer than any retry budget; or only the first ``times`` of them."""
@@ -257,7 +266,7 @@ class FaultProxy:
             for rule in self._rules:
                 if rule.times != 0 and rule.predicate(request):
                     rule.times = None if rule.times is None else rule.times - 1
-                    return rule.kind
+                    return rule.next_kind()
             if self.rate <= 0 or self._rng.random() >= self.rate:  # calm periods leave the seeded sequence alone
                 return None
             kind = self.plan.kinds[self._turn % len(self.plan.kinds)]

@@ -34,6 +34,7 @@ class SageMakerFront:
         self.received: dict[str, dict[str, Any]] = {}  # job -> the CreateTrainingJob request as the service got it
         self.stop_requests: list[str] = []
         self.lose_next_create_reply = 0.0  # seconds to hold the reply of the next create
+        self.refuse_creates: list[tuple[str, str]] = []  # (error code, message) answered to the next creates
         self._lock = threading.Lock()
         front = self
 
@@ -97,6 +98,8 @@ class SageMakerFront:
         with self._lock:
             self.calls.append(target)
         if target == "CreateTrainingJob":
+            if self.refuse_creates:  # as SageMaker refuses for quota (ResourceLimitExceeded) or capacity
+                return self._error(*self.refuse_creates.pop(0))
             if self.status(name) is not None:
                 return self._error("ValidationException", "Training job names must be unique within an AWS "
                                                           f"account and region, and a training job with this name "

@@ -413,7 +413,7 @@ def test_config_text_table(cfg: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert rows["providers.aws.subnets"] == ["subnet-a,subnet-b", f"profile default ({cfg})"]
     assert rows["providers.aws.volume_size_gb"] == ["30", "default"]
     assert rows["providers.aws.role"] == ["-", "unset"]
-    assert len(rows) == 7
+    assert len(rows) == 8  # regions too (a fallback list's legs)
     code, out, _ = run_main(capsys, "config")  # every provider
     assert code == 0 and all(f"providers.{p}." in out for p in registry.BUILTIN)
     assert settings_text("aws", [config.Setting("providers.aws.subnets", [], "default")]).splitlines()[1].split() == [

@@ -18,9 +18,9 @@ from cloudtrain.cli.reference import markdown
 REPO = Path(__file__).resolve().parents[1]
 
 JOB_FLAGS = ["--allow-secret", "--checkpoint-dir", "--checkpoint-uri", "--emulate", "--env", "--file", "--gpus",
-             "--image", "--max-cost", "--max-idle", "--max-restarts", "--max-runtime", "--module", "--name",
-             "--no-spec", "--nodes", "--output", "--output-uri", "--procs-per-node", "--profile", "--provider",
-             "--require-process-group", "--resume-arg", "--set", "--source-dir", "--spot", "--strategy"]
+             "--image", "--max-cost", "--max-idle", "--max-recovery", "--max-restarts", "--max-runtime", "--module",
+             "--name", "--no-spec", "--nodes", "--output", "--output-uri", "--procs-per-node", "--profile",
+             "--provider", "--require-process-group", "--resume-arg", "--set", "--source-dir", "--spot", "--strategy"]
 CLI = {
     "submit": sorted([*JOB_FLAGS, "--detach", "--dry-run", "--follow", "--plan"]),
     "plan": sorted([*JOB_FLAGS, "--compare", "--export", "--region"]),
@@ -28,7 +28,9 @@ CLI = {
     "cancel": ['--output', '--profile'],
     "preempt": ['--output', '--profile'],
     "logs": ['--follow', '--merge', '--profile'],
-    "wait": ['--max-restarts', '--output', '--profile', '--recover', '--retry-failed', '--timeout'],
+    "wait": ['--max-recovery', '--max-restarts', '--output', '--profile', '--recover', '--retry-failed',
+             '--timeout'],
+    "watch": ['--poll', '--profile'],
     "list": ['--limit', '--output', '--profile', '--provider'],
     "outputs": ['--download', '--output', '--profile'],
     "cost": ['--output', '--profile'],

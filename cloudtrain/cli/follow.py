@@ -31,28 +31,38 @@ def _on_sigterm(handler: Any) -> Any:
         return None
 
 
-def follow(provider: Any, handle: Any, max_restarts: int = 0, poll: float = 1.0) -> int:
+def follow(provider: Any, handle: Any, max_restarts: int = 0, poll: float = 1.0,
+           max_recovery: float | None = None, state: Any = None) -> int:
     """Stream logs until the job ends; where the platform does not restart preempted jobs itself, resubmit them
-    (cloudtrain's recovery) and follow the new one. Returns the command's exit code."""
+    (cloudtrain's recovery) and follow the new one; with a fallback list (``state`` from the submit), move it to
+    the next provider when capacity is gone. Returns the command's exit code."""
+    from cloudtrain.backoff import Backoff
     from cloudtrain.budget import watcher
     from cloudtrain.cli.render import status_text
-    from cloudtrain.recovery import advance, begin
+    from cloudtrain.fallback import move
+    from cloudtrain.providers import get_provider
+    from cloudtrain.recovery import RESUBMIT_CAP, advance, begin, wait_steady
 
-    recovering = max_restarts > 0 and "resubmit" in provider.capabilities
-    state = begin(provider, handle, max_restarts=max_restarts) if recovering else None
+    recovering = state is not None or (max_restarts > 0 and "resubmit" in provider.capabilities)
+    if recovering and state is None:
+        state = begin(provider, handle, max_restarts=max_restarts, max_recovery=max_recovery)
+    pacing = Backoff(base=poll, cap=max(RESUBMIT_CAP, poll))
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     chain = state.chain if state else [str(handle)]  # the recovery's own list: it grows with each resubmission
-    budget = watcher(chain, lambda m: print(m, file=sys.stderr, flush=True))
+    budget = watcher(chain, say)  # max_cost: polled in a thread while the logs stream
     watching = budget.follow(provider, lambda: type(handle).parse(chain[-1]), max(poll, 1.0)) if budget else None
     previous = _on_sigterm(_raise_terminated)
     try:
         while True:
             for line in provider.logs(handle, follow=True):
                 print(line, flush=True)
-            status = provider.wait(handle, poll=poll)
-            following = advance(provider, state, status, lambda m: print(m, file=sys.stderr)) if state else None
+            status = wait_steady(provider, handle, poll=poll, state=state, log=say)
+            following = advance(provider, state, status, say, backoff=pacing, mover=move) if state else None
             if following is None:
                 break
             handle = following
+            if handle.provider != provider.name:
+                provider = get_provider(handle.provider)
     except HomeError as exc:  # the job database cannot be read (a full disk): the job itself runs on
         raise HomeError(f"{exc.message}; {handle} runs on without this command",
                         remedy=f"{exc.remedy}; then `cloudtrain logs -f {handle}` follows it again") from None

@@ -19,7 +19,8 @@ _JOB_FLAGS: dict[str, Any] = {
     "script": None, "file": None, "no_spec": False, "module": None, "name": None, "source_dir": None, "nodes": None,
     "procs_per_node": None, "strategy": None, "gpus": None, "checkpoint_uri": None, "checkpoint_dir": None,
     "resume_arg": [], "output_uri": None, "image": None,
-    "spot": None, "max_restarts": None, "max_cost": None, "max_runtime": None, "max_idle": None, "set_fields": [],
+    "spot": None, "max_restarts": None, "max_cost": None, "max_recovery": None, "max_runtime": None, "max_idle": None,
+    "set_fields": [],
     "allow_secret": [],
     "emulate": None, "require_process_group": None}
 
@@ -81,7 +82,8 @@ def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> tuple[An
         "strategy": args.strategy, "accelerator": args.gpus, "checkpoint.uri": args.checkpoint_uri,
         "checkpoint.dir": args.checkpoint_dir, "resume_args": args.resume_arg or None,
         "output_uri": args.output_uri, "image.uri": args.image, "spot": args.spot,
-        "max_restarts": args.max_restarts, "max_cost": args.max_cost, "max_runtime": args.max_runtime,
+        "max_restarts": args.max_restarts, "max_cost": args.max_cost, "max_recovery": args.max_recovery,
+        "max_runtime": args.max_runtime,
         "max_idle": args.max_idle,
         "providers.local.emulate": args.emulate,  # a provider's name stands for its platform's (the spec maps it)
         "require_process_group": args.require_process_group,

@@ -121,6 +121,19 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _duration(text: str) -> float:
+    """An argparse type: a duration as the spec writes them (90, 30m, 6h)."""
+    from cloudtrain.spec_fields import parse_duration
+
+    try:
+        value = parse_duration(text)
+    except (ValueError, TypeError) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration ({exc}); e.g. 90, 30m, 6h") from None
+    if not value or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration of more than 0; e.g. 90, 30m, 6h")
+    return float(value)
+
+
 def _output_flag(p: argparse.ArgumentParser, default: str = "text", choices: list[str] | None = None) -> None:
     p.add_argument("-o", "--output", choices=choices or OUTPUTS, default=default,
                    help=f"text for people (default: {default}), json or yaml for programs")
@@ -160,6 +173,7 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-cost", metavar="USD", help="budget at list prices across all restarts: the watcher (this "
                                                      "submit in the foreground, wait --recover) stops the job with a "
                                                      "final checkpoint when the cost accrued reaches it")
+    p.add_argument("--max-recovery", help="the most time recovery may spend in all, e.g. 6h (default: 24h)")
     p.add_argument("--max-runtime", help="e.g. 3600, 90m, 2h (each platform's own limit is checked by plan)")
     p.add_argument("--max-idle", help="hang watchdog: stop the job when it prints nothing, writes no checkpoint and "
                                       "uses no CPU for this long, e.g. 10m (default: 30m; off turns it off)")
@@ -227,8 +241,15 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--max-restarts", type=_count(0, 100), help="with --recover: at most this many resubmissions "
                                                         "(default: what the job's spec asked for)")
     wait.add_argument("--retry-failed", action="store_true", help="with --recover: resubmit failed jobs too")
+    wait.add_argument("--max-recovery", type=_duration, help="with --recover: give up after recovering this long "
+                                                             "in all, e.g. 6h (default: the spec's, else 24h)")
     _profile_flag(wait)
     _output_flag(wait)
+    watch = sub.add_parser("watch", help="recover jobs without a laptop: resubmit or move preempted jobs until each "
+                                         "chain ends (state in the checkpoint store; several watchers are safe)")
+    watch.add_argument("handles", nargs="+", metavar="HANDLE", help="a job handle (any submission of its chain)")
+    watch.add_argument("--poll", type=_seconds, default=30.0, help="seconds between rounds (default 30)")
+    _profile_flag(watch)
     lst = sub.add_parser("list", help="list jobs")
     lst.add_argument("-p", "--provider", default="local", help=PROVIDERS_HELP)
     lst.add_argument("--limit", type=_count(1, 10_000), default=50, help="at most this many jobs (default: 50)")

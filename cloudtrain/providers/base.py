@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import enum
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from cloudtrain import registry
-from cloudtrain.errors import CloudtrainError, HandleError, SpecError, UserError
+from cloudtrain.errors import CapacityError, CloudtrainError, HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.naming import check_job_name
 
@@ -122,6 +123,9 @@ class Provider(ABC):
     # Declared up front and checked at plan time, so a spec never reaches a platform that cannot honour it.
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     poll_seconds: float = 5.0  # between status checks while waiting (a cloud's API has rate limits)
+    # How the platform words a job that ended because capacity or quota ran out (in its message or failure
+    # reason), as regexes: a fallback list then moves the job on. A refusal at submit is a CapacityError.
+    capacity_patterns: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -201,6 +205,17 @@ class Provider(ABC):
                             remedy="submit the same spec again; it resumes from checkpoint.uri")
         check_job_name(self.name, new_name, self.declaration.name_pattern, self.declaration.name_rule)
         return self._resubmit(self._own(handle), new_name)
+
+    def capacity_error(self, error: BaseException | JobStatus) -> str | None:
+        """Why this refusal (an exception from ``submit``/``resubmit``) or this ended job means that capacity or
+        quota ran out on this provider and region, so a fallback list moves on; None: it does not."""
+        if isinstance(error, CapacityError):
+            return error.message
+        if isinstance(error, JobStatus) and error.state in (JobState.PREEMPTED, JobState.FAILED):
+            text = " ".join(str(t) for t in (error.message, error.details.get("failure_reason")) if t)
+            if any(re.search(p, text, re.IGNORECASE) for p in self.capacity_patterns):
+                return text
+        return None
 
     def preempt(self, handle: JobHandle) -> JobStatus:
         """Rehearse a spot interruption of a running job (where declared: ``Capability.PREEMPT``): every node gets

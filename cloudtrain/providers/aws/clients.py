@@ -6,10 +6,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from cloudtrain.errors import CloudtrainError, CredentialsError, SpecError, UserError
+from cloudtrain.errors import CapacityError, CloudtrainError, CredentialsError, SpecError, TransientError, UserError
 
 _AUTH_CODES = {"ExpiredToken", "ExpiredTokenException", "UnrecognizedClientException", "InvalidClientTokenId",
                "InvalidSignatureException", "SignatureDoesNotMatch", "AccessDenied", "AccessDeniedException"}
+# Codes botocore's own retry handlers treat as throttling or transient (botocore.retries.standard), plus 5xx
+_TRANSIENT_CODES = {"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
+                    "TooManyRequestsException", "RequestLimitExceeded", "SlowDown", "RequestTimeout",
+                    "RequestTimeoutException", "PriorRequestNotComplete", "ServiceUnavailable", "InternalFailure",
+                    "InternalError", "InternalServerError"}
+# CreateTrainingJob's declared quota error (service model: ResourceLimitExceeded); a job that fails for capacity
+# says CapacityError / InsufficientCapacityError in its FailureReason (sagemaker-core checks "CapacityError" in it)
+CAPACITY_CODES = {"ResourceLimitExceeded", "CapacityError", "InsufficientCapacityError"}
 _LOGIN_HINT = ("log in again (`aws sso login`, or `aws configure`), or choose a profile with AWS_PROFILE; "
                "see `aws sts get-caller-identity`")
 
@@ -33,11 +41,15 @@ def aws_errors(action: str) -> Iterator[None]:
     from botocore.exceptions import (
         BotoCoreError,
         ClientError,
+        HTTPClientError,
         NoCredentialsError,
         NoRegionError,
         PartialCredentialsError,
         TokenRetrievalError,
         UnauthorizedSSOTokenError,
+    )
+    from botocore.exceptions import (
+        ConnectionError as BotoConnectionError,
     )
 
     try:
@@ -55,15 +67,21 @@ def aws_errors(action: str) -> Iterator[None]:
         if code in _AUTH_CODES:
             raise CredentialsError(f"{action}: AWS refused the credentials ({code}: {message})",
                                    remedy=_LOGIN_HINT) from None
-        if code == "ResourceLimitExceeded":  # a service quota, per instance type and region
-            raise UserError(f"{action}: {code}: {message}",
-                            remedy="request a higher SageMaker quota for this instance type (Service Quotas console, "
-                                   "'training job usage' / 'spot training job usage'), or pick another instance "
-                                   "type or region (`cloudtrain catalog -p aws`)") from None
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if code in _TRANSIENT_CODES or status >= 500 or status == 429:
+            raise TransientError(f"{action}: {code}: {message}", remedy="try again; AWS answered with an error "
+                                                                       "that passes") from None
+        if code in CAPACITY_CODES:  # a service quota, per instance type and region, or no capacity
+            raise CapacityError(f"{action}: {code}: {message}",
+                                remedy="request a higher SageMaker quota for this instance type (Service Quotas "
+                                       "console, 'training job usage' / 'spot training job usage'), or pick another "
+                                       "instance type, region or provider (`cloudtrain catalog -p aws`)") from None
         if code in ("ValidationException", "ResourceNotFound"):
             raise UserError(f"{action}: {code}: {message}") from None
         raise CloudtrainError(f"{action}: {code}: {message}", remedy="try again; if it persists, check the AWS "
                                                                     "console for the job") from None
+    except (BotoConnectionError, HTTPClientError) as exc:  # timeouts, resets, unreachable endpoints
+        raise TransientError(f"{action}: {exc}", remedy="check the network and the AWS endpoint") from None
     except BotoCoreError as exc:
         raise CloudtrainError(f"{action}: {exc}", remedy="check the network and the AWS endpoint") from None
 

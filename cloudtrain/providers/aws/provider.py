@@ -47,6 +47,8 @@ def plan_summary(plan: Plan) -> Summary:
 class SageMakerProvider(Provider):
     declaration = PROVIDER
     capabilities = frozenset({Capability.MULTI_NODE, Capability.SPOT, Capability.ACCELERATORS})
+    # FailureReason "CapacityError: Unable to provision ..." / "InsufficientCapacityError"; MaxWait spent
+    capacity_patterns = (r"CapacityError", r"did not come back within max_wait")
 
     def __init__(self, client_config: Any = None, log_poll: float | None = None) -> None:
         self.client_config = client_config  # a botocore Config (timeouts, retries); tests shorten them

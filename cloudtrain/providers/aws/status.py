@@ -53,6 +53,8 @@ def describe_details(job: dict[str, Any]) -> dict[str, Any]:
         "output_uri": (job.get("Environment") or {}).get(contract.OUTPUT_URI)
         or (job.get("OutputDataConfig") or {}).get("S3OutputPath"),
     }
+    if (job.get("Environment") or {}).get(contract.CHECKPOINT_URI):
+        details["checkpoint_uri"] = job["Environment"][contract.CHECKPOINT_URI]
     for key, name in (("TrainingTimeInSeconds", "training_seconds"), ("BillableTimeInSeconds", "billable_seconds"),
                       ("FailureReason", "failure_reason"), ("TrainingJobArn", "arn")):
         if job.get(key) is not None:

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from cloudtrain import catalog, contract
-from cloudtrain.errors import HandleError, SpecError, UserError
+from cloudtrain.errors import HandleError, SpecError, TransientError, UserError
 from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
 from cloudtrain.node_commands import bootstrap_args
@@ -24,7 +24,7 @@ from cloudtrain.plan import Plan
 from cloudtrain.providers.azure import PROVIDER, rest, schema
 from cloudtrain.providers.azure import job as aj
 from cloudtrain.providers.azure.status import job_state
-from cloudtrain.providers.azure.workspace import azure_errors, ml_client, workspace_of
+from cloudtrain.providers.azure.workspace import CAPACITY, azure_errors, ml_client, workspace_of
 from cloudtrain.providers.base import Capability, JobStatus, Provider
 from cloudtrain.spec import JobSpec
 from cloudtrain.staging import new_job_id
@@ -57,6 +57,7 @@ def plan_summary(plan: Plan) -> Summary:
 class AzureMLProvider(Provider):
     declaration = PROVIDER
     capabilities = frozenset({Capability.MULTI_NODE, Capability.SPOT, Capability.ACCELERATORS, Capability.RESUBMIT})
+    capacity_patterns = (CAPACITY.pattern,)  # quota / "not enough capacity" job failures
 
     def __init__(self, credential: Any = None, transport: Any = None, log_poll: float | None = None) -> None:
         self.credential, self.transport = credential, transport  # injected by tests; default: the Azure chain
@@ -131,7 +132,7 @@ class AzureMLProvider(Provider):
 
         from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 
-        return self.created_once(find, create, lost=(ServiceRequestError, ServiceResponseError))
+        return self.created_once(find, create, lost=(ServiceRequestError, ServiceResponseError, TransientError))
 
     @staticmethod
     def _get(ml: Any, name: str) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -10,7 +11,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.errors import CloudtrainError, CredentialsError, HandleError, SpecError, UserError
+from cloudtrain.errors import (
+    CapacityError,
+    CloudtrainError,
+    CredentialsError,
+    HandleError,
+    SpecError,
+    TransientError,
+    UserError,
+)
 
 _LOGIN_HINT = "run `az login` (or set AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET, or use a managed identity)"
 # Test and emulator seam, like AWS_ENDPOINT_URL: every https request of the Azure ML client goes to this base URL,
@@ -91,12 +100,28 @@ def ml_client(options: Any, credential: Any = None, transport: Any = None) -> An
     return MLClient(credential, subscription, group, workspace, show_progress=sys.stderr.isatty(), **kwargs)
 
 
+# azure-ai-ml has no exception type for quota or capacity: the service answers an HttpResponseError (ARM error
+# codes QuotaExceeded, OperationNotAllowed "... exceed approved ... quota") or fails the job ("not enough capacity",
+# AllocationFailed); both are matched on their words.
+CAPACITY = re.compile(r"quota|not enough capacity|insufficient capacity|AllocationFailed|OutOfCapacity",
+                      re.IGNORECASE)
+
+
 @contextmanager
 def azure_errors(action: str) -> Iterator[None]:
-    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ResourceNotFoundError
+    from azure.core.exceptions import (
+        ClientAuthenticationError,
+        HttpResponseError,
+        ResourceNotFoundError,
+        ServiceRequestError,
+        ServiceResponseError,
+    )
 
     try:
         yield
+    except (ServiceRequestError, ServiceResponseError) as exc:  # no answer: a timeout, a reset connection
+        raise TransientError(f"{action}: {str(exc).splitlines()[0][:200]}",
+                             remedy="check the network; try again") from None
     except ClientAuthenticationError as exc:
         raise CredentialsError(f"{action}: Azure sign-in failed ({str(exc).splitlines()[0][:200]})",
                                remedy=_LOGIN_HINT) from None
@@ -107,6 +132,13 @@ def azure_errors(action: str) -> Iterator[None]:
         if exc.status_code in (401, 403):
             raise CredentialsError(f"{action}: Azure refused the request ({exc.status_code}: "
                                    f"{str(exc).splitlines()[0][:200]})", remedy=_LOGIN_HINT) from None
+        if exc.status_code == 429 or (exc.status_code or 0) >= 500:
+            raise TransientError(f"{action}: {str(exc).splitlines()[0][:300]}",
+                                 remedy="try again; if it persists, check the Azure status page") from None
+        if exc.status_code and CAPACITY.search(str(exc)):
+            raise CapacityError(f"{action}: {str(exc).splitlines()[0][:300]}",
+                                remedy="request more quota for this VM family in the region, or choose another "
+                                       "compute, region or provider") from None
         if exc.status_code and 400 <= exc.status_code < 500:
             raise UserError(f"{action}: {str(exc).splitlines()[0][:300]}") from None
         raise CloudtrainError(f"{action}: {str(exc).splitlines()[0][:300]}",

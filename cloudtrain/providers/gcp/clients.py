@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import configparser
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.errors import CloudtrainError, CredentialsError, HandleError, UserError
+from cloudtrain.errors import CapacityError, CloudtrainError, CredentialsError, HandleError, TransientError, UserError
 
 DEFAULT_REGION = "us-central1"
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
@@ -110,14 +111,37 @@ def _code(exc: Any) -> str:
     return str(getattr(exc.grpc_status_code, "name", None) or exc.code or "?")
 
 
+# How Vertex words a refusal for capacity, at create or in a job's error (verified against api_core's exception
+# classes: RESOURCE_EXHAUSTED is api.ResourceExhausted, HTTP 429, whose message names the quota metric).
+CAPACITY = re.compile(r"resources are insufficient in region|RESOURCE_EXHAUSTED|quota metrics? exceed|"
+                      r"exceeded quota|insufficient.*capacity", re.IGNORECASE)
+
+
 @contextmanager
-def gcp_errors(action: str) -> Iterator[None]:
-    """Missing or expired credentials and refused calls become one-line errors with the fix."""
+def gcp_errors(action: str, create: bool = False) -> Iterator[None]:
+    """Missing or expired credentials and refused calls become one-line errors with the fix. RESOURCE_EXHAUSTED
+    (HTTP 429) is a quota: a refusal for capacity when it answers a create (``create``), throttling elsewhere."""
     from google.api_core import exceptions as api
     from google.auth import exceptions as auth
 
     try:
         yield
+    except api.ResourceExhausted as exc:
+        if create:
+            raise CapacityError(f"{action}: RESOURCE_EXHAUSTED: {exc.message}",
+                                remedy="request more quota for this machine and accelerator in the region, or "
+                                       "choose another region or provider") from None
+        raise TransientError(f"{action}: throttled (RESOURCE_EXHAUSTED: {exc.message})",
+                             remedy="try again in a minute") from None
+    except (api.FailedPrecondition, api.InvalidArgument) as exc:
+        if create and CAPACITY.search(str(exc.message)):
+            raise CapacityError(f"{action}: {_code(exc)}: {exc.message}",
+                                remedy="choose another region or provider") from None
+        raise UserError(f"{action}: {_code(exc)}: {exc.message}",
+                        remedy="check the plan (`cloudtrain plan -p gcp -o json`) against the message") from None
+    except (api.ServerError, api.TooManyRequests, api.DeadlineExceeded, api.RetryError) as exc:
+        raise TransientError(f"{action}: {exc}", remedy="try again; if it persists, check the Vertex AI status "
+                                                        "page") from None
     except auth.InvalidOperation as exc:  # the endpoint answered 401 to anonymous credentials
         raise CredentialsError(f"{action}: the endpoint refused anonymous credentials ({exc})",
                                remedy=_LOGIN_HINT) from None
@@ -139,15 +163,11 @@ def gcp_errors(action: str) -> Iterator[None]:
     except api.NotFound as exc:
         raise HandleError(f"{action}: NOT_FOUND: {exc.message}",
                           remedy="check the handle (`cloudtrain list --provider gcp`) and the project") from None
-    except (api.InvalidArgument, api.FailedPrecondition, api.ResourceExhausted, api.OutOfRange) as exc:
+    except api.OutOfRange as exc:
         raise UserError(f"{action}: {_code(exc)}: {exc.message}",
-                        remedy="check the plan (`cloudtrain plan --provider gcp -o json`) against the message; "
-                               "RESOURCE_EXHAUSTED is a quota: request more, or choose another region") from None
+                        remedy="check the plan (`cloudtrain plan -p gcp -o json`) against the message") from None
     except api.GoogleAPICallError as exc:
         raise CloudtrainError(f"{action}: {_code(exc)}: {exc.message}",
                               remedy="try again; if it persists, check the job in the Google Cloud console") from None
-    except api.RetryError as exc:
-        raise CloudtrainError(f"{action}: gave up after retries ({exc.cause})",
-                              remedy="check the network and the Vertex endpoint") from None
     except OSError as exc:  # requests' ConnectionError and timeouts are OSErrors
-        raise CloudtrainError(f"{action}: {exc}", remedy="check the network and the Vertex endpoint") from None
+        raise TransientError(f"{action}: {exc}", remedy="check the network and the Vertex endpoint") from None

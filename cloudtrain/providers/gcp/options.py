@@ -9,12 +9,17 @@ from pydantic import Field, field_validator
 from cloudtrain.spec_fields import Duration, Settings, shaped
 from cloudtrain.storage.uris import check_bucket
 
+_REGION = shaped(r"[a-z]+-[a-z]+[0-9]{1,2}", "a Google Cloud region", "us-central1")
+
 
 class GcpOptions(Settings):
     project: str | None = None
     region: str | None = None
     # us-central1, europe-west4, northamerica-northeast1 (a zone such as us-central1-a is not a Vertex location)
-    _region = field_validator("region")(shaped(r"[a-z]+-[a-z]+[0-9]{1,2}", "a Google Cloud region", "us-central1"))
+    _region = field_validator("region")(_REGION)
+    regions: list[str] = Field(default_factory=list, description="With a fallback list (provider: [gcp, ...]): "
+                               "the regions to try, in order (each its own leg)")
+    _regions = field_validator("regions")(lambda value: [_REGION(r) for r in value])
     bucket: str | None = Field(None, description="GCS bucket for staging the source bundle")
     _bucket = field_validator("bucket")(lambda value: check_bucket("gs", value))
     machine_type: str | None = None

@@ -28,6 +28,7 @@ from cloudtrain.providers.base import Capability, JobStatus, Provider
 from cloudtrain.providers.gcp import PROVIDER
 from cloudtrain.providers.gcp import request as rq
 from cloudtrain.providers.gcp.clients import (
+    CAPACITY,
     DEFAULT_REGION,
     aiplatform,
     configured_project,
@@ -59,6 +60,8 @@ def plan_summary(plan: Plan) -> Summary:
 class VertexProvider(Provider):
     declaration = PROVIDER
     capabilities = frozenset({Capability.MULTI_NODE, Capability.SPOT, Capability.ACCELERATORS, Capability.RESUBMIT})
+    # a job that failed with "The resources are insufficient in region ..." or a RESOURCE_EXHAUSTED quota
+    capacity_patterns = (CAPACITY.pattern,)
 
     def __init__(self, endpoint: str | None = None, credentials: Any = None, logging_endpoint: str | None = None,
                  log_poll: float | None = None) -> None:
@@ -68,6 +71,7 @@ class VertexProvider(Provider):
         self.log_poll = log_poll or float(os.environ.get("CLOUDTRAIN_GCP_LOG_POLL", "5"))  # seconds, `logs -f`
         self.poll_seconds = float(os.environ.get("CLOUDTRAIN_GCP_POLL", "5"))  # `wait`, read by the CLI
         self.create_timeout = 60.0  # seconds for a create's answer; then the job is looked up by its plan label
+        self.status_timeout = 60.0  # seconds for a status answer; then it is a TransientError (recovery retries)
         self._clients: dict[str, Any] = {}
 
     def _client(self, region: str) -> Any:
@@ -158,7 +162,7 @@ class VertexProvider(Provider):
             return self.handle(created.name.rsplit("/", 1)[1], (project, region))
 
         # a lost answer (timeout, 5xx): the job may exist, and it is ours if it carries this plan's label
-        with gcp_errors(f"creating custom job {plan.job_id}"):
+        with gcp_errors(f"creating custom job {plan.job_id}", create=True):
             return self.created_once(find, create, lost=lost)
 
     @staticmethod
@@ -201,7 +205,7 @@ class VertexProvider(Provider):
         copy.display_name = new_name
         copy.labels[rq.PLAN_LABEL] = new_name
         copy.labels[rq.RESUBMIT_LABEL] = handle.job_id
-        with gcp_errors(f"resubmitting {handle} as {new_name}"):
+        with gcp_errors(f"resubmitting {handle} as {new_name}", create=True):
             created = client.create_custom_job(parent=parent, custom_job=copy, timeout=self.create_timeout)
         return self.handle(created.name.rsplit("/", 1)[1], handle.scope)
 
@@ -219,7 +223,7 @@ class VertexProvider(Provider):
     def _job(self, handle: JobHandle) -> dict[str, Any]:
         client = self._client(self._scope(handle)[1])
         with gcp_errors(f"describing {handle}"):
-            return self._as_json(client.get_custom_job(name=self._resource(handle)))
+            return self._as_json(client.get_custom_job(name=self._resource(handle), timeout=self.status_timeout))
 
     @staticmethod
     def _as_json(job: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from cloudtrain import contract
 from cloudtrain.providers.base import JobState
 from cloudtrain.providers.gcp import request as rq
 
@@ -63,4 +64,8 @@ def describe_details(job: dict[str, Any]) -> dict[str, Any]:
     output = (spec.get("baseOutputDirectory") or {}).get("outputUriPrefix")
     if output:
         details["output_uri"] = output
+    env = {e.get("name"): e.get("value") for e in ((pools[0].get("containerSpec") or {}).get("env") or [])} \
+        if pools else {}
+    if env.get(contract.CHECKPOINT_URI):  # where a restart resumes from, and where its chain's state is kept
+        details["checkpoint_uri"] = env[contract.CHECKPOINT_URI]
     return details
