@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.cli.parser import build_parser
+from cloudtrain.cli.placement import compare_table, follow_job, plan_legs_text, planned, poll_seconds, submit_legs
+from cloudtrain.cli.placement import legs as legs_of
 from cloudtrain.errors import EXIT_INTERRUPTED, EXIT_USAGE, CloudtrainError, UserError
 
 __all__ = ["build_parser", "entry", "main"]
@@ -21,10 +23,10 @@ def cmd_plan(args: argparse.Namespace, script_args: list[str]) -> int:
 
     spec, spec_file = spec_from_args(args, script_args)
     if getattr(args, "compare", False) or getattr(args, "region", None):  # plan only (submit --dry-run: not)
-        return _compare(args, spec, spec_file)
-    if (legs := _legs(args, spec)) and len(legs) > 1:
-        return _plan_legs(args, spec, spec_file, legs)
-    with _planned(args, spec, spec_file, legs) as plan:
+        return compare_table(args, spec, spec_file, colour())
+    if (legs := legs_of(args, spec)) and len(legs) > 1:
+        return plan_legs_text(args, spec, spec_file, legs, colour())
+    with planned(args, spec, spec_file, legs) as plan:
         if args.output == "text":
             print(plan_text(plan, colour()))
         else:
@@ -72,9 +74,9 @@ def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
         from cloudtrain.cli.jobargs import spec_from_args
 
         spec, spec_file = spec_from_args(args, script_args)
-        if (legs := _legs(args, spec)) and len(legs) > 1:
-            return _submit_legs(args, spec, spec_file, legs)
-        with _planned(args, spec, spec_file, legs) as plan:
+        if (legs := legs_of(args, spec)) and len(legs) > 1:
+            return submit_legs(args, spec, spec_file, legs)
+        with planned(args, spec, spec_file, legs) as plan:
             provider = get_provider(plan.provider)
             handle = provider.submit(plan)
     if args.detach or args.output != "text":
@@ -84,113 +86,7 @@ def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
             emit(provider.describe(handle).to_dict(), args.output)
         return 0
     print(f"submitted {handle}", file=sys.stderr)
-    return _follow(provider, handle, spec.max_restarts, spec.max_recovery)
-
-
-def _provider_name(args: argparse.Namespace) -> str:
-    return "local" if args.provider is None else str(args.provider)
-
-
-def _planned(args: argparse.Namespace, spec: Any, spec_file: str | None, legs: list[Any]) -> Any:
-    """The plan for --provider (its one leg); ``cheapest``: the first row of `plan --compare` that can run, said on
-    stderr."""
-    from cloudtrain.compare import compare
-    from cloudtrain.sdk import plan_job
-
-    if legs:
-        from cloudtrain.fallback import leg_spec
-
-        return plan_job(leg_spec(spec, legs[0]), legs[0].provider, spec_file=spec_file)
-    with compare(spec, spec_file=spec_file) as found:
-        row = found.cheapest()
-        plan = found.take(row)  # left open: the caller's `with` closes it after submit
-        ready = sum(r.ready and r.hourly is not None for r in found.rows)
-        from cloudtrain.formatting import money
-
-        print(f"cheapest: {row.provider}{' ' + row.region if row.region else ''}, {row.instance}, "
-              f"{money(row.hourly)}/h {(row.billed_as or 'on_demand').replace('_', '-')} (of {ready} ready with a "
-              "list price; `cloudtrain plan --compare` shows every row)", file=sys.stderr)
-    return plan
-
-
-def _compare(args: argparse.Namespace, spec: Any, spec_file: str | None) -> int:
-    from cloudtrain.cli.render import compare_text, emit
-    from cloudtrain.compare import compare
-    from cloudtrain.errors import UserError
-
-    regions: dict[str, list[str]] = {}
-    for item in args.region:
-        name, sep, listed = item.partition("=")
-        found = [r.strip() for r in listed.split(",") if r.strip()]
-        if not sep or not name or not found:
-            raise UserError(f"{item!r} is not PROVIDER=REGION[,REGION]", field="--region",
-                            remedy="write e.g. --region aws=us-east-1,us-west-2")
-        regions.setdefault(name.strip(), []).extend(found)
-    providers = [args.provider] if args.provider and args.provider != "cheapest" else None
-    with compare(spec, providers, regions, spec_file) as table:
-        print(compare_text(table, colour())) if args.output == "text" else emit(table.to_dict(), args.output)
-    return 0
-
-
-
-def _legs(args: argparse.Namespace, spec: Any) -> list[Any]:
-    """Where the job may run, in order: ``-p aws,gcp`` or the spec's ``provider`` (and each provider's regions);
-    none for ``-p cheapest`` (`plan --compare` picks the one)."""
-    from cloudtrain.compare import CHEAPEST
-    from cloudtrain.fallback import legs_of, provider_names
-
-    if args.provider == CHEAPEST:
-        return []
-    return legs_of(spec, *provider_names(spec, args.provider))
-
-
-def _plan_legs(args: argparse.Namespace, spec: Any, spec_file: str | None, legs: list[Any]) -> int:
-    from cloudtrain.cli.render import emit, plan_text
-    from cloudtrain.fallback import plan_legs
-
-    with plan_legs(spec, legs, spec_file) as plans:
-        if args.output != "text":
-            emit({"legs": [{**leg.to_dict(), "plan": plan.to_dict()} for leg, plan in zip(legs, plans, strict=True)]},
-                 args.output)
-            return 0
-        for n, (leg, plan) in enumerate(zip(legs, plans, strict=True), 1):
-            print(f"{'-' * 8} leg {n}/{len(legs)}: {leg.label()}"
-                  + (" (tried first)" if n == 1 else " (if the ones before refuse or lose capacity)"))
-            print(plan_text(plan, colour()))
-            print()
-    return 0
-
-
-def _submit_legs(args: argparse.Namespace, spec: Any, spec_file: str | None, legs: list[Any]) -> int:
-    from pathlib import Path as _Path
-
-    from cloudtrain.fallback import plan_legs, submit_first
-    from cloudtrain.recovery import start_chain
-
-    with plan_legs(spec, legs, spec_file):  # every leg plans, and has its settings, before anything is sent
-        pass
-    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    provider, handle, leg, refused = submit_first(spec, legs, spec_file, log=say)
-    kept = spec.model_dump(mode="json", exclude_unset=True) | {"source_dir": str(_Path(spec.source_dir).resolve())}
-    state = start_chain(handle, legs=[leg.to_dict() for leg in legs], leg=leg, spec=kept, refused=refused,
-                        max_restarts=spec.max_restarts, max_recovery=spec.max_recovery)
-    if args.detach or args.output != "text":
-        if args.output == "text":
-            print(handle)
-        else:
-            from cloudtrain.cli.render import emit
-
-            emit(provider.describe(handle).to_dict(), args.output)
-        return 0
-    print(f"submitted {handle} on {legs[leg].label()}", file=sys.stderr)
-    return _follow(provider, handle, spec.max_restarts, spec.max_recovery, state=state)
-
-
-def _follow(provider: Any, handle: Any, max_restarts: int = 0, max_recovery: float | None = None,
-            state: Any = None) -> int:
-    from cloudtrain.cli.follow import follow
-
-    return follow(provider, handle, max_restarts, poll=_poll(provider), max_recovery=max_recovery, state=state)
+    return follow_job(provider, handle, spec.max_restarts, spec.max_recovery)
 
 
 def _provider_for(handle_text: str) -> tuple[Any, Any]:
@@ -265,10 +161,10 @@ def cmd_wait(args: argparse.Namespace) -> int:
         from cloudtrain.recovery import wait_with_recovery
 
         status = wait_with_recovery(provider, handle, max_restarts=args.max_restarts, retry_failed=args.retry_failed,
-                                    timeout=args.timeout, poll=_poll(provider), max_recovery=args.max_recovery,
+                                    timeout=args.timeout, poll=poll_seconds(provider), max_recovery=args.max_recovery,
                                     mover=move, log=lambda m: print(m, file=sys.stderr, flush=True))
     else:
-        status = provider.wait(handle, timeout=args.timeout, poll=_poll(provider))
+        status = provider.wait(handle, timeout=args.timeout, poll=poll_seconds(provider))
     from cloudtrain.sdk import with_restart_point
 
     status = with_restart_point(status)
@@ -287,11 +183,6 @@ def cmd_watch(args: argparse.Namespace) -> int:
         if item.final is not None:
             print(f"{item.state.root}: {item.final.state.value} ({item.final.handle})")
     return 0 if all(w.final is not None and w.final.state.value == "succeeded" for w in watched) else 1
-
-
-def _poll(provider: Any) -> float:
-    """Seconds between status checks: a local job answers from a file, a cloud from an API with rate limits."""
-    return float(provider.poll_seconds)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
