@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -291,3 +293,162 @@ def test_emulated_kubernetes_nodes_run_a_2x2_gloo_job(tmp_path: Path, ct_home: P
     logs = "\n".join(run.logs())
     assert status.state is JobState.SUCCEEDED, logs[-3000:]
     assert "all_reduce ok: True world_size=4" in logs
+
+
+# -- the node's first step (fetch.py) against what submit staged -----------------------------------------------------
+HELLO = "import os, sys\nprint('hello from the fetched bundle', os.environ.get('PET_NODE_RANK'), flush=True)\n"
+
+
+def hello_project(root: Path) -> Path:
+    project = root / "hello"
+    project.mkdir()
+    (project / "hello.py").write_text(HELLO)
+    return project
+
+
+def sha256(path: Path) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def node_run(body: dict[str, Any], root: Path, env: dict[str, str] | None = None,
+             python: list[str] | None = None) -> Any:
+    """The TrainJob's node container as its pod would run it (trainer.command with trainer.env), on this machine:
+    the pod's /cloudtrain emptyDir (and the mounts under it) is ``root``; python3 is this interpreter."""
+    import subprocess
+
+    from cloudtrain.providers.kubernetes import request as rq
+
+    def here(value: str) -> str:
+        return value.replace(rq.ROOT + "/", f"{root}/")
+
+    root.mkdir(parents=True, exist_ok=True)  # the emptyDir
+    trainer = body["spec"]["trainer"]
+    command = list(trainer["command"])
+    assert command[:2] == [command[0], "-c"] and command[2] == rq.FETCH_SOURCE.read_text(encoding="utf-8")
+    exe = python or [sys.executable]
+    command = [*exe, "-c", command[2], *(here(a) if a != command[0] else sys.executable for a in command[3:])]
+    node_env = {e["name"]: here(e["value"]) for e in trainer["env"]}
+    # what the Trainer's torch plugin sets on node 0 (its service name redirected to this machine)
+    from cloudtrain.providers.kubernetes import node as contract_node
+    from tests.emulators import free_port
+
+    emulated, _ = contract_node.emulate(1, 0, free_port(), root / "node", body["metadata"]["name"])
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR") or k.startswith("AWS_")}
+    full = {**keep, **node_env, **emulated, "PET_NPROC_PER_NODE": "1", **(env or {})}
+    return subprocess.run(command, env=full, capture_output=True, text=True, timeout=240, cwd=root)
+
+
+def mount_configmaps(kube: FakeKube, namespace: str, names: list[str], folder: Path) -> None:
+    """The projected volume of the job's ConfigMaps as the kubelet writes it: every key a symlink into ..data, a
+    symlink to a timestamped folder holding the decoded values."""
+    import base64
+
+    stamped = folder / "..2026_01_01_00_00_00.000000001"
+    stamped.mkdir(parents=True)
+    (folder / "..data").symlink_to(stamped.name)
+    for name in names:
+        stored = kube.objects[("configmaps", namespace, name)]
+        files = {**{k: v.encode() for k, v in (stored.get("data") or {}).items()},
+                 **{k: base64.b64decode(v) for k, v in (stored.get("binaryData") or {}).items()}}
+        for key, value in files.items():
+            (stamped / key).write_bytes(value)
+            (folder / key).symlink_to(f"..data/{key}")
+
+
+def test_node_fetch_joins_the_configmap_parts_and_refuses_a_corrupt_one(kube: FakeKube, tmp_path: Path,
+                                                                         ct_home: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from cloudtrain.providers.kubernetes import request as rq
+
+    monkeypatch.setattr(rq, "PART_BYTES", 16 * 1024)  # several parts: their order matters
+    p = provider()
+    with plan_job(Job(script="hello.py", source_dir=str(hello_project(tmp_path)), **copy.deepcopy(STAGED)).spec,
+                  p, progress=False) as plan:
+        parts, digest = plan.request["configmaps"], plan.package.digest
+        assert len(parts) > 2
+        p.submit(plan)
+        expected = plan.package.path.read_bytes()
+    body = kube.job(plan.job_id)
+    trainer = body["spec"]["trainer"]
+    assert trainer["command"][3] == f"parts:{rq.PARTS_DIR}" and trainer["command"][4] == rq.BUNDLE_DIR
+    assert f"{rq.BUNDLE_DIR}/bundle.tar.gz" in trainer["command"] and digest in trainer["command"]
+
+    good = tmp_path / "pod-good"
+    mount_configmaps(kube, "team", parts, good / "parts")
+    done = node_run(body, good)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    fetched = good / "bundle" / "bundle.tar.gz"
+    assert sha256(fetched) == digest and fetched.read_bytes() == expected
+    assert (good / "bundle" / "bootstrap.py").read_bytes() == plan.package.bootstrap.read_bytes()
+    assert not (good / "bundle" / "fetching").exists() or not any((good / "bundle" / "fetching").iterdir())
+    assert f"cloudtrain fetch: parts:{good}/parts -> {good}/bundle" in done.stdout
+    assert "hello from the fetched bundle 0" in done.stdout + done.stderr
+
+    bad = tmp_path / "pod-bad"
+    mount_configmaps(kube, "team", parts, bad / "parts")
+    target = (bad / "parts" / "bundle.part-001").resolve()
+    data = bytearray(target.read_bytes())
+    data[100] ^= 0xFF
+    target.write_bytes(bytes(data))
+    done = node_run(body, bad)
+    assert done.returncode != 0
+    assert "does not match" in done.stderr and digest in done.stderr, done.stderr[-3000:]
+    assert "hello from the fetched bundle" not in done.stdout + done.stderr
+    assert not (bad / "bundle" / "bundle.tar.gz").exists()  # a restarted container fetches again
+
+
+def test_node_fetch_from_s3_staging(kube: FakeKube, tmp_path: Path, ct_home: Path, emulators: Any,
+                                    tmp_path_factory: pytest.TempPathFactory) -> None:
+    """providers.kubernetes.staging s3://: submit stages the bundle under the plan's prefix (moto), the TrainJob's
+    node command fetches it from there (the image's boto3: this venv has fsspec without s3fs, like the PyTorch image),
+    and an image with neither says what to install."""
+    import boto3
+
+    from cloudtrain.providers.kubernetes import request as rq
+    from tests.emulators import BUCKET, ensure, root_uri
+
+    ensure("s3", emulators, tmp_path_factory.getbasetemp())
+    staging = root_uri("s3", tmp_path)
+    p = provider()
+    spec = Job(script="hello.py", source_dir=str(hello_project(tmp_path)),
+               providers={"kubernetes": {"staging": staging, "namespace": "team"}}).spec
+    with plan_job(spec, p, progress=False) as plan:
+        digest, prefix = plan.package.digest, plan.staging["prefix"]
+        assert prefix == f"{staging}/bundles/{digest.split(':', 1)[1]}" and not plan.request["configmaps"]
+        p.submit(plan)
+        expected = plan.package.path.read_bytes()
+    key = prefix[len(f"s3://{BUCKET}/"):]
+    s3 = boto3.client("s3")
+    staged = s3.get_object(Bucket=BUCKET, Key=f"{key}/bundle.tar.gz")["Body"].read()
+    import hashlib
+
+    assert "sha256:" + hashlib.sha256(staged).hexdigest() == digest and staged == expected
+    assert json.loads(s3.get_object(Bucket=BUCKET, Key=f"{key}/manifest.json")["Body"].read())["digest"] == digest
+    assert not [k for k in kube.objects if k[0] == "configmaps"]
+    body = kube.job(plan.job_id)
+    command = body["spec"]["trainer"]["command"]
+    assert command[3] == prefix and command[4] == rq.BUNDLE_DIR and digest in command
+    assert not any(m.get("name") == "cloudtrain-parts" for m in body["spec"]["runtimePatches"][0][
+        "trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+        "containers"][0]["volumeMounts"])
+
+    pod = tmp_path / "pod"
+    done = node_run(body, pod)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sha256(pod / "bundle" / "bundle.tar.gz") == digest
+    assert (pod / "bundle" / "bootstrap.py").read_bytes() == plan.package.bootstrap.read_bytes()
+    assert f"cloudtrain fetch: {prefix} -> {pod}/bundle" in done.stdout
+    assert "hello from the fetched bundle 0" in done.stdout + done.stderr
+
+    bare = tmp_path / "pod-bare"  # python3 with the standard library only (-S: no site-packages)
+    done = node_run(body, bare, python=[sys.executable, "-S"])
+    assert done.returncode != 0 and "the image cannot read" in done.stderr and "boto3" in done.stderr, done.stderr
+    assert not (bare / "bundle" / "bundle.tar.gz").exists()
+
+    s3.put_object(Bucket=BUCKET, Key=f"{key}/bundle.tar.gz", Body=staged[:-10])  # truncated in the store
+    cut = tmp_path / "pod-cut"
+    done = node_run(body, cut)
+    assert done.returncode != 0 and "does not match" in done.stderr and digest in done.stderr, done.stderr[-3000:]
+    assert not (cut / "bundle" / "bundle.tar.gz").exists()

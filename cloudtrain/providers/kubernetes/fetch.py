@@ -7,9 +7,12 @@ A TrainJob cannot add an init container (its runtimePatches patch only the runti
 volumeMounts, securityContext), so the fetch is the node container's own first step, for both job kinds.
 
 SOURCE: ``parts:FOLDER`` (the ConfigMaps of a pvc:// staging, mounted: bootstrap.py and bundle.part-NNN, joined in
-order) or an object-store prefix (s3://, gs://, az://) holding bootstrap.py and bundle.tar.gz.
+order) or an object-store prefix (s3://, gs://, az://) holding bootstrap.py and bundle.tar.gz. The bundle must
+match the bootstrap's ``--digest`` before it takes its place in DEST: one altered in the store or cut short is refused
+here, and never kept for the container's next start.
 """
 
+import hashlib
 import os
 import shutil
 import sys
@@ -56,6 +59,32 @@ def _download(uri, path):
         raise SystemExit(f"cloudtrain fetch: cannot read {uri}")
 
 
+def _expected(command):
+    """The bootstrap's --digest (its own options end at the first "--"; the script's arguments follow)."""
+    options = command[:command.index("--")] if "--" in command else command
+    for i, arg in enumerate(options):
+        if arg == "--digest" and i + 1 < len(options):
+            return options[i + 1]
+        if arg.startswith("--digest="):
+            return arg[len("--digest="):]
+    return None
+
+
+def _check(path, expected, source):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    found = "sha256:" + digest.hexdigest()
+    if expected and found != expected:
+        os.remove(path)
+        where = ("the job's ConfigMaps (cloudtrain-bundle-*, immutable: delete them)" if source.startswith("parts:")
+                 else f"{source} (delete that prefix)")
+        raise SystemExit(f"cloudtrain fetch: the bundle from {source} does not match its digest {expected} (it is "
+                         f"{found}): altered or truncated; the job cannot start from it. Remove {where} and submit "
+                         "the job again")
+
+
 def main(argv):
     if len(argv) < 4 or argv[2] != "--":
         raise SystemExit("usage: fetch SOURCE DEST -- COMMAND...")
@@ -72,6 +101,7 @@ def main(argv):
             else:
                 for name in NAMES:
                     _download(source.rstrip("/") + "/" + name, os.path.join(part, name))
+            _check(os.path.join(part, NAMES[1]), _expected(command), source)
             for name in NAMES:
                 os.rename(os.path.join(part, name), os.path.join(dest, name))
         except ImportError as exc:
