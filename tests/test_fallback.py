@@ -213,7 +213,7 @@ def test_a_checkpoint_from_an_s3_leg_resumes_bitwise_on_a_gcs_leg(emulators, tmp
            "--output-uri", straight, *ARGS)
         s3, gs = f"s3://{BUCKET}/legs-{uuid.uuid4().hex[:8]}", f"gs://{BUCKET}/legs-{uuid.uuid4().hex[:8]}"
         handle = ct("submit", script, "--procs-per-node", "2", "--emulate", "sagemaker", "--checkpoint-uri", s3,
-                    "--detach", *ARGS, *SLOW).stdout.strip()
+                    "--detach", *ARGS, *SLOW["ddp"]).stdout.strip()
         wait_for(lambda: "checkpoint step 8 published" in ct.logs(handle), timeout=180, interval=0.3)
         ct("preempt", handle)  # no restarts: the leg ends preempted after its final checkpoint
         assert ct("wait", handle, "--timeout", "120", check=False).returncode == 1
