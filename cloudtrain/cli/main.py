@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.cli.parser import build_parser
-from cloudtrain.cli.placement import compare_table, follow_job, plan_legs_text, planned, poll_seconds, submit_legs
+from cloudtrain.cli.placement import compare_table, plan_legs_text, planned, poll_seconds, submit_legs
 from cloudtrain.cli.placement import legs as legs_of
 from cloudtrain.errors import EXIT_INTERRUPTED, EXIT_USAGE, CloudtrainError, UserError
 
@@ -79,14 +79,7 @@ def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
         with planned(args, spec, spec_file, legs) as plan:
             provider = get_provider(plan.provider)
             handle = provider.submit(plan)
-    if args.detach or args.output != "text":
-        if args.output == "text":
-            print(handle)
-        else:
-            emit(provider.describe(handle).to_dict(), args.output)
-        return 0
-    print(f"submitted {handle}", file=sys.stderr)
-    return follow_job(provider, handle, spec.max_restarts, spec.max_recovery)
+    return submitted(args, provider, handle, "", spec)
 
 
 def _provider_for(handle_text: str) -> tuple[Any, Any]:

@@ -92,6 +92,11 @@ def submit_legs(args: argparse.Namespace, spec: Any, spec_file: str | None, legs
     kept = spec.model_dump(mode="json", exclude_unset=True) | {"source_dir": str(_Path(spec.source_dir).resolve())}
     state = start_chain(handle, legs=[leg.to_dict() for leg in legs], leg=leg, spec=kept, refused=refused,
                         max_restarts=spec.max_restarts, max_recovery=spec.max_recovery)
+    return submitted(args, provider, handle, f" on {legs[leg].label()}", spec, state=state)
+
+
+def submitted(args: argparse.Namespace, provider: Any, handle: Any, where: str, spec: Any, state: Any = None) -> int:
+    """After a submit: the handle (or its status as JSON) when detached, else its logs followed to the end."""
     if args.detach or args.output != "text":
         if args.output == "text":
             print(handle)
@@ -100,7 +105,7 @@ def submit_legs(args: argparse.Namespace, spec: Any, spec_file: str | None, legs
 
             emit(provider.describe(handle).to_dict(), args.output)
         return 0
-    print(f"submitted {handle} on {legs[leg].label()}", file=sys.stderr)
+    print(f"submitted {handle}{where}", file=sys.stderr)
     return follow_job(provider, handle, spec.max_restarts, spec.max_recovery, state=state)
 
 
