@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.cli.parser import build_parser
-from cloudtrain.cli.placement import compare_table, plan_legs_text, planned, poll_seconds, submit_legs
+from cloudtrain.cli.placement import compare_table, plan_legs_text, planned, poll_seconds, submit_legs, submitted
 from cloudtrain.cli.placement import legs as legs_of
 from cloudtrain.errors import EXIT_INTERRUPTED, EXIT_USAGE, CloudtrainError, UserError
 
