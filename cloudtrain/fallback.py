@@ -40,8 +40,8 @@ class Leg:
 def provider_names(spec: JobSpec, flag: str | None) -> tuple[list[str], str]:
     """The providers in order, and where they were given: ``-p aws,gcp`` wins over the spec's ``provider``;
     neither: local."""
-    if flag:
-        return [name.strip() for name in flag.split(",") if name.strip()], "--provider"
+    if flag is not None:  # `-p ""` or `-p ,` names no provider: refused below, never read as "local"
+        return [name.strip() for name in flag.split(",")] if flag.strip(", ") else [flag], "--provider"
     given = spec.provider
     if given is None:
         return ["local"], "provider"

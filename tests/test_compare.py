@@ -7,9 +7,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from cloudtrain import catalog
 
 A100 = ["--gpus", "A100:8", "--nodes", "2", "--spot", "--max-runtime", "10h"]
+
+
+@pytest.fixture(autouse=True)
+def no_settings_from_this_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What each row is missing is read from the settings a user has: none here. The storage emulators export
+    GOOGLE_CLOUD_PROJECT into the process that started them (an earlier test on this worker), and gcloud's own
+    configuration would answer too."""
+    for key in ("CLOUDTRAIN_GCP_PROJECT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "AWS_REGION",
+                "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
 
 
 def compared(cli, project: Path, *flags: str) -> dict:

@@ -152,7 +152,7 @@ def test_checkpoint_from_two_ranks_restores_on_one_and_three(tmp_path: Path) -> 
     ct("submit", str(script), "--procs-per-node", "2", "--checkpoint-uri", ckpt, "--", "--epochs", "1",
        "--checkpoint-every", "8")
     digests = {}
-    # another script reading that job's checkpoints on purpose: it names the job's lineage (docs/checkpoint_store.md)
+    # another script reading that job's checkpoints on purpose: it names the job's lineage (docs/checkpoints.md)
     lineage = checkpoint_store.list_complete(ckpt)[-1].manifest["lineage"]
     for procs in ("2", "1", "3"):
         out = ct("submit", str(script.parent / "reshard_check.py"), "--procs-per-node", procs,
@@ -178,8 +178,8 @@ def test_plain_script_checkpoint_dir_is_restored_and_synced(tmp_path: Path) -> N
 
 
 def documented_plain_script() -> str:
-    """The plain script exactly as docs/checkpoint_store.md shows it."""
-    doc = (REPO / "docs" / "checkpoint_store.md").read_text()
+    """The plain script exactly as docs/checkpoints.md shows it."""
+    doc = (REPO / "docs" / "checkpoints.md").read_text()
     section = doc.split("### A minimal plain script that saves and resumes", 1)[1]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
