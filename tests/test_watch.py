@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,26 +18,18 @@ from cloudtrain.providers.base import JobState
 from cloudtrain.sdk import Job
 from cloudtrain.watch import Watched, watch
 from tests.conftest import cli_env
-from tests.emulators import BUCKET, ensure
+from tests.emulators import BUCKET
+from tests.test_gcp import vertex  # noqa: F401  (the Vertex fake with its settings; a fixture)
 from tests.vertex_fake import VertexFake
 
 
-@pytest.fixture
-def vertex(emulators, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
-           tmp_path: Path) -> Iterator[VertexFake]:
-    ensure("gs", emulators, tmp_path_factory.getbasetemp())
-    fake = VertexFake()
-    for key, value in {"CLOUDTRAIN_VERTEX_ENDPOINT": fake.url, "CLOUDTRAIN_GCP_LOGGING_ENDPOINT": fake.url,
-                       "CLOUDTRAIN_GCP_PROJECT": "test-project", "CLOUDTRAIN_GCP_REGION": "us-central1",
-                       "CLOUDTRAIN_GCP_BUCKET": BUCKET, "CLOUDSDK_CONFIG": str(tmp_path / "no-gcloud")}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setattr(lineage_store, "SETTLE_SECONDS", 0.3)
-    yield fake
-    fake.close()
+@pytest.fixture(autouse=True)
+def quick_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lineage_store, "SETTLE_SECONDS", 0.3)  # a lease's write-settle-read, shortened for tests
 
 
 def test_two_watchers_resubmit_once_and_a_restarted_one_picks_up_the_chain(
-        vertex: VertexFake, project: Path, ct_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        vertex: VertexFake, project: Path, ct_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     ckpt = f"gs://{BUCKET}/watched-{uuid.uuid4().hex[:8]}"
     vertex.scripts = [["JOB_STATE_PENDING", "JOB_STATE_RUNNING", "PREEMPTED"],
                       ["JOB_STATE_PENDING", "JOB_STATE_RUNNING", *["JOB_STATE_RUNNING"] * 10, "JOB_STATE_SUCCEEDED"]]

@@ -41,9 +41,10 @@ def follow(provider: Any, handle: Any, max_restarts: int = 0, poll: float = 1.0,
     from cloudtrain.cli.render import status_text
     from cloudtrain.fallback import move
     from cloudtrain.providers import get_provider
+    from cloudtrain.providers.base import Capability
     from cloudtrain.recovery import RESUBMIT_CAP, advance, begin, wait_steady
 
-    recovering = state is not None or (max_restarts > 0 and "resubmit" in provider.capabilities)
+    recovering = state is not None or (max_restarts > 0 and Capability.RESUBMIT in provider.capabilities)
     if recovering and state is None:
         state = begin(provider, handle, max_restarts=max_restarts, max_recovery=max_recovery)
     pacing = Backoff(base=poll, cap=max(RESUBMIT_CAP, poll))

@@ -30,7 +30,7 @@ from cloudtrain import contract, registry
 from cloudtrain.errors import SpecError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.home import resource_dir
-from cloudtrain.providers.base import JobState, Provider
+from cloudtrain.providers.base import Capability, JobState, Provider
 from cloudtrain.sdk import Job, plan_job
 from cloudtrain.spec import JobSpec, validate_spec
 
@@ -151,7 +151,7 @@ class ProviderConformance:
         provider = harness.provider
         with plan_job(harness.spec(script="sleeps.py"), provider, progress=False) as plan:
             handle = provider.submit(plan)
-        if "resubmit" not in provider.capabilities:
+        if Capability.RESUBMIT not in provider.capabilities:
             with pytest.raises(UserError, match="cannot resubmit"):
                 provider.resubmit(handle, f"{handle.job_id[:50]}-r1")
             provider.cancel(handle)
