@@ -90,9 +90,14 @@ GROUPS = {
 }
 
 
+def _short_id(nodeid: str) -> str:
+    """``tests/test_x.py::test_y[a/b]`` -> ``test_x.py::test_y[a/b]`` (a parameter id may hold "/" too)."""
+    path, sep, rest = nodeid.partition("::")
+    return path.rsplit("/", 1)[-1] + sep + rest
+
+
 def xdist_group(nodeid: str) -> str | None:
-    name = nodeid.rsplit("/", 1)[-1]
-    return next((group for prefix, group in GROUPS.items() if name.startswith(prefix)), None)
+    return next((group for prefix, group in GROUPS.items() if _short_id(nodeid).startswith(prefix)), None)
 
 
 # `--quick` (`nox -s quick`): the edit-test loop keeps the tests that run in this process. It leaves out every test
@@ -124,11 +129,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def starts_processes(item: pytest.Item) -> bool:
-    return (item.path.name in RUNS_PROCESSES or item.nodeid.rsplit("/", 1)[-1].startswith(STARTS_ONE)
+    return (item.path.name in RUNS_PROCESSES or _short_id(item.nodeid).startswith(STARTS_ONE)
             or bool(STARTS_PROCESSES & set(getattr(item, "fixturenames", ()))))
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
+    """``--quick`` leaves out what starts processes; GROUPS become xdist_group marks before any plugin's turn (xdist's
+    worker reads them into node ids), and afterwards, under ``--dist loadgroup``, each grouped test's id must carry
+    its group: else tests that must not overlap (one Slurm cluster, a shared baseline run) run on several workers at
+    once and fail at random (pytest-xdist 3.8 writes the group into ``item._nodeid``, which pytest 9.2 ignores)."""
     if config.getoption("quick"):
         left_out = [item for item in items if starts_processes(item)]
         if left_out:
@@ -138,6 +148,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = xdist_group(item.nodeid)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+    yield
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    """Under ``--dist loadgroup`` each grouped test's id must carry its group: else tests that must not overlap (one
+    Slurm cluster, a shared baseline run) run on several workers at once and fail at random. (pytest-xdist 3.8 writes
+    the group into ``item._nodeid``, which pytest 9.2 no longer reads: constraints/test.txt pins pytest 8.)"""
+    if getattr(node, "config", None) is not None and node.config.getoption("dist") != "loadgroup":  # type: ignore[attr-defined]
+        return
+    lost = [i for i in ids if xdist_group(i) and "@" not in i]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist did not group {len(lost)} test(s), e.g. {lost[0]}: this pytest "
+                                f"({pytest.__version__}) and pytest-xdist do not work together; install the versions "
+                                "pinned in constraints/test.txt")
 
 
 from tests.emulators import emulators, ensure, root_uri  # noqa: E402,F401 - fixtures

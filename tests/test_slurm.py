@@ -38,12 +38,27 @@ class Cli:
     def __init__(self, home: Path, project: Path, staging: Path) -> None:
         self.home, self.project, self.staging = home, project, staging
 
-    def __call__(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=self.project, env=cli_env(self.home),
-                              capture_output=True, text=True, timeout=timeout)
+    def __call__(self, *args: str, check: bool = True, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        try:  # under pytest's 300 s, so that a job that never ends says why here rather than as a bare timeout
+            done = subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=self.project,
+                                  env=cli_env(self.home), capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"cloudtrain {' '.join(args[:2])} ran over {timeout:.0f}s\n"
+                                 f"{self.stuck(exc)}") from None
         if check:
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return done
+
+    def stuck(self, exc: subprocess.TimeoutExpired) -> str:
+        """What a run that did not end leaves to read: its own output, the queue, and the node logs."""
+        def text(data: str | bytes | None) -> str:
+            return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+        queue = subprocess.run(["squeue", "-o", "%i %T %R %M"], capture_output=True, text=True, timeout=30)
+        nodes = subprocess.run(["sinfo", "-N", "-o", "%N %T %E"], capture_output=True, text=True, timeout=30)
+        logs = [f"== {log}\n{log.read_text(errors='replace')[-2000:]}" for log in
+                sorted(self.staging.glob("jobs/*/node-*.log"))]
+        return "\n".join([text(exc.stdout)[-3000:], text(exc.stderr)[-3000:], "== squeue", queue.stdout + queue.stderr,
+                          "== sinfo", nodes.stdout + nodes.stderr, *logs])
 
     def submit(self, trainer: str, *args: str, procs: int = 2) -> list[str]:
         return ["submit", TRAINERS[trainer], "--provider", "slurm", "--nodes", "2", "--procs-per-node", str(procs),
@@ -148,6 +163,27 @@ def test_a_requeued_job_resumes_from_its_checkpoint_bitwise(cli: Cli, slurm: Slu
     assert status["state"] == "succeeded" and status["restarts"] == 1, status
     got = final_weights(out)
     assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in got)
+
+
+@pytest.mark.slow
+def test_a_node_that_fails_before_the_rendezvous_stops_the_job(cli: Cli, slurm: SlurmCluster) -> None:  # noqa: F811
+    """Node 0 cannot listen on the rendezvous port (taken here, as another job's could be), so it fails at once
+    while node 1 waits for the rendezvous: srun stops node 1 too (--kill-on-bad-exit), and the job ends failed with
+    node 0's error, instead of running until torchrun's rendezvous timeout."""
+    import socket
+
+    from cloudtrain.providers.slurm.node import rendezvous_port
+
+    probe = slurm.run("sbatch", "--parsable", "--hold", "--wrap", "true").stdout.strip().split(";")[0]
+    slurm.run("scancel", probe)
+    with socket.socket() as taken:  # listening, never answering: node 1's connection waits as on a dead peer
+        taken.bind(("127.0.0.1", rendezvous_port(str(int(probe) + 1), 0)))
+        taken.listen(8)
+        done = cli(*cli.submit("ddp", "--", "--epochs", "1"), check=False, timeout=200)
+    text = done.stdout + done.stderr
+    assert done.returncode != 0 and "failed" in text and "EADDRINUSE" in text, text[-3000:]
+    handle = next(word for word in text.split() if word.startswith("slurm://"))
+    assert cli.status(handle)["state"] == "failed"
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ seconds before the time limit (``--signal=TERM@N``: the step's tasks, the bootst
 and stop) and when Slurm requeues or preempts the job (it signals every task itself). Not ``B:`` (the batch shell
 only): the shell would have to pass the signal on, and the nodes would get it twice on a requeue. With
 ``max_restarts`` the job is requeued when preempted (``--requeue``) and the script starts it again until
-SLURM_RESTART_COUNT passes max_restarts; each run resumes from the newest checkpoint.
+SLURM_RESTART_COUNT passes max_restarts; each run resumes from the newest checkpoint. A node that fails stops the
+others (``--kill-on-bad-exit``; ``node_command`` says how a node that was asked to stop is kept from doing so).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import math
 import shlex
 from dataclasses import dataclass
 
+from cloudtrain import contract
 from cloudtrain.providers.slurm.options import SlurmOptions
 from cloudtrain.spec import JobSpec
 
 WORKDIR = "node-${SLURM_NODEID}"  # each node's bootstrap folder, in the job's folder (expanded on the node)
+STOPPED_MARK = "node-${SLURM_NODEID}.stopped"  # a node that stopped when asked to (node_command), this run
 COMMENT = "cloudtrain"  # --comment: how `list` tells cloudtrain's jobs from the others
 
 
@@ -83,9 +86,17 @@ def sbatch_options(spec: JobSpec, options: SlurmOptions, job_id: str, layout: La
 
 
 def node_command(argv: list[str]) -> str:
-    """The bootstrap's command line for ``srun``, run by a shell on each node so its folder can name the node."""
+    """The bootstrap's command line for ``srun``, run by a shell on each node so its folder can name the node.
+
+    srun stops every node once one exits non-zero (``--kill-on-bad-exit``): a node that failed before the
+    rendezvous would otherwise leave the others waiting for it until torchrun's rendezvous timeout. A node that
+    stopped when asked to (a preemption, a requeue, the time limit: EXIT_PREEMPTED after its final checkpoint) must
+    not cut its peers' checkpoints short, so it exits 0 to srun and leaves a mark (STOPPED_MARK) that the batch
+    script turns back into EXIT_PREEMPTED. The shell's no-op TERM trap lets it outlive the signal Slurm sends every
+    process of the step, so it is there to read the bootstrap's exit code."""
     words = [f'"{a}"' if a == WORKDIR else shlex.quote(a) for a in argv]
-    return "exec " + " ".join(words)
+    return (f"trap : TERM; {' '.join(words)}; code=$?; "
+            f'if [ "$code" -eq {contract.EXIT_PREEMPTED} ]; then : > "{STOPPED_MARK}"; exit 0; fi; exit "$code"')
 
 
 def batch_script(spec: JobSpec, options: SlurmOptions, job_id: str, layout: Layout, argv: list[str],
@@ -95,7 +106,7 @@ def batch_script(spec: JobSpec, options: SlurmOptions, job_id: str, layout: Layo
         venv = shlex.quote(options.venv)
         setup.append(f"if [ -f {venv}/bin/activate ]; then . {venv}/bin/activate; "
                      f"else conda activate {venv}; fi")
-    srun = (f"srun --nodes={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 "
+    srun = (f"srun --nodes={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
             f"--output={shlex.quote(layout.node_log('%n'))} --open-mode=append")
     lines = [
         "#!/bin/bash",
@@ -109,6 +120,7 @@ def batch_script(spec: JobSpec, options: SlurmOptions, job_id: str, layout: Layo
         'not started again" >&2',
         "  exit 1",
         "fi",
+        "rm -f node-*.stopped  # marks of an earlier run of a requeued job",
         *setup,
         f"set -a; . {shlex.quote(layout.env_file)}; set +a",
         "# SIGTERM (a requeue, a preemption, scancel) reaches every node from Slurm itself: wait for them to stop",
@@ -117,6 +129,7 @@ def batch_script(spec: JobSpec, options: SlurmOptions, job_id: str, layout: Layo
         "step=$!",
         'while :; do wait "$step"; code=$?; kill -0 "$step" 2>/dev/null || break; done',
         'echo "[cloudtrain] the nodes ended (srun exit $code)"',
+        f'if [ "$code" -eq 0 ] && ls node-*.stopped >/dev/null 2>&1; then code={contract.EXIT_PREEMPTED}; fi',
         'exit "$code"',
     ]
     return "\n".join(lines) + "\n"
