@@ -120,7 +120,7 @@ def compare(spec: JobSpec, providers: list[str] | None = None, regions: dict[str
             spec_file: str | None = None) -> Comparison:
     """Plan ``spec`` on each provider (default: every registered one), once per region asked for (default: the
     configured one). Offline: nothing is staged or sent."""
-    from cloudtrain.sdk import _package
+    from cloudtrain.planning import _package
     from cloudtrain.spec import check_local_paths
 
     names = providers or registry.names()
@@ -144,8 +144,8 @@ def compare(spec: JobSpec, providers: list[str] | None = None, regions: dict[str
 def _row(spec: JobSpec, name: str, region: str | None, package: Package, spec_file: str | None) -> Row:
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.export import unset_settings
+    from cloudtrain.planning import plan_job
     from cloudtrain.providers import get_provider
-    from cloudtrain.sdk import plan_job
 
     row = Row(provider=name, region=region, nodes=spec.nodes)
     unset_region = f"providers.{name}.region"

@@ -83,7 +83,7 @@ def plan_legs(spec: JobSpec, legs: list[Leg], spec_file: str | None = None) -> I
     """A plan per leg, in order. With more than one leg, a leg whose settings are missing is refused now (exit 2):
     a fallback that cannot submit would fail only when it is needed."""
     from cloudtrain.export import unset_settings
-    from cloudtrain.sdk import plan_job
+    from cloudtrain.planning import plan_job
 
     with ExitStack() as stack:
         plans = []
@@ -103,8 +103,8 @@ def submit_first(spec: JobSpec, legs: list[Leg], spec_file: str | None = None, s
                  log: Log = print) -> tuple[Provider, JobHandle, int, list[str]]:
     """Submit on the first leg (from ``start``) that takes the job: a refusal for capacity or quota moves on to
     the next; any other error is raised. Returns the provider, the handle, the leg and why earlier legs refused."""
+    from cloudtrain.planning import plan_job
     from cloudtrain.providers import get_provider
-    from cloudtrain.sdk import plan_job
 
     def attempt(leg: Leg) -> tuple[Provider, JobHandle]:
         provider = get_provider(leg.provider)
@@ -160,7 +160,7 @@ def move(legs_data: list[dict[str, Any]], leg: int, spec_data: dict[str, Any], c
     """Continue the job on the next leg that takes it: carry its newest verified checkpoint there (unless that
     leg reaches the store it is in) and submit. Returns the new handle and its leg."""
     from cloudtrain.checkpoint_copy import carry_newest
-    from cloudtrain.sdk import plan_job
+    from cloudtrain.planning import plan_job
     from cloudtrain.spec import validate_spec
     from cloudtrain.staging import lineage_id
 

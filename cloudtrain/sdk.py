@@ -12,112 +12,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cloudtrain.handles import JobHandle
 from cloudtrain.outputs import OutputFile
 from cloudtrain.plan import Plan
+from cloudtrain.planning import plan_job  # the SDK's own: `from cloudtrain.sdk import plan_job`
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import JobStatus, Provider
 from cloudtrain.reprs import job_html, job_text, status_html
-from cloudtrain.spec import JobSpec, apply_overrides, check_local_paths, load_spec, validate_spec
-
-if TYPE_CHECKING:
-    from cloudtrain.packaging import Package
-
-
-def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spec_file: str | None = None,
-             package: Package | None = None) -> Plan:
-    """Validate paths, package the source and ask the provider for its request. Nothing is staged or sent.
-    Provider settings the spec leaves unset come from the environment or the active profile (cloudtrain.config).
-    ``spec_file``: the file the spec came from, shown in the plan. ``package``: one already built for this spec
-    (`plan --compare` packages once for every provider); the caller closes it."""
-    from cloudtrain.config import with_defaults
-    from cloudtrain.cost import plan_budget
-    from cloudtrain.node.secret_values import split_args_note
-    from cloudtrain.node_commands import checkpoint_notes, script_args
-
-    impl = get_provider(provider) if isinstance(provider, str) else provider
-    spec = with_defaults(spec, impl.name)
-    contract = impl.contract(spec)  # a plugin's node contract travels in the bundle's lib/ (cloudtrain's is there)
-    lib = {} if contract.node_module().startswith("cloudtrain.") else {contract.node_path(): contract.node_file()}
-    shared = package is not None and not lib
-    if not shared:
-        package = _package(spec, check_local_paths(spec), progress, lib)
-    assert package is not None
-    try:
-        plan = impl.plan(spec, package)
-        plan.budget = plan_budget(plan)  # max_cost: what it buys; refused below one hour of a list price
-        plan.notes += package.notes() + checkpoint_notes(plan.spec)
-        if note := split_args_note(script_args(spec), spec.env):
-            plan.notes.append(note)
-    except BaseException:
-        if not shared:
-            package.close()
-        raise
-    plan.spec_file = spec_file
-    return plan
-
-
-def _package(spec: JobSpec, source: Path, progress: bool, lib: dict[str, Path]) -> Package:
-    """The source bundle; a file or folder the walk cannot read is a PackagingError naming it (nothing is left
-    behind: the bundle's temp file goes with the error)."""
-    from cloudtrain.errors import PackagingError
-    from cloudtrain.package_check import check_entry_files
-    from cloudtrain.packaging import PackageLimits, build_package
-
-    rules = spec.package
-    # checkpoint.dir is what the job writes, not source: a local run's checkpoints there would ship, and be "resumed"
-    folder = spec.checkpoint.dir
-    written = (f"/{folder.strip().strip('/')}/",) if folder and not Path(folder).is_absolute() else ()
-    limits = PackageLimits(max_bytes=rules.max_mb * 1024 * 1024, max_files=rules.max_files,
-                           allow_secrets=tuple(rules.allow_secrets), exclude=(*rules.exclude, *written),
-                           own=_own_folders(spec, source))
-    try:
-        package = build_package(source, limits, progress=progress, lib=lib)
-    except (OSError, RuntimeError) as exc:  # unreadable file or folder; a symbolic link loop (RuntimeError < 3.13)
-        from cloudtrain.home import cloudtrain_home
-        from cloudtrain.home_errors import is_write_error, os_problem
-
-        if isinstance(exc, OSError) and is_write_error(exc, cloudtrain_home()):  # the bundle's temp file, not source
-            raise os_problem(exc, cloudtrain_home() / "tmp", "build the bundle") from None
-        path = getattr(exc, "filename", None)
-        reason = getattr(exc, "strerror", None) or str(exc)
-        what = f"{path}: {reason}" if path else reason
-        raise PackagingError(f"cannot package {source}: {what}", field="source_dir",
-                             remedy="make it readable, remove the broken link, or leave it out of the package "
-                                    "(.cloudtrainignore, or package.exclude in the spec)") from None
-    try:
-        check_entry_files(spec, source, package, limits)
-    except BaseException:
-        package.close()
-        raise
-    return package
-
-
-def _own_folders(spec: JobSpec, source: Path) -> tuple[tuple[str, str], ...]:
-    """cloudtrain's own folders inside the source, which bundles leave out: its home (job records, logs, the local
-    store) and the ``file://`` stores this job writes to (checkpoints, outputs)."""
-    from cloudtrain import storage
-    from cloudtrain.errors import UserError
-    from cloudtrain.home import cloudtrain_home
-
-    places = [(str(cloudtrain_home()), "cloudtrain's home (CLOUDTRAIN_HOME: job records, logs, the local store)")]
-    places += [(uri, what) for uri, what in (
-        (spec.checkpoint.uri, "the job's checkpoint store (checkpoint.uri)"),
-        (spec.output_uri, "the job's output store (output_uri)"),
-        (getattr(spec.providers.held("local"), "store_uri", None),
-         "the local provider's store (providers.local.store_uri)"))
-        if uri and uri.startswith("file://")]
-    own = []
-    for place, what in places:
-        try:
-            rel = Path(storage.local_path(place)).expanduser().resolve().relative_to(source)
-        except (OSError, RuntimeError, ValueError, UserError):  # elsewhere (the usual case), or not a local path
-            continue
-        if rel.parts:  # the source itself cannot be left out of its own package
-            own.append((rel.as_posix(), what))
-    return tuple(own)
+from cloudtrain.spec import JobSpec, apply_overrides, load_spec, validate_spec
 
 
 def with_restart_point(status: JobStatus) -> JobStatus:
@@ -253,10 +157,11 @@ class Run:
              max_restarts: int | None = None, progress: bool = True,
              max_recovery: float | None = None) -> JobStatus:
         """The final status. ``recover=True``: while the job ends preempted and restarts are left (the spec's
-        ``max_restarts``, or ``max_restarts``), resubmit it; it resumes from its newest checkpoint; status calls that
-        fail in a way that passes are retried with backoff, and ``max_recovery`` seconds (default 24h) bound the
-        time spent recovering. This Run then follows the newest submission. ``progress``: show the state and
-        elapsed time while waiting."""
+        ``max_restarts``, or ``max_restarts``), resubmit it; it resumes from its newest checkpoint. A job submitted
+        with a fallback list (``provider=[...]``) whose capacity is gone moves to its next provider with its newest
+        verified checkpoint, as `cloudtrain wait --recover` does. Status calls that fail in a way that passes are
+        retried with backoff, and ``max_recovery`` seconds (default 24h) bound the time spent recovering. This Run
+        then follows the newest submission. ``progress``: show the state and elapsed time while waiting."""
         from cloudtrain.progress import Progress
 
         started = time.monotonic()
@@ -269,10 +174,11 @@ class Run:
             if not recover:
                 status = self.provider.wait(self.handle, timeout=timeout, poll=poll, on_poll=waited)
             else:
+                from cloudtrain.fallback import move
                 from cloudtrain.recovery import wait_with_recovery
 
                 status = wait_with_recovery(self.provider, self.handle, max_restarts=max_restarts, timeout=timeout,
-                                            poll=poll, max_recovery=max_recovery)
+                                            poll=poll, max_recovery=max_recovery, mover=move)
                 self.handle = status.handle
                 if self.handle.provider != self.provider.name:  # moved along its fallback list
                     from cloudtrain.providers import get_provider

@@ -11,6 +11,7 @@ conditions) the tests play through its helpers."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
@@ -39,6 +40,13 @@ def _cel(kind: str, body: dict[str, Any]) -> list[tuple[str, str]]:
             if not program.evaluate({"self": celpy.json_to_cel(value)}):
                 found.append((where or "metadata.name", rule.get("message", rule["rule"])))
     return found
+
+
+def _encode_secret(body: dict[str, Any]) -> None:
+    """As the API server stores a Secret: stringData (write-only) merged into data, base64-encoded."""
+    written = body.pop("stringData", None) or {}
+    body["data"] = {**(body.get("data") or {}),
+                    **{k: base64.b64encode(str(v).encode()).decode() for k, v in written.items()}}
 
 
 def _merge(target: Any, patch: Any) -> Any:
@@ -110,6 +118,15 @@ class FakeKube:
             self.objects[(plural, namespace, meta["name"])] = obj
             self.lock.notify_all()
             return obj
+
+    def collect_garbage(self) -> None:
+        """What the cluster's garbage collector does: an object whose owners are all gone goes too."""
+        with self.lock:
+            uids = {o["metadata"]["uid"] for o in self.objects.values()}
+            for key, obj in list(self.objects.items()):
+                owners = obj["metadata"].get("ownerReferences") or []
+                if owners and not any(o["uid"] in uids for o in owners):
+                    del self.objects[key]
 
     def job(self, name: str, namespace: str = "team") -> dict[str, Any]:
         for plural in ("trainjobs", "pytorchjobs"):
@@ -271,6 +288,8 @@ class FakeKube:
                         kind = PLURALS[plural]
                         return self._status(422, "Invalid", f'{kind} "{body["metadata"].get("name")}" is invalid: '
                                             + "; ".join(f"{f}: {m}" for f, m in refused), refused)
+                if plural == "secrets":
+                    _encode_secret(body)
                 key = (plural, namespace, body["metadata"]["name"])
                 if key in fake.objects:
                     return self._status(409, "AlreadyExists", f'{plural} "{key[2]}" already exists')
@@ -294,6 +313,8 @@ class FakeKube:
                 if "merge-patch" not in (self.headers.get("Content-Type") or ""):
                     return self._status(415, "UnsupportedMediaType", "this fake takes merge patches only")
                 patched = _merge(copy.deepcopy(fake.objects[key]), self._body())
+                if plural == "secrets":
+                    _encode_secret(patched)
                 spec = patched.get("spec", {})
                 if spec.get("suspend") or spec.get("runPolicy", {}).get("suspend"):  # the controller stops the pods
                     conditions = [c for c in patched.setdefault("status", {}).get("conditions", [])
@@ -309,6 +330,7 @@ class FakeKube:
                 found = fake.objects.pop((plural, namespace, name), None)
                 if found is None:
                     return self._status(404, "NotFound", f'{plural} "{name}" not found')
+                fake.collect_garbage()
                 self._send(200, {"kind": "Status", "status": "Success"})
 
         return Handler

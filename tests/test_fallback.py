@@ -146,8 +146,12 @@ def test_copy_is_verified_resumable_and_skips_a_corrupt_newest(clouds: tuple[Sag
     assert again is not None and again.skipped == 2 and again.copied_bytes == 0
 
 
+@pytest.mark.parametrize("follower", ["wait --recover", "Run.wait"])
 def test_a_job_whose_capacity_is_gone_moves_on_with_its_checkpoint(clouds: tuple[SageMakerFront, VertexFake],
-                                                                    project: Path, ct_home: Path) -> None:
+                                                                    project: Path, ct_home: Path, follower: str,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's follower (recovery with the fallback mover, as `wait --recover` and `watch` run it) and the SDK's
+    ``Run.wait(recover=True)`` both move the job to its next leg."""
     front, vertex = clouds
     ckpt = f"gs://{BUCKET}/moving-{uuid.uuid4().hex[:8]}"
     _publish(ckpt, 7, b"weights" * 50_000)
@@ -163,7 +167,15 @@ def test_a_job_whose_capacity_is_gone_moves_on_with_its_checkpoint(clouds: tuple
         front.set_status(next(iter(front.received)), "Completed", "Completed")
 
     threading.Thread(target=finish_on_sagemaker, daemon=True).start()
-    status = wait_with_recovery(VertexProvider(), root, poll=0.05, log=said.append, mover=move)
+    if follower == "Run.wait":
+        from cloudtrain.sdk import Run
+
+        followed = Run(root, VertexProvider())
+        status = followed.wait(recover=True, poll=0.05, progress=False)
+        said += capsys.readouterr().out.splitlines()  # a notebook shows what recovery did
+        assert followed.handle == status.handle and followed.provider.name == "aws"
+    else:
+        status = wait_with_recovery(VertexProvider(), root, poll=0.05, log=said.append, mover=move)
     assert status.handle.provider == "aws" and status.state is JobState.SUCCEEDED
     chain = load(root)
     assert chain is not None and [h.split("://")[0] for h in chain.chain] == ["gcp", "aws"]

@@ -275,6 +275,13 @@ def test_doctor_checks_context_namespace_runtime_and_staging(kube: FakeKube, tmp
     assert checks["namespace"]["status"] == "ok" and "team" in checks["namespace"]["detail"]
     assert checks["runtime"]["status"] == "ok" and "torch-distributed" in checks["runtime"]["detail"]
     assert checks["staging"]["status"] == "ok"
+    (tmp_path / "cloudtrain.yaml").write_text("script: train.py\nmax_restarts: 2\n")  # the runtime restarts 0 times
+    kube.denied.add("secrets")
+    checks = {c["name"]: c for c in json.loads(cli("doctor", "-p", "kubernetes", "-o", "json").stdout)
+              if c["area"] == "kubernetes"}
+    assert checks["runtime"]["status"] == "warn" and "max_restarts 2" in checks["runtime"]["detail"], checks
+    assert "wait --recover" in checks["runtime"]["fix"]
+    assert checks["namespace"]["status"] == "warn" and "secrets" in checks["namespace"]["detail"], checks
     monkeypatch.setenv("CLOUDTRAIN_KUBERNETES_RUNTIME", "no-such")
     kube.denied.add("trainjobs")
     checks = {c["name"]: c for c in json.loads(cli("doctor", "-p", "kubernetes", "-o", "json").stdout)
@@ -313,9 +320,11 @@ def sha256(path: Path) -> str:
 
 
 def node_run(body: dict[str, Any], root: Path, env: dict[str, str] | None = None,
-             python: list[str] | None = None) -> Any:
-    """The TrainJob's node container as its pod would run it (trainer.command with trainer.env), on this machine:
-    the pod's /cloudtrain emptyDir (and the mounts under it) is ``root``; python3 is this interpreter."""
+             python: list[str] | None = None, kube: FakeKube | None = None) -> Any:
+    """The TrainJob's node container as its pod would run it (trainer.command with trainer.env, a secretKeyRef read
+    from the Secret stored in ``kube`` as the kubelet does), on this machine: the pod's /cloudtrain emptyDir (and the
+    mounts under it) is ``root``; python3 is this interpreter."""
+    import base64
     import subprocess
 
     from cloudtrain.providers.kubernetes import request as rq
@@ -329,7 +338,15 @@ def node_run(body: dict[str, Any], root: Path, env: dict[str, str] | None = None
     assert command[:2] == [command[0], "-c"] and command[2] == rq.FETCH_SOURCE.read_text(encoding="utf-8")
     exe = python or [sys.executable]
     command = [*exe, "-c", command[2], *(here(a) if a != command[0] else sys.executable for a in command[3:])]
-    node_env = {e["name"]: here(e["value"]) for e in trainer["env"]}
+    def value(entry: dict[str, Any]) -> str:
+        if "value" in entry:
+            return here(entry["value"])
+        ref = entry["valueFrom"]["secretKeyRef"]
+        assert kube is not None, f"{entry['name']} is read from Secret {ref['name']}: pass the cluster"
+        stored = kube.objects[("secrets", body["metadata"]["namespace"], ref["name"])]
+        return base64.b64decode(stored["data"][ref["key"]]).decode()
+
+    node_env = {e["name"]: value(e) for e in trainer["env"]}
     # what the Trainer's torch plugin sets on node 0 (its service name redirected to this machine)
     from cloudtrain.providers.kubernetes import node as contract_node
     from tests.emulators import free_port
@@ -452,3 +469,105 @@ def test_node_fetch_from_s3_staging(kube: FakeKube, tmp_path: Path, ct_home: Pat
     done = node_run(body, cut)
     assert done.returncode != 0 and "does not match" in done.stderr and digest in done.stderr, done.stderr[-3000:]
     assert not (cut / "bundle" / "bundle.tar.gz").exists()
+
+
+# -- secrets: a Secret the job reads, never values in the job object ------------------------------------------------
+KEY, TOKEN = "wandb-0123456789abcdef0123", "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7"
+SHOW_SECRETS = ("import hashlib, os, sys\n"  # digests: the packager refuses a source file that holds a token
+                "def digest(text): return hashlib.sha256(text.encode()).hexdigest()\n"
+                "print('got', digest(os.environ.get('WANDB_API_KEY', '')), digest(sys.argv[-1]), flush=True)\n"
+                "print('printed', os.environ.get('WANDB_API_KEY'), sys.argv[-1], flush=True)\n")
+
+
+def digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_secret_variables_reach_the_nodes_through_a_secret_the_job_owns(kube: FakeKube, tmp_path: Path,
+                                                                        ct_home: Path) -> None:
+    """Secret variables (by name, and a secret argument moved into the environment) go in a Secret the job's env
+    reads through secretKeyRef: the TrainJob holds no value, the plan shows none, the Secret is owned by the job (the
+    cluster deletes it with the job), a retried submit leaves one Secret, and the node gets the real values."""
+    project = tmp_path / "show"
+    project.mkdir()
+    (project / "show.py").write_text(SHOW_SECRETS)
+    p = provider()
+    spec = Job(script="show.py", source_dir=str(project), env={"WANDB_API_KEY": KEY, "PLAIN": "visible"},
+               args=["--hf-token", TOKEN], **copy.deepcopy(STAGED)).spec
+    with plan_job(spec, p, progress=False) as plan:
+        body = plan.request["object"]
+        printed = json.dumps(plan.to_dict())
+        assert KEY not in json.dumps(body) and TOKEN not in json.dumps(body)
+        assert KEY not in printed and TOKEN not in printed and "visible" in printed
+        env = {e["name"]: e for e in body["spec"]["trainer"]["env"]}
+        secret = plan.request["secret"]["metadata"]["name"]
+        assert env["WANDB_API_KEY"] == {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {
+            "name": secret, "key": "WANDB_API_KEY"}}}
+        assert env["PLAIN"] == {"name": "PLAIN", "value": "visible"}
+        moved = [n for n, e in env.items() if n.startswith("CLOUDTRAIN_SECRET_ARG_")]
+        assert moved and all("valueFrom" in env[n] for n in moved)
+        assert any(f"Secret {secret}" in n for n in plan.notes)
+        kube.lose_next_create_reply = True
+        handle = p.submit(plan)
+        assert p.submit(plan) == handle
+    stored = kube.objects[("secrets", "team", secret)]
+    assert "stringData" not in stored and set(stored["data"]) == {"WANDB_API_KEY", *moved}
+    job_obj = kube.job(handle.job_id)
+    assert stored["metadata"]["ownerReferences"] == [{"apiVersion": "trainer.kubeflow.org/v1alpha1",
+                                                      "kind": "TrainJob", "name": handle.job_id,
+                                                      "uid": job_obj["metadata"]["uid"]}]
+    assert KEY not in json.dumps(job_obj) and TOKEN not in json.dumps(job_obj)
+
+    pod = tmp_path / "pod"
+    mount_configmaps(kube, "team", plan.request["configmaps"], pod / "parts")
+    done = node_run(job_obj, pod, kube=kube)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert f"got {digest(KEY)} {digest(TOKEN)}" in out, out[-3000:]
+    assert "printed **** ****" in out and KEY not in out and TOKEN not in out  # the node's log masks them
+
+
+def test_a_resubmission_keeps_pod_host_names_short_and_shares_the_secret(kube: FakeKube, tmp_path: Path,
+                                                                         ct_home: Path) -> None:
+    """The restart name recovery asks for (<root>-rN) is shortened like a first name, so the pods' host names
+    stay within 63, the same every time it is asked for (a retried resubmission finds its job); the copy reads
+    the first job's Secret and owns it too, so the Secret goes only with the last of them."""
+    from cloudtrain.recovery import restart_name
+
+    p = provider()
+    spec = job(ddp_project(tmp_path), name="a-rather-long-experiment-name-for-a-pod", nodes=2,
+               env={"HF_TOKEN": TOKEN}).spec
+    with plan_job(spec, p, progress=False) as plan:
+        handle = p.submit(plan)
+    assert len(handle.job_id) + len("-node-0-1") <= 63
+    kube.add_pod(handle.job_id, 0, disrupted=True)
+    kube.set_condition(handle.job_id, "Failed", "JobSetFailed")
+    again = p.resubmit(handle, restart_name(handle.job_id, 1))
+    assert p.resubmit(handle, restart_name(handle.job_id, 1)) == again
+    assert again.job_id.endswith("-r1") and len(again.job_id) + len("-node-0-1") <= 63, again.job_id
+    assert again.job_id[-len("-r1") - 21:-len("-r1")] == handle.job_id[-21:]  # the first one's stamp, kept
+    secret = ("secrets", "team", plan.request["secret"]["metadata"]["name"])
+    owners = [o["name"] for o in kube.objects[secret]["metadata"]["ownerReferences"]]
+    assert owners == [handle.job_id, again.job_id]
+    del kube.objects[("trainjobs", "team", handle.job_id)]
+    kube.collect_garbage()
+    assert secret in kube.objects  # the copy still reads it
+    del kube.objects[("trainjobs", "team", again.job_id)]
+    kube.collect_garbage()
+    assert secret not in kube.objects
+
+
+def test_export_keeps_secret_values_out_of_the_job_file(tmp_path: Path, ct_home: Path) -> None:
+    from cloudtrain.export import export
+
+    with plan_job(job(ddp_project(tmp_path), env={"WANDB_API_KEY": KEY}).spec, provider(), progress=False) as plan:
+        export(plan, tmp_path / "out")
+    out = tmp_path / "out"
+    assert KEY not in (out / "trainjob.yaml").read_text()
+    secret = yaml.safe_load((out / "secret.yaml").read_text())
+    assert secret["kind"] == "Secret" and secret["stringData"]["WANDB_API_KEY"] == KEY
+    assert (out / "secret.yaml").stat().st_mode & 0o077 == 0
+    readme = (out / "README.md").read_text()
+    assert readme.index("kubectl apply -f secret.yaml") < readme.index("kubectl apply -f trainjob.yaml")

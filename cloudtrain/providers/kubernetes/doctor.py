@@ -67,7 +67,14 @@ def _namespace(kube: Any, namespace: str, api: str) -> Check:
         return Check("kubernetes", "namespace", "missing", f"{namespace}: this account may not "
                                                           f"{', '.join(refused)} {plural}",
                      "grant the Role in docs/providers/kubernetes.md (RBAC)")
-    return Check("kubernetes", "namespace", "ok", f"{namespace}: may create, get, list and patch {plural}")
+    secrets = [verb for verb in ("create", "get", "patch") if not kube.can(verb, "", "secrets", namespace)]
+    if secrets:  # only a job with secret variables needs its own Secret
+        return Check("kubernetes", "namespace", "warn", f"{namespace}: may create, get, list and patch {plural}, "
+                                                       f"but not {', '.join(secrets)} secrets (a job with secret "
+                                                       "variables keeps them in a Secret)",
+                     "grant the Role in docs/providers/kubernetes.md (RBAC)")
+    return Check("kubernetes", "namespace", "ok", f"{namespace}: may create, get, list and patch {plural} "
+                                                  "and secrets")
 
 
 def _runtime(kube: Any, ctx: Context) -> Check:
@@ -83,8 +90,29 @@ def _runtime(kube: Any, ctx: Context) -> Check:
                      "(`kubectl get clustertrainingruntimes`)")
     policy = ((runtime.get("spec") or {}).get("template") or {}).get("spec", {}).get("failurePolicy") or {}
     restarts = int(policy.get("maxRestarts") or 0)
+    wanted = _max_restarts()
+    if restarts < wanted:  # a TrainJob cannot set the JobSet's budget: the runtime's is what the cluster does
+        return Check("kubernetes", "runtime", "warn", f"{name}: JobSet failurePolicy.maxRestarts {restarts} is below "
+                                                      f"this project's max_restarts {wanted}: after {restarts} "
+                                                      "restart(s) the job ends preempted",
+                     "set providers.kubernetes.runtime to a runtime with a larger failurePolicy.maxRestarts, or "
+                     "follow the job with `cloudtrain wait --recover` (it resubmits, up to max_restarts)")
     return Check("kubernetes", "runtime", "ok", f"{name} (JobSet failurePolicy.maxRestarts {restarts}: a failed or "
-                                                "preempted node restarts the job that many times)")
+                                                f"preempted node restarts the job that many times; max_restarts "
+                                                f"{wanted})")
+
+
+def _max_restarts() -> int:
+    """The project's max_restarts (./cloudtrain.yaml), else the spec's default 0; a file that cannot be read is
+    reported by the spec check."""
+    from cloudtrain.specfile import project_spec, read_spec_file
+
+    path = project_spec()
+    try:
+        value = read_spec_file(path).get("max_restarts", 0) if path else 0
+    except CloudtrainError:
+        return 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _staging(ctx: Context, kube: Any, namespace: str) -> Check:

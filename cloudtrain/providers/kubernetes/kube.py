@@ -17,6 +17,7 @@ from typing import Any
 from cloudtrain.errors import CloudtrainError, SpecError, UserError
 
 LOST = (ConnectionError, TimeoutError)  # plus urllib3's errors, added by Kube.lost()
+MERGE_PATCH = "application/merge-patch+json"  # the core API's client picks json-patch for a dict body otherwise
 
 
 class Kube:
@@ -121,6 +122,39 @@ class Kube:
     def create_configmap(self, namespace: str, body: dict[str, Any]) -> None:
         self.call(f"creating ConfigMap {body['metadata']['name']}", self.core.create_namespaced_config_map,
                   namespace, body)
+
+    def put_secret(self, namespace: str, body: dict[str, Any]) -> None:
+        """Create the job's Secret, or bring one this job made before (a retried submit) up to date; one of the
+        same name that another job made is refused."""
+        name = body["metadata"]["name"]
+        found = self.call(f"reading Secret {namespace}/{name}", self.core.read_namespaced_secret, name, namespace,
+                          missing_ok=True)
+        if found is None:
+            self.call(f"creating Secret {name}", self.core.create_namespaced_secret, namespace, body)
+            return
+        labels = (found.metadata.labels or {}) if found.metadata else {}
+        if any(labels.get(key) != value for key, value in body["metadata"]["labels"].items()):  # the job's labels
+            raise UserError(f"a Secret named {name} exists in {namespace} and is not this job's",
+                            remedy="plan the job again (it gets a new name), or delete that Secret")
+        self.call(f"updating Secret {namespace}/{name}", self.core.patch_namespaced_secret, name, namespace,
+                  {"stringData": body["stringData"]}, _content_type=MERGE_PATCH)
+
+    def own_secret(self, namespace: str, name: str, res: tuple[str, str, str, str], job_id: str) -> None:
+        """Add the job as an owner of the Secret, so that the cluster deletes the Secret with the last job that
+        reads it."""
+        group, version, _plural, kind = res
+        job = self.get(res, namespace, job_id)
+        found = self.call(f"reading Secret {namespace}/{name}", self.core.read_namespaced_secret, name, namespace,
+                          missing_ok=True)
+        if job is None or found is None:
+            return
+        owners = [self.api.sanitize_for_serialization(o) for o in (found.metadata.owner_references or [])]
+        uid = job["metadata"]["uid"]
+        if any(o.get("uid") == uid for o in owners):
+            return
+        owners.append({"apiVersion": f"{group}/{version}", "kind": kind, "name": job_id, "uid": uid})
+        self.call(f"updating Secret {namespace}/{name}", self.core.patch_namespaced_secret, name, namespace,
+                  {"metadata": {"ownerReferences": owners}}, _content_type=MERGE_PATCH)
 
     def pods(self, namespace: str, selector: str) -> builtins.list[dict[str, Any]]:
         found = self.call(f"listing pods in {namespace}", self.core.list_namespaced_pod, namespace,

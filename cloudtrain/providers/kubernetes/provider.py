@@ -10,6 +10,7 @@ node's pod, cancel suspends the job and marks it cancelled (kept for its status 
 from __future__ import annotations
 
 import builtins
+import hashlib
 import re
 from collections.abc import Iterator
 from datetime import datetime
@@ -94,6 +95,8 @@ class KubernetesProvider(Provider):
         target = rq.Target(namespace=namespace, staging=staging, image=image, digest=package.digest, nproc=nproc,
                            command=rq.node_command(options.python, source, args), env=env,
                            parts=rq.part_names(package.digest, package.bundle_bytes) if claim else [])
+        if target.secret_env:
+            target.secret = rq.secret_name(job_id)
         if len(target.parts) > rq.MAX_PARTS:
             raise UserError(f"the bundle is {package.bundle_bytes / 2**20:.1f} MiB: more than a claim's staging "
                             f"carries in ConfigMaps ({rq.MAX_PARTS} x {rq.PART_BYTES // 1024} KiB)",
@@ -111,7 +114,7 @@ class KubernetesProvider(Provider):
                                    bootstrap=f"{rq.BUNDLE_DIR}/bootstrap.py", args=args, env=env, seen=seen)
         notes += plan_notes(spec, options, staging, prefix, target)
         request = {"api": options.api, "context": options.context, "namespace": namespace, "object": body,
-                   "configmaps": target.parts}
+                   "configmaps": target.parts, "secret": rq.secret(job_id, target)}
         return Plan(provider=self.name, job_id=job_id, spec=spec, package=package, request=request, nodes=nodes,
                     staging={"prefix": prefix, "bundle": storage.join(prefix, BUNDLE_NAME), "folder": staging},
                     notes=notes, machine=_machine(spec, options), image=image or f"{options.runtime}'s own image",
@@ -130,6 +133,8 @@ class KubernetesProvider(Provider):
             self._stage_parts(kube, plan)
         else:
             stage_bundle(plan.package, plan.staging["prefix"])
+        if request.get("secret"):
+            kube.put_secret(namespace, request["secret"])
 
         def find() -> JobHandle | None:
             found = kube.get(res, namespace, plan.job_id)
@@ -152,7 +157,10 @@ class KubernetesProvider(Provider):
                 raise
             return handle
 
-        return self.created_once(find, create, lost=kube.lost())
+        created = self.created_once(find, create, lost=kube.lost())
+        if request.get("secret"):  # deleted with the job (the cluster's garbage collector follows ownerReferences)
+            kube.own_secret(namespace, request["secret"]["metadata"]["name"], res, plan.job_id)
+        return created
 
     def _stage_parts(self, kube: Kube, plan: Plan) -> None:
         """The bundle in ConfigMaps (content-addressed, immutable): those already there are kept."""
@@ -261,6 +269,7 @@ class KubernetesProvider(Provider):
         ``new_name``, so it resumes from its newest checkpoint; one already named so is the retried call's."""
         obj, res = self._find(handle)
         namespace = self._namespace(handle)
+        new_name = job_name(new_name, "trainjob" if obj["kind"] == "TrainJob" else "pytorchjob", _nodes(obj))[0]
         again = self.handle(new_name, handle.scope)
         meta = obj["metadata"]
         annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != rq.ANNOTATION + "cancelled"}
@@ -278,7 +287,10 @@ class KubernetesProvider(Provider):
             found = kube.get(res, namespace, new_name)
             return again if found is not None else None
 
-        return self.created_once(find, lambda: (kube.create(res, namespace, body), again)[1], lost=kube.lost())
+        created = self.created_once(find, lambda: (kube.create(res, namespace, body), again)[1], lost=kube.lost())
+        for name in rq.secret_refs(body):  # the copy reads the same Secret: it must outlive the first job too
+            kube.own_secret(namespace, name, res, new_name)
+        return created
 
 
 def default_namespace() -> str:
@@ -294,13 +306,22 @@ def job_name(job_id: str, api: str, nodes: int) -> tuple[str, list[str]]:
     suffix = len("-node-0-") if api == "trainjob" else len("-worker-")
     room = 63 - suffix - len(str(max(nodes - 1, 0)))
     fixed = job_id if re.match(r"^[a-z]", job_id) else f"j-{job_id}"
-    if len(fixed) > room:
-        head, stamp = re.match(r"^(.*?)(-\d{8}-\d{6}-[0-9a-f]{4})$", fixed).groups()  # type: ignore[union-attr]
-        fixed = head[:max(1, room - len(stamp))].rstrip("-") + stamp
+    if len(fixed) > room:  # the head gives way: the stamp (and a restart's -rN) keep names unique
+        unique = re.match(r"^(.*?)(-\d{8}-\d{6}-[0-9a-f]{4}(?:-r\d+)?)$", fixed)
+        head, tail = unique.groups() if unique else \
+            (fixed, "-" + hashlib.sha256(fixed.encode()).hexdigest()[:8])  # a name of another shape: still one
+        fixed = head[:max(1, room - len(tail))].rstrip("-") + tail
     if fixed != job_id:
         notes.append(f"kubernetes: the job is named {fixed} (RFC 1035: it starts with a letter, and at most {room} "
                      "characters leave its pods' host names within 63)")
     return fixed, notes
+
+
+def _nodes(obj: dict[str, Any]) -> int:
+    spec = obj.get("spec") or {}
+    if obj.get("kind") == "TrainJob":
+        return int((spec.get("trainer") or {}).get("numNodes") or 1)
+    return sum(int(r.get("replicas") or 0) for r in (spec.get("pytorchReplicaSpecs") or {}).values()) or 1
 
 
 def node_rank(pod: dict[str, Any]) -> int:
@@ -327,10 +348,15 @@ def plan_notes(spec: JobSpec, options: KubernetesOptions, staging: str, prefix: 
         notes.append(f"kubernetes: restarts: a failed or preempted node fails the JobSet, which restarts every node "
                      f"up to the runtime's failurePolicy.maxRestarts (runtime {options.runtime}: a TrainJob cannot set "
                      f"it; `cloudtrain doctor -p kubernetes` compares it with max_restarts {spec.max_restarts}); "
-                     "after that the job ends preempted and `cloudtrain resubmit` resumes it")
+                     "after that the job ends preempted, and `cloudtrain wait --recover` (or `watch`) resubmits it "
+                     "to resume")
     else:
         notes.append(f"kubernetes: restarts: the Training Operator restarts failed pods ({options.restart_policy}) up "
                      f"to runPolicy.backoffLimit = max_restarts ({spec.max_restarts})")
+    if target.secret:
+        notes.append(f"kubernetes: secret variables ({', '.join(target.secret_env)}) go in Secret {target.secret}, "
+                     "which the nodes read through secretKeyRef (no value in the job object); it is deleted with "
+                     "the job")
     notes.append(f"kubernetes: on preemption or cancel each pod gets SIGTERM and {options.grace_period}s "
                  "(terminationGracePeriodSeconds) to take a final checkpoint and publish it")
     if options.queue:

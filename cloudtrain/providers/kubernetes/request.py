@@ -1,5 +1,6 @@
 """The request: a Kubeflow Trainer v2 TrainJob, or a Training Operator v1 PyTorchJob, as plain data (what
-`kubectl apply -f` reads), plus the ConfigMaps that carry the bundle when staging is a claim (pvc://)."""
+`kubectl apply -f` reads), plus the ConfigMaps that carry the bundle when staging is a claim (pvc://), and the Secret
+that holds the job's secret variables (the job's env names them through secretKeyRef: no value in the job object)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cloudtrain.node.secret_values import looks_secret
 from cloudtrain.providers.kubernetes.node import PYTORCHJOB_PORT
 from cloudtrain.providers.kubernetes.options import KubernetesOptions
 from cloudtrain.spec import JobSpec
@@ -36,6 +38,12 @@ class Target:
     command: list[str]  # python3 -c <fetch> SOURCE DEST -- python3 bootstrap.py ...
     env: dict[str, str]
     parts: list[str] = field(default_factory=list)  # ConfigMap names (pvc:// staging)
+    secret: str | None = None  # the Secret that holds env's secret variables (secret_env), if any
+
+    @property
+    def secret_env(self) -> dict[str, str]:
+        """The variables secret by name or by a value's shape: kept out of the job object."""
+        return {name: value for name, value in self.env.items() if looks_secret(name, value)}
 
     @property
     def claim(self) -> tuple[str, str] | None:
@@ -63,8 +71,43 @@ def metadata(job_id: str, target: Target, options: KubernetesOptions, notes: dic
     return {"name": job_id, "namespace": target.namespace, "labels": labels, "annotations": annotations}
 
 
-def _env(env: dict[str, str]) -> list[dict[str, str]]:
-    return [{"name": name, "value": value} for name, value in env.items()]
+def secret_name(job_id: str) -> str:
+    return f"{job_id}-env"
+
+
+def secret(job_id: str, target: Target) -> dict[str, Any] | None:
+    """The Secret that carries the job's secret variables (stringData: the API server stores it encoded)."""
+    if not target.secret:
+        return None
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": target.secret, "namespace": target.namespace,
+                         "labels": {LABEL_MANAGED: "cloudtrain", LABEL_JOB: job_id}},
+            "stringData": target.secret_env}
+
+
+def secret_refs(body: dict[str, Any]) -> list[str]:
+    """The Secrets a job object's env reads (secretKeyRef), wherever its containers are."""
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            ref = node.get("secretKeyRef")
+            if isinstance(ref, dict) and isinstance(ref.get("name"), str):
+                found.add(ref["name"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(body.get("spec"))
+    return sorted(found)
+
+
+def _env(target: Target) -> list[dict[str, Any]]:
+    hidden = target.secret_env if target.secret else {}
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": target.secret, "key": name}}} if name in hidden
+            else {"name": name, "value": value} for name, value in target.env.items()]
 
 
 def _volumes(target: Target) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -104,7 +147,7 @@ def _pod_extras(spec: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
 def trainjob(spec: JobSpec, options: KubernetesOptions, job_id: str, target: Target,
              notes: dict[str, Any]) -> dict[str, Any]:
     volumes, mounts = _volumes(target)
-    trainer: dict[str, Any] = {"command": target.command, "env": _env(target.env), "numNodes": spec.nodes}
+    trainer: dict[str, Any] = {"command": target.command, "env": _env(target), "numNodes": spec.nodes}
     if target.image:
         trainer["image"] = target.image
     if target.nproc:
@@ -124,7 +167,7 @@ def pytorchjob(spec: JobSpec, options: KubernetesOptions, job_id: str, target: T
                notes: dict[str, Any]) -> dict[str, Any]:
     volumes, mounts = _volumes(target)
     container: dict[str, Any] = {"name": "pytorch", "image": target.image, "command": target.command,
-                                 "env": _env(target.env), "volumeMounts": mounts,
+                                 "env": _env(target), "volumeMounts": mounts,
                                  "ports": [{"name": "pytorchjob-port", "containerPort": PYTORCHJOB_PORT}]}
     if resources(spec, options):
         container["resources"] = resources(spec, options)

@@ -41,7 +41,8 @@ def job_state(native: Native) -> tuple[JobState, str]:
                                      "newest checkpoint")
         if disrupted:
             return JobState.PREEMPTED, ("preempted: a node was taken away (or asked to stop) and the job's restarts "
-                                        "are used up; `cloudtrain resubmit` resumes it from its newest checkpoint")
+                                        "are used up; `cloudtrain wait --recover HANDLE` resubmits it to resume "
+                                        "from its newest checkpoint")
         return JobState.FAILED, f"failed ({reason or 'no reason given'}): `cloudtrain logs` shows why"
     if cancelled:
         return (JobState.CANCELLED, "cancelled (suspended; `kubectl delete` removes it)") if condition == "Suspended" \
