@@ -90,6 +90,22 @@ GROUPS = {
 }
 
 
+# Longest first: xdist hands out work in collection order, so a long group (or test) collected last is the suite's
+# tail while the other workers sit idle. These go to the front (the groups above, then single tests known to take a
+# minute or more here).
+LONG_FIRST = ("test_slurm.py", "test_resume.py", "test_byo_checkpoints.py", "test_azure_schema.py")
+
+
+def _long_first(items: list[pytest.Item]) -> None:
+    rank = {prefix: i for i, prefix in enumerate(LONG_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        short = _short_id(item.nodeid)
+        return next((r for prefix, r in rank.items() if short.startswith(prefix)), len(rank))
+
+    items.sort(key=key)  # stable: each file keeps its own order
+
+
 def _short_id(nodeid: str) -> str:
     """``tests/test_x.py::test_y[a/b]`` -> ``test_x.py::test_y[a/b]`` (a parameter id may hold "/" too)."""
     path, sep, rest = nodeid.partition("::")
@@ -144,6 +160,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if left_out:
             config.hook.pytest_deselected(items=left_out)
             items[:] = [item for item in items if not starts_processes(item)]
+    _long_first(items)
     for item in items:
         group = xdist_group(item.nodeid)
         if group:
