@@ -126,3 +126,14 @@ def test_torchruns_signal_traceback_stays_out_of_the_node_log_when_the_node_stop
     assert _launcher(tmp_path / "b", [SIGNAL_TRACEBACK], stop_after=None)[0] == SIGNAL_TRACEBACK
     failed = b"Traceback (most recent call last):\n  File \"x\"\nChildFailedError: \n=====\nroot cause\n"
     assert _launcher(tmp_path / "c", [failed], stop_after=0)[0] == failed
+    # the full run's flake: the peer's store went away with it, so c10d's warning and its C++ stack followed the
+    # traceback (the traceback's last line was no longer torchrun's last); both are the stop's noise too
+    store_gone = (b"[W1126 04:36:04.597821720 TCPStore.cpp:115] [c10d] recvVector failed on SocketImpl(fd=3, "
+                  b"addr=[::ffff:127.0.0.1]:33484, remote=[::ffff:127.0.0.1]:49159): Failed to recv, got 0 bytes. \n"
+                  b"Exception raised from recvBytes at /__w/pytorch/pytorch/torch/csrc/distributed/c10d/Utils.hpp:787 "
+                  b"(most recent call first):\nframe #0: c10::Error::Error() + 0x98 (0x7f in libc10.so)\n"
+                  b"frame #1: <unknown function> + 0x5f (0x7f in libtorch_cpu.so)\n\n")
+    shown, kept = _launcher(tmp_path / "d", [warning, SIGNAL_TRACEBACK, store_gone], stop_after=1)
+    assert shown == warning and kept == warning + SIGNAL_TRACEBACK + store_gone
+    after = b"cloudtrain: something else torchrun said\n"  # anything else after it is still shown
+    assert _launcher(tmp_path / "e", [SIGNAL_TRACEBACK, store_gone, after], stop_after=0)[0] == after

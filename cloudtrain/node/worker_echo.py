@@ -148,6 +148,19 @@ def _write_lines(fd: int, lines: list[bytes]) -> None:
         write_all(fd, block)
 
 
+_C10D_NOISE = re.compile(rb"^(\[[WE]\d{4} [\d:.]+ \S+\] \[c10d\] |Exception raised from |frame #\d+: |\s*$)")
+
+
+def _without_stop_noise(held: list[bytes]) -> list[bytes]:
+    """What to show of what torchrun printed from a traceback on, after the node stopped it: when that traceback ends
+    in the stop's SignalException, neither it nor c10d's account of the peers' store going away with them (a warning
+    and its C++ frames), only anything else that follows; any other traceback whole."""
+    ends = next((i for i, line in enumerate(held[1:], 1) if line[:1] not in (b" ", b"\t")), None)
+    if ends is None or b"SignalException" not in held[ends]:
+        return held
+    return [line for line in held[ends + 1:] if not _C10D_NOISE.match(line)]
+
+
 class LauncherStderr:
     """torchrun's own stderr, passed on to the node's (``out``) line by line and kept whole in ``raw`` (a file beside
     the worker logs, uploaded with them).
@@ -201,9 +214,7 @@ class LauncherStderr:
                     self._write(line)
         if raw >= 0:
             os.close(raw)
-        last = [line for line in held if line.strip()][-1:]
-        if held and not (last and b"SignalException" in last[0]):
-            self._write(b"".join(held))
+        self._write(b"".join(_without_stop_noise(held)))
 
     def _write(self, data: bytes) -> None:
         with contextlib.suppress(OSError):
