@@ -529,6 +529,17 @@ def test_secret_variables_reach_the_nodes_through_a_secret_the_job_owns(kube: Fa
     assert "printed **** ****" in out and KEY not in out and TOKEN not in out  # the node's log masks them
 
 
+def test_a_job_with_secrets_is_refused_before_anything_is_created_when_secrets_are_not_allowed(
+        kube: FakeKube, tmp_path: Path, ct_home: Path) -> None:
+    kube.denied.add("secrets")
+    p = provider()
+    with plan_job(job(ddp_project(tmp_path), env={"WANDB_API_KEY": KEY}).spec, p, progress=False) as plan, \
+            pytest.raises(UserError, match="may not create and patch secrets") as refused:
+        p.submit(plan)
+    assert refused.value.field == "env" and "RBAC" in refused.value.remedy
+    assert not [k for k in kube.objects if k[0] in ("trainjobs", "secrets", "configmaps")]
+
+
 def test_a_resubmission_keeps_pod_host_names_short_and_shares_the_secret(kube: FakeKube, tmp_path: Path,
                                                                          ct_home: Path) -> None:
     """The restart name recovery asks for (<root>-rN) is shortened like a first name, so the pods' host names

@@ -129,6 +129,12 @@ class KubernetesProvider(Provider):
         kube = self.kube() if self._kube or not request.get("context") else Kube(context=request["context"])
         self._kube = kube
         handle = self.handle(plan.job_id, (namespace,))
+        if request.get("secret") and not all(kube.can(verb, "", "secrets", namespace) for verb in ("create", "patch")):
+            # asked before anything is staged or created: the job must own its Secret (or it outlives the job)
+            raise UserError(f"this job has secret variables, kept in a Secret, and this account may not create and "
+                            f"patch secrets in {namespace}", field="env",
+                            remedy="grant the Role in docs/providers/kubernetes.md (RBAC), or pass the job no "
+                                   "secret variables")
         if request["configmaps"]:
             self._stage_parts(kube, plan)
         else:
