@@ -239,10 +239,12 @@ def test_missing_namespace_and_runtime_are_clear_errors(kube: FakeKube, tmp_path
     with plan_job(spec, p, progress=False) as plan, pytest.raises(UserError) as refused:
         p.submit(plan)
     assert "nope" in refused.value.message and "not found" in refused.value.message
-    spec = job(project, providers={"kubernetes": {**STAGED["providers"]["kubernetes"], "runtime": "no-such"}}).spec
+    spec = job(project, providers={"kubernetes": {**STAGED["providers"]["kubernetes"], "runtime": "no-such"}},
+               env={"WANDB_API_KEY": "wandb-0123456789abcdef0123"}).spec
     with plan_job(spec, provider(), progress=False) as plan, pytest.raises(SpecError) as refused:
         provider().submit(plan)
     assert refused.value.field == "spec.runtimeRef" and "must be created" in refused.value.message
+    assert not [k for k in kube.objects if k[0] == "secrets"]  # the refused job's Secret does not outlive it
 
 
 def test_submit_refuses_the_staging_placeholder(tmp_path: Path, ct_home: Path) -> None:

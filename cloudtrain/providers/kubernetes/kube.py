@@ -139,6 +139,10 @@ class Kube:
         self.call(f"updating Secret {namespace}/{name}", self.core.patch_namespaced_secret, name, namespace,
                   {"stringData": body["stringData"]}, _content_type=MERGE_PATCH)
 
+    def delete_secret(self, namespace: str, name: str) -> None:
+        self.call(f"deleting Secret {namespace}/{name}", self.core.delete_namespaced_secret, name, namespace,
+                  missing_ok=True)
+
     def own_secret(self, namespace: str, name: str, res: tuple[str, str, str, str], job_id: str) -> None:
         """Add the job as an owner of the Secret, so that the cluster deletes the Secret with the last job that
         reads it."""

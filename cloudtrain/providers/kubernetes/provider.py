@@ -163,7 +163,12 @@ class KubernetesProvider(Provider):
                 raise
             return handle
 
-        created = self.created_once(find, create, lost=kube.lost())
+        try:
+            created = self.created_once(find, create, lost=kube.lost())
+        except CloudtrainError:
+            if request.get("secret") and kube.get(res, namespace, plan.job_id) is None:  # refused: no job, no Secret
+                kube.delete_secret(namespace, request["secret"]["metadata"]["name"])
+            raise
         if request.get("secret"):  # deleted with the job (the cluster's garbage collector follows ownerReferences)
             kube.own_secret(namespace, request["secret"]["metadata"]["name"], res, plan.job_id)
         return created
