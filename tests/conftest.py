@@ -90,22 +90,6 @@ GROUPS = {
 }
 
 
-# Longest first: xdist hands out work in collection order, so a long group (or test) collected last is the suite's
-# tail while the other workers sit idle. These go to the front (the groups above, then single tests known to take a
-# minute or more here).
-LONG_FIRST = ("test_slurm.py", "test_resume.py", "test_byo_checkpoints.py", "test_azure_schema.py")
-
-
-def _long_first(items: list[pytest.Item]) -> None:
-    rank = {prefix: i for i, prefix in enumerate(LONG_FIRST)}
-
-    def key(item: pytest.Item) -> int:
-        short = _short_id(item.nodeid)
-        return next((r for prefix, r in rank.items() if short.startswith(prefix)), len(rank))
-
-    items.sort(key=key)  # stable: each file keeps its own order
-
-
 def _short_id(nodeid: str) -> str:
     """``tests/test_x.py::test_y[a/b]`` -> ``test_x.py::test_y[a/b]`` (a parameter id may hold "/" too)."""
     path, sep, rest = nodeid.partition("::")
@@ -130,8 +114,8 @@ RUNS_PROCESSES = {"test_benchmarks.py", "test_bootstrap.py", "test_bundle_errors
                   "test_platforms.py", "test_resume.py", "test_saved_plan.py", "test_secrets.py", "test_slurm.py",
                   "test_soak.py", "test_spec_rule.py", "test_temp_files.py", "test_tour.py", "test_azure_schema.py",
                   "test_plan_text.py", "test_cli_errors.py", "test_fuzz.py", "test_plugins.py",
-                  "test_testing_plugin.py", "test_kubernetes.py", "test_spot_notice.py", "test_provider_contract.py",
-                  "test_budget.py", "test_compare.py", "test_run_sdk.py"}
+                  "test_testing_plugin.py", "test_kubernetes.py", "test_kubernetes_secrets.py", "test_spot_notice.py",
+                  "test_provider_contract.py", "test_budget.py", "test_compare.py", "test_run_sdk.py"}
 
 # ... and tests that start a process of their own, or load a cloud SDK's whole model, in files that are otherwise quick
 STARTS_ONE = ("test_aws.py::test_prebuilt_image_is_the_one_the_sagemaker_sdk_picks",
@@ -160,7 +144,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if left_out:
             config.hook.pytest_deselected(items=left_out)
             items[:] = [item for item in items if not starts_processes(item)]
-    _long_first(items)
     for item in items:
         group = xdist_group(item.nodeid)
         if group:
