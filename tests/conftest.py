@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,11 @@ os.environ["CLOUDTRAIN_CONFIG"] = str(Path(tempfile.mkdtemp(prefix="ct-config-")
 os.environ.pop("CLOUDTRAIN_PROFILE", None)
 # Plugins installed on this machine stay out of cloudtrain's own tests (tests/plugins.py lets a test's own back in).
 os.environ["CLOUDTRAIN_PLUGINS"] = "none"
+# Tests press Ctrl-C (SIGINT) on the CLI as a terminal does. A suite started in the background by a shell without job
+# control (`pytest ... &` in a script) inherits SIGINT ignored, and every process it starts would keep ignoring it:
+# those tests would hang, not the code they test. (SIG_IGN survives exec; a handler does not.)
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
