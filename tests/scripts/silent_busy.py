@@ -7,6 +7,7 @@ import time
 import torch
 import torch.distributed as dist
 
+torch.set_num_threads(1)  # one core, as torchrun gives each of several processes: busy, not a whole machine
 dist.init_process_group("gloo")
 print(f"started rank={dist.get_rank()}", flush=True)
 x = torch.randn(128, 128)
