@@ -48,6 +48,8 @@ def main() -> None:
         "cloudtrain catalog": [py, "-m", "cloudtrain", "catalog"],
         "cloudtrain doctor": [py, "-m", "cloudtrain", "doctor"],
         "cloudtrain schema": [py, "-m", "cloudtrain", "schema"],
+        # what status, logs and wait load too (a loop that polls a job pays it each time): no spec, no pydantic
+        "cloudtrain list --provider local": [py, "-m", "cloudtrain", "list", "--provider", "local"],
         "cloudtrain plan --provider local": [py, "-m", "cloudtrain", "plan", trainer, "--provider", "local",
                                              "--nodes", "2", "--procs-per-node", "2"],
         "python -c 'import torch' (for scale)": [py, "-c", "import torch"],

@@ -93,7 +93,7 @@ def _provider_for(handle_text: str) -> tuple[Any, Any]:
 def cmd_status(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import emit, status_text
     from cloudtrain.recovery import load
-    from cloudtrain.sdk import with_restart_point
+    from cloudtrain.submitted import with_restart_point
 
     provider, handle = _provider_for(args.handle)
     status = with_restart_point(provider.describe(handle))
@@ -123,7 +123,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_preempt(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import emit, status_text
-    from cloudtrain.sdk import preempt
+    from cloudtrain.submitted import preempt
 
     status = preempt(*_provider_for(args.handle))
     if args.output != "text":
@@ -138,7 +138,7 @@ def cmd_preempt(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from cloudtrain.sdk import logs
+    from cloudtrain.submitted import logs
 
     for line in logs(*_provider_for(args.handle), follow=args.follow, merge=args.merge):
         print(line, flush=True)
@@ -158,7 +158,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
                                     mover=move, log=lambda m: print(m, file=sys.stderr, flush=True))
     else:
         status = provider.wait(handle, timeout=args.timeout, poll=poll_seconds(provider))
-    from cloudtrain.sdk import with_restart_point
+    from cloudtrain.submitted import with_restart_point
 
     status = with_restart_point(status)
     print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
@@ -214,7 +214,7 @@ def cmd_outputs(args: argparse.Namespace) -> int:
 def cmd_cost(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import cost_text, emit
     from cloudtrain.handles import JobHandle
-    from cloudtrain.sdk import job_cost
+    from cloudtrain.submitted import job_cost
 
     found = job_cost(JobHandle.parse(args.handle))
     print(cost_text(found, colour())) if args.output == "text" else emit(found, args.output)

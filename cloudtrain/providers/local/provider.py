@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from cloudtrain import contract, registry, storage
 from cloudtrain.contract import METADATA_URL
@@ -28,17 +28,16 @@ from cloudtrain.formatting import Summary
 from cloudtrain.handles import JobHandle
 from cloudtrain.home import cloudtrain_home, default_store_uri
 from cloudtrain.home_errors import os_problem
-from cloudtrain.images import this_machine
-from cloudtrain.node_commands import bootstrap_args, job_env, node_command
-from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import NodeCommand, Plan
 from cloudtrain.procs import is_alive, kill_tagged, signal_group, start_ticks, tag_alive
 from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider
 from cloudtrain.providers.local import PROVIDER, outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.providers.local.log_clock import merged, node_log
-from cloudtrain.spec import JobSpec
-from cloudtrain.staging import bundle_prefix, default_output_uri, new_job_id, stage_bundle
+
+if TYPE_CHECKING:
+    from cloudtrain.packaging import Package
+    from cloudtrain.spec import JobSpec
 
 _ACTIVE = ("pending", "running", "stopping")
 PORT_AT_SUBMIT = 0  # in a plan's node variables: the rendezvous port, which submit chooses
@@ -75,6 +74,13 @@ class LocalProvider(Provider):
 
     def _plan(self, spec: JobSpec, package: Package) -> Plan:
         """Pure: the rendezvous port is chosen at submit (the plan shows where), nothing is written or bound."""
+        # what only planning needs (the spec's models, packaging) is imported here: status, logs, list and cancel, a
+        # CLI call each, never load it
+        from cloudtrain.images import this_machine
+        from cloudtrain.node_commands import bootstrap_args, job_env, node_command
+        from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
+        from cloudtrain.staging import bundle_prefix, default_output_uri, new_job_id
+
         assert spec.name
         if spec.checkpoint.dir and Path(spec.checkpoint.dir).is_absolute() and spec.nodes > 1:
             raise SpecError(f"checkpoint.dir {spec.checkpoint.dir} is absolute: the {spec.nodes} nodes of a local job "
@@ -133,6 +139,8 @@ class LocalProvider(Provider):
 
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:
+        from cloudtrain.staging import stage_bundle
+
         handle = self.handle(plan.job_id)
         if self.db.get(plan.job_id) is not None:
             return handle  # the same plan submitted twice is one job
