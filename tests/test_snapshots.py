@@ -184,3 +184,35 @@ def test_a_folder_of_one_family_takes_its_newest_member(tmp_path: Path) -> None:
     checkpoint_store.restore_report(uri, fresh)
     assert sorted(p.relative_to(fresh).as_posix() for p in fresh.rglob("*.pt")) == [
         "checkpoints/checkpoint_2/model.pt", "ckpt/step-7/x.pt"]
+
+
+def test_a_member_cut_short_without_a_kind_of_file_its_predecessor_has_is_not_final(tmp_path: Path) -> None:
+    """Seen in the suite (test_byo_checkpoints[accelerate], a preemption that landed inside `save_state`): Accelerate
+    writes the model, the optimizer, the RNG states and then each registered object, every file whole on its own.
+    Stopped between two of them, checkpoint_2 held complete files only, so the final poll published it and the
+    restart's `load_state` failed ("Found checkpoints: 0, Registered objects: 1"). After the workers exit, a family
+    member missing a kind of file (numbers aside: random_states_<rank>) that its previous member holds was cut short:
+    the previous member stands in. While they run, the quiet period decides (a script may change what it saves)."""
+    root, uri = tmp_path / "proj", store(tmp_path)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    members = root / "checkpoints"
+    for i in (0, 1):
+        (members / f"checkpoint_{i}").mkdir(parents=True)
+        (members / f"checkpoint_{i}" / "model.safetensors").write_bytes(safetensors_bytes(4))
+        save(members / f"checkpoint_{i}" / "optimizer.bin", float(i))
+        for rank in (0, 1):
+            save(members / f"checkpoint_{i}" / f"random_states_{rank}.pkl", float(rank))
+        save(members / f"checkpoint_{i}" / "custom_checkpoint_0.pkl", float(i))
+    (members / "checkpoint_2").mkdir()
+    (members / "checkpoint_2" / "model.safetensors").write_bytes(safetensors_bytes(4))
+    save(members / "checkpoint_2" / "optimizer.bin", 2.0)  # stopped here: no RNG states, no custom object
+    assert snap.poll(final=True) == 1  # checkpoint_1, whole, as step 1 (its name's number)
+    assert published(uri) == [(1, [f"checkpoints/checkpoint_1/{name}" for name in (
+        "custom_checkpoint_0.pkl", "model.safetensors", "optimizer.bin", "random_states_0.pkl",
+        "random_states_1.pkl")])]
+    assert snap.unpublished and "checkpoint_2" in snap.unpublished[0] and "custom_checkpoint_" in snap.unpublished[0]
+    # one rank fewer after a restart at another world size is the same kinds of file: final as it is
+    resized = checkpoint_snapshots.Snapshotter(root, store(tmp_path / "resized"), keep=2, quiet=0.0)
+    save(members / "checkpoint_2" / "random_states_0.pkl", 0.0)
+    save(members / "checkpoint_2" / "custom_checkpoint_0.pkl", 2.0)
+    assert resized.poll(final=True) == 2 and "checkpoint_2" in str(published(store(tmp_path / "resized")))

@@ -185,4 +185,6 @@ def test_a_local_disk_error_stops_the_download_at_once(call: str, tmp_path: Path
     with pytest.raises(CloudtrainError, match=r"download failed: .*injected"):
         transfer.download_many(store, [(uri, tmp_path / "disk.bin", len(data))], workers=4)
     assert time.monotonic() - started < 5  # no retry backoff
-    assert len(store.calls) == 4, store.calls  # one request per segment: the failure was not retried
+    # no range asked for twice: the failure was not retried (a segment not yet asked for when the disk failed is
+    # never asked for: on a loaded machine the failure may come before all four are)
+    assert 2 <= len(store.calls) <= 4 and len(set(store.calls)) == len(store.calls), store.calls

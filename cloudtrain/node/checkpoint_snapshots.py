@@ -194,6 +194,18 @@ def newest_first(names: list[str]) -> list[str]:
     return ordered + sorted(fixed)
 
 
+def kinds(entry: str, rels: list[str]) -> set:
+    """The kinds of file a folder entry holds: their paths in it with every number blanked (``random_states_0.pkl``
+    and ``random_states_3.pkl`` are one kind, so a save at another world size holds the same kinds)."""
+    return {_NUMBER.sub("<n>", rel[len(entry) + 1:]) for rel in rels if rel.startswith(entry + "/")}
+
+
+def predecessors(order: list[str]) -> dict[str, str]:
+    """Each family member (in ``newest_first`` order) -> the member just older than it."""
+    return {newer: older for newer, older in zip(order, order[1:])
+            if family(newer) and family(older) and family(newer)[0] == family(older)[0]}  # type: ignore[index]
+
+
 def script_step(names: list[str]) -> int | None:
     """The step a snapshot stands for, where a family member's name carries it (its last number)."""
     steps = [found[1][-1] for found in map(family, names) if found]
@@ -280,11 +292,22 @@ class Snapshotter:
         left: dict[str, str] = {}
         taken: set = set()
         whole = False  # the snapshot is one file whose format vouches for it (a save of one file is over)
-        for entry in newest_first(list(by_entry)):
+        order = newest_first(list(by_entry))
+        previous = predecessors(order)
+        for entry in order:
             found = family(entry)
             if found and found[0] in taken:
                 continue  # an older member of a family whose newer one is taken
             why, vouched, unknown = self._unit_state(entry, by_entry[entry], files)
+            if final and not why and entry in previous:
+                # no quiet period can tell any more: a save of files each whole on its own (Accelerate's model,
+                # optimizer, RNG states, registered objects) stopped between two of them holds fewer kinds of file
+                # than the save before it (while the workers run, the quiet period decides: a script may change
+                # what it saves)
+                before = previous[entry]
+                missing = sorted(kinds(before, by_entry[before]) - kinds(entry, by_entry[entry]))
+                if missing:
+                    why = f"it has no {missing[0]}, which {before} has (stopped while it was written?)"
             # a file of no checkpoint format that changes at every look is a log: it must not hold back every
             # snapshot (a checkpoint file being written does hold it back, however long it takes)
             if not final and unknown and self.changes.get(entry, 0) >= LIVE_AFTER:
