@@ -16,7 +16,6 @@ prices only: an estimate to act on, never a bill (no storage, egress, logging or
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Iterable
@@ -216,12 +215,11 @@ def remember(handle: str, plan: Plan) -> None:
 
 
 def write(handle: str, record: dict[str, Any]) -> None:
-    path = _path(handle)
+    from cloudtrain.storage.local import atomic_write
+
+    text = json.dumps(record, indent=1).encode()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        os.replace(tmp, path)
+        atomic_write(_path(handle), lambda out: out.write(text))
     except OSError as exc:
         import sys
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -121,11 +120,10 @@ def load(handle: JobHandle) -> RecoveryState | None:
 
 
 def save(state: RecoveryState) -> None:
-    path = _path(state.root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=1))
-    os.replace(tmp, path)  # a reader sees the old chain or the new one, never half of one
+    from cloudtrain.storage.local import atomic_write
+
+    text = json.dumps(asdict(state), indent=1).encode()
+    atomic_write(_path(state.root), lambda out: out.write(text))  # the old chain or the new one, never half of one
     if state.state_uri:  # the copy in the store that watchers share (cloudtrain.watch)
         from cloudtrain import lineage_store
 

@@ -83,7 +83,7 @@ def publish(folder_uri, step, files, **kwargs):
     event("published", step)
 
 
-_atomic_write = local_store._atomic_write
+_atomic_write = local_store.atomic_write
 
 
 def slow_atomic_write(target, writer):
@@ -98,7 +98,7 @@ def slow_atomic_write(target, writer):
 Checkpointer.restore, Checkpointer.step, Checkpointer.save = restore, step, save
 checkpoint_store.upload_files, checkpoint_store.describe_and_upload, checkpoint_store.publish = (
     upload_files, describe_and_upload, publish)
-local_store._atomic_write = slow_atomic_write
+local_store.atomic_write = slow_atomic_write
 
 import train_fsdp  # noqa: E402 - after the patches
 

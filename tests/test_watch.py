@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import lineage_store
+from cloudtrain import cost, lineage_store, recovery
 from cloudtrain.handles import JobHandle
 from cloudtrain.providers.base import JobState
 from cloudtrain.sdk import Job
@@ -66,3 +66,30 @@ def test_two_watchers_resubmit_once_and_a_restarted_one_picks_up_the_chain(
                          cwd=project, env=env, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert f"{run.handle}: succeeded" in cli.stdout and len(vertex.jobs) == 2
+
+
+def test_writers_of_one_record_at_once_never_trip_over_each_other(ct_home: Path) -> None:
+    """Seen in the suite: two watchers attaching to one job at once both saved its recovery state through the same
+    `<root>.tmp`; one renamed it away and the other's rename failed (FileNotFoundError), killing that watcher. Each
+    write now has its own temporary file (as the stores' writes do); the same for the price record."""
+    state = recovery.RecoveryState(root="gcp://p/r/1", max_restarts=3, chain=["gcp://p/r/1"])
+    failures: list[BaseException] = []
+
+    def write(n: int) -> None:
+        for i in range(150):
+            try:
+                recovery.save(recovery.RecoveryState(**{**state.__dict__, "chain": [state.root, f"gcp://p/r/{n}{i}"]}))
+                cost.write(state.root, {"handle": state.root, "rate": None, "max_cost": float(i)})
+            except BaseException as exc:  # collected, asserted below
+                failures.append(exc)
+                return
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    saved = recovery.load(JobHandle.parse(state.root))
+    assert saved is not None and saved.chain[0] == state.root  # whole: one writer's, never a mix
+    assert sorted(p.name for p in recovery.state_dir().iterdir()) == ["gcp_p_r_1.json"]  # no temporary file left

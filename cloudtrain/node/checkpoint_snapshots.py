@@ -194,7 +194,7 @@ def newest_first(names: list[str]) -> list[str]:
     return ordered + sorted(fixed)
 
 
-def kinds(entry: str, rels: list[str]) -> set:
+def kinds(entry: str, rels: list[str]) -> set[str]:
     """The kinds of file a folder entry holds: their paths in it with every number blanked (``random_states_0.pkl``
     and ``random_states_3.pkl`` are one kind, so a save at another world size holds the same kinds)."""
     return {_NUMBER.sub("<n>", rel[len(entry) + 1:]) for rel in rels if rel.startswith(entry + "/")}
@@ -202,8 +202,12 @@ def kinds(entry: str, rels: list[str]) -> set:
 
 def predecessors(order: list[str]) -> dict[str, str]:
     """Each family member (in ``newest_first`` order) -> the member just older than it."""
-    return {newer: older for newer, older in zip(order, order[1:])
-            if family(newer) and family(older) and family(newer)[0] == family(older)[0]}  # type: ignore[index]
+    found = {}
+    for newer, older in zip(order, order[1:]):
+        one, other = family(newer), family(older)
+        if one and other and one[0] == other[0]:
+            found[newer] = older
+    return found
 
 
 def script_step(names: list[str]) -> int | None:

@@ -34,7 +34,9 @@ def local_path(uri: str) -> Path:
     return Path(unquote(parsed.path))
 
 
-def _atomic_write(target: Path, writer: Callable[[BinaryIO], object]) -> None:
+def atomic_write(target: Path, writer: Callable[[BinaryIO], object]) -> None:
+    """Write ``target`` whole or not at all: a temporary file of this writer's own beside it, renamed over it (two
+    writers at once each rename their own; a reader sees one whole version or the other)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     if fcntl is not None:  # held while we write: a .part nobody holds was left by a writer that died
@@ -76,7 +78,7 @@ class LocalStore:
         return local_path(uri).read_bytes()
 
     def write_bytes(self, uri: str, data: bytes) -> None:
-        _atomic_write(local_path(uri), lambda out: out.write(data))
+        atomic_write(local_path(uri), lambda out: out.write(data))
 
     def put_file(self, source: Path, uri: str, progress: Callable[[int], None] | None = None) -> int:
         def copy(out: BinaryIO) -> None:
@@ -88,7 +90,7 @@ class LocalStore:
                     out.write(chunk)
                     progress(len(chunk))
 
-        _atomic_write(local_path(uri), copy)
+        atomic_write(local_path(uri), copy)
         return source.stat().st_size
 
     def get_file(self, uri: str, target: Path) -> None:
@@ -96,7 +98,7 @@ class LocalStore:
             with open(local_path(uri), "rb") as src:
                 shutil.copyfileobj(src, out, 1024 * 1024)
 
-        _atomic_write(target, copy)
+        atomic_write(target, copy)
 
     def read_stream(self, uri: str, start: int = 0, end: int | None = None) -> tuple[int, Iterator[bytes]]:
         source = open(local_path(uri), "rb")  # noqa: SIM115 - closed with the chunks
