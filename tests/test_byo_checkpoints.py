@@ -71,7 +71,10 @@ def bare_torchrun(tmp: Path, stack: Stack) -> tuple[int, str]:
                           script.name, *stack.args], cwd=script.parent, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     done = DONE.search(run.stdout)
-    assert run.returncode == 0 and done, run.stdout[-3000:] + run.stderr[-3000:]
+    # torch's own, seen once in ~10 suite runs: a gloo rank aborts in its teardown after the script's last line
+    # ("terminate called without an active exception", SIGABRT), under bare torchrun: the result it printed stands
+    torn_down = "terminate called without an active exception" in run.stderr
+    assert done and (run.returncode == 0 or torn_down), run.stdout[-3000:] + run.stderr[-3000:]
     return int(done.group(1)), done.group(2)
 
 
