@@ -90,4 +90,5 @@ def test_concurrent_cli_processes_share_the_database(ct_home: Path, tmp_path: Pa
     assert sorted(j["handle"] for j in listed) == sorted(handles)
     provider = LocalProvider(ct_home)
     for handle in handles:
-        assert provider.wait(JobHandle.parse(handle), timeout=180, poll=0.5).state.value == "succeeded"
+        status = provider.wait(JobHandle.parse(handle), timeout=180, poll=0.5)
+        assert status.state.value == "succeeded", (status, "\n".join(provider.logs(JobHandle.parse(handle))))

@@ -307,3 +307,35 @@ def test_preempted_before_training_starts_is_restarted_not_failed(cli, tmp_path:
     assert cli("wait", handle, "--timeout", "180").returncode == 0, cli("logs", handle).stdout[-3000:]
     status = status_json(cli, handle)
     assert (status["state"], status["restarts"]) == ("succeeded", 1)
+
+
+@pytest.mark.parametrize("emulate", [None, "sagemaker"])
+def test_a_rendezvous_port_taken_before_the_nodes_bind_it_is_chosen_again(
+        ct_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emulate: str | None) -> None:
+    """Seen in CI: the port submit chooses is free then, yet on a busy machine any process may take it before node
+    0's torchrun binds it, and the job failed as 'node 0 failed with exit code 1 (see its log)'. The supervisor
+    starts the nodes again on a new port (no restart of the job), and the node's log says why. Under SageMaker's
+    contract too (static rendezvous, two nodes, the port in CLOUDTRAIN_MASTER_OVERRIDE)."""
+    import socket
+
+    from cloudtrain.providers.local import provider as local_provider
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()  # held for the whole test: the retry must choose another
+    taken = held.getsockname()[1]
+    monkeypatch.setattr(local_provider, "free_port", lambda: taken)  # submit's choice; the supervisor's is real
+    script = copy_script(ENTRYPOINTS / "plain_torchrun.py", tmp_path / "proj")
+    job = Job(script=script.name, source_dir=str(script.parent), nodes=2 if emulate else 1,
+              procs_per_node=1 if emulate else 2, providers={"local": {"emulate": emulate}} if emulate else {})
+    run = job.submit("local")
+    try:
+        status = run.wait(timeout=240, poll=0.5)
+        logs = "\n".join(run.logs())
+        assert status.state.value == "succeeded", (status.message, logs[-3000:])
+        assert f"port {taken} on this node is held by another process (EADDRINUSE" in logs
+        assert f"the rendezvous port {taken} was taken by another process before torchrun bound it: starting " \
+               "the nodes again on port" in logs
+        assert "all_reduce ok: True world_size=2" in logs and status.restarts == 0
+    finally:
+        held.close()

@@ -109,6 +109,46 @@ def test_diagnosis_reads_the_worker_logs(tmp_path: Path) -> None:
     assert diagnosis.explain_failure(None, gpus=0) is None
 
 
+STORE_TAKEN = """Traceback (most recent call last):
+  File "torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py", line 156, in _create_tcp_store
+    store = TCPStore(
+torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. port: 39615, \
+useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py", line 180, in _create_tcp_store
+    raise RendezvousConnectionError(
+torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has failed. \
+See inner exception for details.
+"""
+
+
+def test_a_launcher_failure_with_no_worker_to_blame_is_named(tmp_path: Path) -> None:
+    """A node whose torchrun failed before starting any worker said only 'torchrun exited 1; the node's log says
+    why'. Its own exception is named from torchrun.log; a rendezvous port another process holds says which port
+    and is marked for the local supervisor to choose another; a failed worker is left to the worker's logs."""
+    logs = tmp_path / "work" / "worker-logs"
+    logs.mkdir(parents=True)
+    (logs / diagnosis.LAUNCHER_LOG).write_text(STORE_TAKEN)
+    found = diagnosis.findings(tmp_path / "work", "failed", 0, {})
+    assert found["reason"].startswith("torchrun could not start the rendezvous: port 39615 on this node is held by "
+                                      "another process (EADDRINUSE")
+    assert "RendezvousConnectionError" in found["reason"] and found["cause"] == diagnosis.PORT_IN_USE
+    (logs / diagnosis.LAUNCHER_LOG).write_text(
+        "Traceback (most recent call last):\n  File \"run.py\", line 9\ntorch.distributed.elastic.rendezvous.api."
+        "RendezvousTimeoutError: Timed out after 900 seconds waiting for clients. 1/2 clients joined.\n")
+    found = diagnosis.findings(tmp_path / "work", "failed", 0, {})
+    assert found["reason"] == ("torchrun failed before its workers did: torch.distributed.elastic.rendezvous.api."
+                               "RendezvousTimeoutError: Timed out after 900 seconds waiting for clients. 1/2 clients "
+                               "joined.") and "cause" not in found
+    (logs / diagnosis.LAUNCHER_LOG).write_text(
+        "Traceback (most recent call last):\n  File \"run.py\", line 9\ntorch.distributed.elastic.multiprocessing."
+        "errors.ChildFailedError: \n====\ntrain.py FAILED\n")
+    assert diagnosis.findings(tmp_path / "work", "failed", 0, {}) == {}  # a worker failed: its own logs say more
+
+
 def test_diagnosis_names_the_exception_a_traceback_ended_in(tmp_path: Path) -> None:
     """29.1: torch's [rankN]: prefix, an exception without a message, lines printed after the traceback, chains."""
     bare = ["[rank0]: Traceback (most recent call last):", '[rank0]:   File "t.py", line 3, in <module>',

@@ -27,6 +27,14 @@ _CHAINED = {"The above exception was the direct cause of the following exception
 # What a rank raises when another rank died first: named only when no rank says more.
 _PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|remote worker crash|communicator was aborted",
                         re.IGNORECASE)
+# torchrun's own failures (its rendezvous, its arguments), kept beside the worker logs by worker_echo.LauncherStderr
+LAUNCHER_LOG = "torchrun.log"
+_WORKERS_FAILED = "ChildFailedError"  # what torchrun raises for a failed worker: the worker's own logs say more
+# c10d's TCPStore when its port is taken: torchrun's store (or, with older torch, rank 0's) could not listen
+_STORE_PORT_TAKEN = re.compile(r"socket has failed to listen.*\bport: (\d+).*EADDRINUSE", re.IGNORECASE)
+# A status file's "cause" for a rendezvous port another process took: the local supervisor, which chose the port,
+# starts the nodes again on another one.
+PORT_IN_USE = "rendezvous-port-in-use"
 _TAIL_BYTES = 64 * 1024
 _MAX_ERROR = 600  # characters of an exception line kept in a one-line reason (a path and a cause fit)
 
@@ -149,6 +157,21 @@ def explain_failure(run: Path | None, gpus: int) -> str | None:
     return f"local rank {local_rank}: {error}"
 
 
+def explain_launcher(worker_logs: Path) -> str | None:
+    """One line for a node whose torchrun failed with no worker to blame: the exception torchrun itself ended in
+    (a rendezvous that could not start or be reached, a bad argument), read from its stderr kept in LAUNCHER_LOG.
+    A port another process holds says so, which port, and what to do."""
+    error = last_exception(_tail(worker_logs / LAUNCHER_LOG))
+    if error is None or _WORKERS_FAILED in error:
+        return None
+    taken = _STORE_PORT_TAKEN.search(error)
+    if taken:
+        return (f"torchrun could not start the rendezvous: port {taken.group(1)} on this node is held by another "
+                f"process (EADDRINUSE: a process of an earlier run still alive, or another job on this host): stop "
+                f"it, or give the job another port ({error})")
+    return f"torchrun failed before its workers did: {error}"
+
+
 def explain_idle_gpu_script(run: Path | None, gpus: int) -> str | None:
     """For workers that exited without joining a process group on a node without GPUs: the line where a script
     said it wanted GPUs (e.g. 'Unable to locate sufficient 2 gpus'), and the fix. None if no worker said so."""
@@ -197,9 +220,11 @@ def findings(workdir: Path, outcome: str, gpus: int, env: dict[str, str]) -> dic
     if ranks:
         found["ranks"] = ranks
     if outcome == "failed":
-        reason = explain_failure(run, gpus)
+        reason = explain_failure(run, gpus) or explain_launcher(workdir / "worker-logs")
         if reason:
             found["reason"] = reason
+        if reason and _STORE_PORT_TAKEN.search(reason):
+            found["cause"] = PORT_IN_USE
     elif outcome == "succeeded" and ranks:
         alone = rank_report.alone_text(ranks)
         if alone and required:

@@ -12,7 +12,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider
 from cloudtrain.providers.local import PROVIDER, outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.providers.local.log_clock import merged, node_log
+from cloudtrain.providers.local.rendezvous import contract_env, free_port
 
 if TYPE_CHECKING:
     from cloudtrain.packaging import Package
@@ -43,12 +43,6 @@ _ACTIVE = ("pending", "running", "stopping")
 PORT_AT_SUBMIT = 0  # in a plan's node variables: the rendezvous port, which submit chooses
 START_TIMEOUT = 120.0  # seconds a submitted job may wait for a supervisor before it is declared never started
 LOST_MARGIN = 30.0  # beyond the grace period: how long nodes may take to stop after their supervisor is gone
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def plan_summary(plan: Plan) -> Summary:
@@ -157,11 +151,9 @@ class LocalProvider(Provider):
             self._unmake(plan.job_id, job_dir, created)
             raise os_problem(exc, job_dir, "write the job's folder") from None
         # The rendezvous port, chosen now (a plan binds nothing): each node's contract variables name it.
-        port = free_port()
-        module = registry.node_contract(self.contract(plan.spec).name)
-        node_env = {str(n.rank): {**n.env, **module.emulate(plan.spec.nodes, n.rank, port,
-                                                            job_dir / f"node-{n.rank}", plan.job_id)[0]}
-                    for n in plan.nodes}
+        port, contract_name = free_port(), self.contract(plan.spec).name
+        emulated = contract_env(contract_name, plan.spec.nodes, port, job_dir, plan.job_id)
+        node_env = {str(n.rank): {**n.env, **emulated[str(n.rank)]} for n in plan.nodes}
         # The record on disk is the redacted plan; the real environment reaches the supervisor through a pipe.
         recorded = plan.to_dict()
         recorded["request"]["rendezvous"] = recorded["request"]["rendezvous"].split(", on")[0] + f":{port}"
@@ -174,7 +166,7 @@ class LocalProvider(Provider):
             raise
         if not inserted:
             return handle
-        self._start_supervisor(plan.job_id, job_dir, {"env": node_env,
+        self._start_supervisor(plan.job_id, job_dir, {"env": node_env, "contract": contract_name,
                                                       "argv": {str(n.rank): n.argv for n in plan.nodes}})
         return handle
 

@@ -22,12 +22,14 @@ from typing import Any
 
 from cloudtrain import contract
 from cloudtrain.home import cloudtrain_home
+from cloudtrain.node.diagnosis import PORT_IN_USE
 from cloudtrain.node.durations import format_duration
 from cloudtrain.node.watch import GRACE_ENV, SUPERVISOR_FD
 from cloudtrain.procs import TAG_VAR, kill_tagged, signal_group, start_ticks
 from cloudtrain.providers.local import outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.providers.local.log_clock import LogClock, node_log
+from cloudtrain.providers.local.rendezvous import PORT_RETRIES, contract_env, free_port
 from cloudtrain.providers.local.steady_db import RESERVE_NAME, SteadyDB
 
 POLL_SECONDS = 0.2
@@ -36,13 +38,14 @@ _ACTIVE = ("pending", "running", "stopping")
 
 class Supervisor:
     def __init__(self, db: JobDB, job_id: str, node_env: dict[str, dict[str, str]] | None = None,
-                 node_argv: dict[str, list[str]] | None = None) -> None:
+                 node_argv: dict[str, list[str]] | None = None, contract_name: str = "local") -> None:
         self.db = db
         self.job_id = job_id
         self.node_env = node_env or {}  # unredacted, from the submitter's pipe; never written to disk
         # the nodes' command lines as planned: the record's are masked for display (a secret value that also
         # occurs in a path, demo.py with DB_PASSWORD=demo, would start ****.py)
         self.node_argv = node_argv or {}
+        self.contract_name = contract_name  # whose variables name the rendezvous port (to choose it again)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.stop: str | None = None  # one of outcome.PREEMPT, CANCEL, MAX_RUNTIME, PEER_FAILED
         self.stop_sent_at: float | None = None
@@ -58,7 +61,8 @@ class Supervisor:
         # SIGUSR1 is `cloudtrain preempt` (a rehearsed spot interruption); SIGTERM/SIGINT is a cancel.
         self.stop = self.stop or (outcome.PREEMPT if signum == signal.SIGUSR1 else outcome.CANCEL)
 
-    def start_nodes(self, record: JobRecord, attempt: int) -> list[dict[str, Any]]:
+    def start_nodes(self, record: JobRecord, attempt: int, why: str = "") -> list[dict[str, Any]]:
+        """Start every node (``why``: the line each node's log gets when they start over)."""
         nodes = []
         self.stop_file = Path(record.job_dir) / "stop-reason"
         self.stop_file.unlink(missing_ok=True)  # an earlier attempt's
@@ -71,8 +75,8 @@ class Supervisor:
             env = {**os.environ, **self.node_env[str(rank)], TAG_VAR: tag, SUPERVISOR_FD: str(self.lifeline),
                    GRACE_ENV: f"{record.grace_period:g}", contract.STOP_REASON_FILE: str(self.stop_file)}
             with open(log_path, "ab") as log:
-                if attempt:
-                    log.write(f"[cloudtrain] restart {attempt} after preemption\n".encode())
+                if why:
+                    log.write(f"[cloudtrain] {why}\n".encode())
                 argv = self.node_argv.get(str(rank), node["argv"])
                 proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         cwd=record.job_dir, start_new_session=True, pass_fds=(self.lifeline,))
@@ -111,10 +115,10 @@ class Supervisor:
         max_runtime = record.plan.get("spec", {}).get("max_runtime")
         started = time.monotonic()
         self.deadline = started + float(max_runtime) if max_runtime else None
-        attempt = 0
+        attempt, port_retries, why = 0, 0, ""
         self.clock = LogClock(Path(record.job_dir), [n["rank"] for n in record.plan["nodes"]])
         while True:
-            nodes = self.start_nodes(record, attempt)
+            nodes = self.start_nodes(record, attempt, why)
             self.db.update(self.job_id, state="running", nodes=nodes, attempt=attempt,
                            message=f"restart {attempt} of {max_restarts}" if attempt else "",
                            only_if_state=_ACTIVE)
@@ -125,13 +129,32 @@ class Supervisor:
             state, message = outcome.final_state(
                 nodes, cancelled=bool(fresh and fresh.cancel_requested), stop=self.stop, attempt=attempt,
                 max_runtime=max_runtime, ran_for=time.monotonic() - started)
-            if state == "preempted" and attempt < max_restarts:
-                attempt += 1
-                self.stop, self.stop_sent_at, self.procs = None, None, {}
-                continue  # managed-spot emulation: the same job again, resuming from its checkpoints
-            break
+            if state == "preempted" and attempt < max_restarts:  # managed-spot emulation: the same job again,
+                attempt += 1  # resuming from its checkpoints
+                why = f"restart {attempt} after preemption"
+            elif (state == "failed" and self.stop in (None, outcome.PEER_FAILED) and port_retries < PORT_RETRIES
+                  and any(n.get("cause") == PORT_IN_USE for n in nodes)):
+                port_retries += 1  # nothing ran: the same attempt again, where no other process is
+                why = self._new_port(record)
+            else:
+                break
+            self.stop, self.stop_sent_at, self.procs = None, None, {}
         self.db.update(self.job_id, state=state, message=message, ended_at=time.time(), nodes=nodes)
         return 0
+
+    def _new_port(self, record: JobRecord) -> str:
+        """Another process took the rendezvous port before node 0's torchrun bound it: the nodes' variables and the
+        record's rendezvous name a new one. Returns the line each node's log gets."""
+        port = free_port()
+        fresh = contract_env(self.contract_name, len(record.plan["nodes"]), port, Path(record.job_dir), self.job_id)
+        for rank, env in fresh.items():
+            self.node_env[rank] = {**self.node_env.get(rank, {}), **env}
+        request = record.plan.setdefault("request", {})
+        taken = str(request.get("rendezvous", "")).rpartition(":")
+        request["rendezvous"] = f"{taken[0]}:{port}" if taken[1] else f"127.0.0.1:{port}"
+        self.db.update(self.job_id, plan=record.plan, only_if_state=_ACTIVE)
+        return (f"the rendezvous port {taken[2] or '?'} was taken by another process before torchrun bound it: "
+                f"starting the nodes again on port {port}")
 
     def watch(self, nodes: list[dict[str, Any]], grace: float) -> None:
         """Until every node exited: record exits, stop the rest when one fails, max_runtime passes or a stop was
@@ -210,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:  # cut short: the submitter died while writing it
         handed = {}
     try:
-        return Supervisor(db, args[0], handed.get("env", {}), handed.get("argv", {})).run()
+        return Supervisor(db, args[0], handed.get("env", {}), handed.get("argv", {}),
+                          handed.get("contract", "local")).run()
     finally:
         db.settle()
 
