@@ -169,7 +169,8 @@ def test_a_requeued_job_resumes_from_its_checkpoint_bitwise(cli: Cli, slurm: Slu
 def test_a_node_that_fails_before_the_rendezvous_stops_the_job(cli: Cli, slurm: SlurmCluster) -> None:  # noqa: F811
     """Node 0 cannot listen on the rendezvous port (taken here, as another job's could be), so it fails at once
     while node 1 waits for the rendezvous: srun stops node 1 too (--kill-on-bad-exit), and the job ends failed with
-    node 0's error, instead of running until torchrun's rendezvous timeout."""
+    node 0's error, instead of running until torchrun's rendezvous timeout. Node 1 says it was stopped because node
+    0 failed (it said "preempted": srun's SIGTERM looked like Slurm's own)."""
     import socket
 
     from cloudtrain.providers.slurm.node import rendezvous_port
@@ -184,6 +185,8 @@ def test_a_node_that_fails_before_the_rendezvous_stops_the_job(cli: Cli, slurm: 
     assert done.returncode != 0 and "failed" in text and "EADDRINUSE" in text, text[-3000:]
     handle = next(word for word in text.split() if word.startswith("slurm://"))
     assert cli.status(handle)["state"] == "failed"
+    assert "node 0 failed (torchrun exit 1)" in text and "port" in text, text[-3000:]
+    assert "node 1 stopped: node 0 failed (torchrun exit" in text, text[-3000:]
 
 
 @pytest.mark.slow

@@ -49,6 +49,10 @@ class Layout:
     def node_log(self, rank: int | str) -> str:
         return f"{self.job_dir}/node-{rank}.log"
 
+    @property
+    def stop_reason(self) -> str:
+        return f"{self.job_dir}/stop-reason"  # a failed node's "node N failed", read by the peers srun then stops
+
 
 def time_limit(seconds: int) -> str:
     """sbatch --time as days-hours:minutes:seconds, rounded up to Slurm's granularity (a minute)."""
@@ -93,10 +97,15 @@ def node_command(argv: list[str]) -> str:
     stopped when asked to (a preemption, a requeue, the time limit: EXIT_PREEMPTED after its final checkpoint) must
     not cut its peers' checkpoints short, so it exits 0 to srun and leaves a mark (STOPPED_MARK) that the batch
     script turns back into EXIT_PREEMPTED. The shell's no-op TERM trap lets it outlive the signal Slurm sends every
-    process of the step, so it is there to read the bootstrap's exit code."""
+    process of the step, so it is there to read the bootstrap's exit code. A node that failed says so in the job's
+    stop-reason file (``CLOUDTRAIN_STOP_REASON_FILE``) before srun sees its exit: the peers srun then stops end
+    "stopped: node N failed", not "preempted", as they do under the local supervisor."""
     words = [f'"{a}"' if a == WORKDIR else shlex.quote(a) for a in argv]
+    reason = f'"${contract.STOP_REASON_FILE}"'
     return (f"trap : TERM; {' '.join(words)}; code=$?; "
-            f'if [ "$code" -eq {contract.EXIT_PREEMPTED} ]; then : > "{STOPPED_MARK}"; exit 0; fi; exit "$code"')
+            f'if [ "$code" -eq {contract.EXIT_PREEMPTED} ]; then : > "{STOPPED_MARK}"; exit 0; fi; '
+            f'if [ "$code" -ne 0 ] && [ ! -s {reason} ]; then echo "node $SLURM_NODEID failed" > {reason}; fi; '
+            'exit "$code"')
 
 
 def batch_script(spec: JobSpec, options: SlurmOptions, job_id: str, layout: Layout, argv: list[str],
@@ -120,9 +129,10 @@ def batch_script(spec: JobSpec, options: SlurmOptions, job_id: str, layout: Layo
         'not started again" >&2',
         "  exit 1",
         "fi",
-        "rm -f node-*.stopped  # marks of an earlier run of a requeued job",
+        "rm -f node-*.stopped stop-reason  # marks of an earlier run of a requeued job",
         *setup,
         f"set -a; . {shlex.quote(layout.env_file)}; set +a",
+        f"export {contract.STOP_REASON_FILE}={shlex.quote(layout.stop_reason)}",
         "# SIGTERM (a requeue, a preemption, scancel) reaches every node from Slurm itself: wait for them to stop",
         "trap 'echo \"[cloudtrain] SIGTERM: the nodes take a final checkpoint and stop\"' TERM",
         f"{srun} \\\n  /bin/sh -c {shlex.quote(node_command(argv))} &",
