@@ -147,6 +147,10 @@ def test_a_launcher_failure_with_no_worker_to_blame_is_named(tmp_path: Path) -> 
         "Traceback (most recent call last):\n  File \"run.py\", line 9\ntorch.distributed.elastic.multiprocessing."
         "errors.ChildFailedError: \n====\ntrain.py FAILED\n")
     assert diagnosis.findings(tmp_path / "work", "failed", 0, {}) == {}  # a worker failed: its own logs say more
+    (logs / diagnosis.LAUNCHER_LOG).write_text(  # an earlier run's stop, in a folder a restart reuses
+        "Traceback (most recent call last):\n  File \"run.py\", line 9\ntorch.distributed.elastic.multiprocessing."
+        "api.SignalException: Process 4242 got signal: 15\n")
+    assert diagnosis.findings(tmp_path / "work", "failed", 0, {}) == {}
 
 
 def test_diagnosis_names_the_exception_a_traceback_ended_in(tmp_path: Path) -> None:

@@ -29,7 +29,9 @@ _PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|remote worker
                         re.IGNORECASE)
 # torchrun's own failures (its rendezvous, its arguments), kept beside the worker logs by worker_echo.LauncherStderr
 LAUNCHER_LOG = "torchrun.log"
-_WORKERS_FAILED = "ChildFailedError"  # what torchrun raises for a failed worker: the worker's own logs say more
+# what torchrun raises for a failed worker (the worker's own logs say more), and for a stop it was sent (a traceback
+# an earlier run in the same folder left, when this one's torchrun died without one)
+_NOT_THE_LAUNCHERS = ("ChildFailedError", "SignalException")
 # c10d's TCPStore when its port is taken: torchrun's store (or, with older torch, rank 0's) could not listen
 _STORE_PORT_TAKEN = re.compile(r"socket has failed to listen.*\bport: (\d+).*EADDRINUSE", re.IGNORECASE)
 # A status file's "cause" for a rendezvous port another process took: the local supervisor, which chose the port,
@@ -162,7 +164,7 @@ def explain_launcher(worker_logs: Path) -> str | None:
     (a rendezvous that could not start or be reached, a bad argument), read from its stderr kept in LAUNCHER_LOG.
     A port another process holds says so, which port, and what to do."""
     error = last_exception(_tail(worker_logs / LAUNCHER_LOG))
-    if error is None or _WORKERS_FAILED in error:
+    if error is None or any(word in error for word in _NOT_THE_LAUNCHERS):
         return None
     taken = _STORE_PORT_TAKEN.search(error)
     if taken:
