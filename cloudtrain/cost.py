@@ -16,6 +16,7 @@ prices only: an estimate to act on, never a bill (no storage, egress, logging or
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Iterable
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from cloudtrain.plan import Plan
 
 clock = time.time  # what a running leg is priced until (tests move it instead of waiting an hour)
+BACKSTOP_MARGIN = 30  # seconds, at least, past what max_cost buys before the platform's max_runtime stops the job
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,17 @@ def plan_budget(plan: Plan) -> dict[str, Any] | None:
             "hours": round(budget / hourly, 3), "on_demand_hours": buys(rate.on_demand),
             "spot_hours": buys(rate.spot), "price_source": rate.source,
             "enforced_by": "the watcher: a foreground submit, `cloudtrain wait --recover` or Run.wait(recover=True) "
-                           "stops the job with a final checkpoint when the cost accrued reaches max_cost"}
+                           "stops the job with a final checkpoint when the cost accrued reaches max_cost; without "
+                           "one, the platform's max_runtime (runtime_cap)"}
+
+
+def runtime_cap(budget: dict[str, Any], max_runtime: int) -> int | None:
+    """The max_runtime that makes the platform itself hold ``budget`` (plan_budget's) when nothing watches the job
+    (a detached submit, a closed laptop): the time it buys plus a margin in which a watcher, where one runs, stops
+    the job first (1 %, at least BACKSTOP_MARGIN seconds). None where ``max_runtime`` is already that short."""
+    bought = budget["max_cost"] / budget["hourly"] * 3600
+    cap = math.ceil(bought + max(BACKSTOP_MARGIN, bought / 100))
+    return cap if cap < max_runtime else None
 
 
 # -- what each submitted job costs, remembered here ------------------------------------------------------------

@@ -110,8 +110,10 @@ def budget_text(budget: dict[str, Any]) -> str:
     bought = [f"{label} {hours(budget[key])}" + (" (billed)" if budget["billed_as"] == kind else "")
               for label, key, kind in (("on-demand", "on_demand_hours", "on_demand"), ("spot", "spot_hours", "spot"))
               if budget.get(key) is not None]
+    held = (f"; max_runtime is capped at {format_duration(budget['runtime_cap'])}, so the platform stops it even "
+            "when nothing watches it" if budget.get("runtime_cap") else "")
     return (f"{money(budget['max_cost'])} buys {', '.join(bought)} of this job's nodes; the watcher (a foreground "
-            "submit, wait --recover) stops the job with a final checkpoint there")
+            f"submit, wait --recover) stops the job with a final checkpoint there{held}")
 
 
 def watchdog_text(spec: JobSpec) -> str:

@@ -22,7 +22,7 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
     ``spec_file``: the file the spec came from, shown in the plan. ``package``: one already built for this spec
     (`plan --compare` packages once for every provider); the caller closes it."""
     from cloudtrain.config import with_defaults
-    from cloudtrain.cost import plan_budget
+    from cloudtrain.cost import plan_budget, runtime_cap
     from cloudtrain.node.secret_values import split_args_note
     from cloudtrain.node_commands import checkpoint_notes, script_args
 
@@ -37,6 +37,10 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
     try:
         plan = impl.plan(spec, package)
         plan.budget = plan_budget(plan)  # max_cost: what it buys; refused below one hour of a list price
+        cap = runtime_cap(plan.budget, plan.spec.max_runtime) if plan.budget else None
+        if cap is not None:  # the platform holds the budget too, when nothing watches the job: its max_runtime
+            plan = impl.plan(spec.model_copy(update={"max_runtime": cap}), package)
+            plan.budget = {**(plan_budget(plan) or {}), "runtime_cap": cap}
         plan.notes += package.notes() + checkpoint_notes(plan.spec)
         if note := split_args_note(script_args(spec), spec.env):
             plan.notes.append(note)

@@ -158,3 +158,35 @@ def test_sdk_run_accepts_max_cost_as_a_spec_field(project: Path) -> None:
     with pytest.raises(Exception, match="max_cost"):
         Job(script="train_ddp.py", source_dir=str(project), max_cost=-1)
     assert Job(script="train_ddp.py", source_dir=str(project), max_cost="$1,000").spec.max_cost == 1000
+
+
+def test_the_plan_caps_max_runtime_at_what_the_budget_buys(cli, project: Path) -> None:
+    """A detached job nothing watches ran past max_cost until its 24h max_runtime: the plan caps max_runtime at what
+    the budget buys (plus a margin in which a watcher stops the job first), and the platform's own request holds it
+    (Vertex's scheduling.timeout here). A shorter max_runtime is left as it is."""
+    flags = ["-p", "gcp", "--gpus", "A100:8", "--nodes", "2", "--spot", "--max-cost", "$100"]
+    planned = json.loads(cli("plan", str(project / "train_ddp.py"), *flags, "-o", "json").stdout)
+    bought = 100 / 23.09 * 3600  # spot, billed: 4h19m52s
+    cap = planned["budget"]["runtime_cap"]
+    assert bought + cost.BACKSTOP_MARGIN < cap < bought * 1.01 + 5  # 1 % past it, at least BACKSTOP_MARGIN s
+    assert planned["spec"]["max_runtime"] == cap
+    assert planned["request"]["customJob"]["jobSpec"]["scheduling"]["timeout"] == f"{cap}s"
+    text = cli("plan", str(project / "train_ddp.py"), *flags).stdout
+    assert "max_runtime is capped at 4h22m29s, so the platform stops it even when nothing watches it" in text, text
+    short = json.loads(cli("plan", str(project / "train_ddp.py"), *flags, "--max-runtime", "2h", "-o", "json").stdout)
+    assert short["spec"]["max_runtime"] == 7200 and "runtime_cap" not in short["budget"]
+
+
+@pytest.mark.slow
+def test_a_detached_job_nothing_watches_stops_at_its_budget(cli, project: Path, tmp_path: Path) -> None:
+    """$1 at a rehearsal price of $360 per node-hour buys 10 s; nothing watches the job (a plain `wait`), yet it
+    stops at its capped max_runtime, with a final checkpoint, and says the budget is why."""
+    handle = cli("submit", str(project / "train_ddp.py"), "--procs-per-node", "2", "--checkpoint-uri",
+                 (tmp_path / "ckpt").as_uri(), "--set", "providers.local.price_per_node_hour=360", "--max-cost",
+                 "1", "--detach", *SLOW_TRAIN).stdout.strip()
+    waited = cli("wait", handle, "-o", "json", timeout=300)
+    final = json.loads(waited.stdout)
+    assert waited.returncode == 1 and final["state"] == "failed", waited.stdout[-3000:]
+    assert final["message"].startswith("budget USD 1.00 spent: max_runtime 40s exceeded: stopped after"), final
+    logs = cli("logs", handle).stdout
+    assert "stop requested: final checkpoint at step" in logs, logs[-3000:]

@@ -172,7 +172,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-restarts", type=int, help="resubmissions after preemption")
     p.add_argument("--max-cost", metavar="USD", help="budget at list prices across all restarts: the watcher (this "
                                                      "submit in the foreground, wait --recover) stops the job with a "
-                                                     "final checkpoint when the cost accrued reaches it")
+                                                     "final checkpoint when the cost accrued reaches it; without "
+                                                     "one, max_runtime capped at what it buys does")
     p.add_argument("--max-recovery", help="the most time recovery may spend in all, e.g. 6h (default: 24h)")
     p.add_argument("--max-runtime", help="e.g. 3600, 90m, 2h (each platform's own limit is checked by plan)")
     p.add_argument("--max-idle", help="hang watchdog: stop the job when it prints nothing, writes no checkpoint and "

@@ -129,6 +129,10 @@ class Supervisor:
             state, message = outcome.final_state(
                 nodes, cancelled=bool(fresh and fresh.cancel_requested), stop=self.stop, attempt=attempt,
                 max_runtime=max_runtime, ran_for=time.monotonic() - started)
+            budget = record.plan.get("budget") or {}
+            if self.stop == outcome.MAX_RUNTIME and budget.get("runtime_cap") == max_runtime:
+                message = (f"budget USD {budget['max_cost']:.2f} spent: {message} (the max_runtime max_cost buys, "
+                           "which holds when no watcher stops the job first)")
             if state == "preempted" and attempt < max_restarts:  # managed-spot emulation: the same job again,
                 attempt += 1  # resuming from its checkpoints
                 why = f"restart {attempt} after preemption"
