@@ -36,11 +36,12 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
     assert package is not None
     try:
         plan = impl.plan(spec, package)
-        plan.budget = plan_budget(plan)  # max_cost: what it buys; refused below one hour of a list price
-        cap = runtime_cap(plan.budget, plan.spec.max_runtime) if plan.budget else None
-        if cap is not None:  # the platform holds the budget too, when nothing watches the job: its max_runtime
+        plan.budget = budget = plan_budget(plan)  # max_cost: what it buys; refused below one hour of a list price
+        # the platform holds the budget too, when nothing watches the job: its max_runtime, capped (the same
+        # machines at the same rate: what the budget buys does not change)
+        if budget and (cap := runtime_cap(budget, plan.spec.max_runtime)) is not None:
             plan = impl.plan(spec.model_copy(update={"max_runtime": cap}), package)
-            plan.budget = {**(plan_budget(plan) or {}), "runtime_cap": cap}
+            plan.budget = {**budget, "runtime_cap": cap}
         plan.notes += package.notes() + checkpoint_notes(plan.spec)
         if note := split_args_note(script_args(spec), spec.env):
             plan.notes.append(note)

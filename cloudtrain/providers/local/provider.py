@@ -33,7 +33,7 @@ from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider
 from cloudtrain.providers.local import PROVIDER, outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.providers.local.log_clock import merged, node_log
-from cloudtrain.providers.local.rendezvous import contract_env, free_port
+from cloudtrain.providers.local.rendezvous import contract_env, free_port, naming
 
 if TYPE_CHECKING:
     from cloudtrain.packaging import Package
@@ -156,7 +156,7 @@ class LocalProvider(Provider):
         node_env = {str(n.rank): {**n.env, **emulated[str(n.rank)]} for n in plan.nodes}
         # The record on disk is the redacted plan; the real environment reaches the supervisor through a pipe.
         recorded = plan.to_dict()
-        recorded["request"]["rendezvous"] = recorded["request"]["rendezvous"].split(", on")[0] + f":{port}"
+        recorded["request"]["rendezvous"] = naming(recorded["request"]["rendezvous"], port)
         record = JobRecord(id=plan.job_id, name=str(plan.spec.name), state="pending", job_dir=str(job_dir),
                            grace_period=float(plan.request["grace_period"]), plan=recorded)
         try:

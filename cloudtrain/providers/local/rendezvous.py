@@ -26,3 +26,11 @@ def contract_env(contract_name: str, nnodes: int, port: int, job_dir: Path, job_
     module = registry.node_contract(contract_name)
     return {str(rank): module.emulate(nnodes, rank, port, job_dir / f"node-{rank}", job_id)[0]
             for rank in range(nnodes)}
+
+
+def naming(rendezvous: str, port: int) -> str:
+    """A plan's rendezvous line (``c10d at 127.0.0.1, on a free port chosen at submit``) or a record's (``c10d at
+    127.0.0.1:41234``) naming ``port`` instead."""
+    where = rendezvous.split(", on")[0]
+    host, colon, _ = where.rpartition(":")
+    return f"{host if colon else where}:{port}"

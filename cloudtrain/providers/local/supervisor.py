@@ -29,7 +29,7 @@ from cloudtrain.procs import TAG_VAR, kill_tagged, signal_group, start_ticks
 from cloudtrain.providers.local import outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.providers.local.log_clock import LogClock, node_log
-from cloudtrain.providers.local.rendezvous import PORT_RETRIES, contract_env, free_port
+from cloudtrain.providers.local.rendezvous import PORT_RETRIES, contract_env, free_port, naming
 from cloudtrain.providers.local.steady_db import RESERVE_NAME, SteadyDB
 
 POLL_SECONDS = 0.2
@@ -154,10 +154,10 @@ class Supervisor:
         for rank, env in fresh.items():
             self.node_env[rank] = {**self.node_env.get(rank, {}), **env}
         request = record.plan.setdefault("request", {})
-        taken = str(request.get("rendezvous", "")).rpartition(":")
-        request["rendezvous"] = f"{taken[0]}:{port}" if taken[1] else f"127.0.0.1:{port}"
+        taken = str(request.get("rendezvous", "")).rpartition(":")[2]
+        request["rendezvous"] = naming(str(request.get("rendezvous", "at 127.0.0.1")), port)
         self.db.update(self.job_id, plan=record.plan, only_if_state=_ACTIVE)
-        return (f"the rendezvous port {taken[2] or '?'} was taken by another process before torchrun bound it: "
+        return (f"the rendezvous port {taken or '?'} was taken by another process before torchrun bound it: "
                 f"starting the nodes again on port {port}")
 
     def watch(self, nodes: list[dict[str, Any]], grace: float) -> None:
