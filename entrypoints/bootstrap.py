@@ -438,8 +438,8 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
                 (src / "outputs").symlink_to(outputs.resolve())  # a script's own ./outputs is that folder
         env.update(launcher_env(contract, cluster, env))
         steps = node_steps()
-        steps.fresh_checkpoint_folder(env, workdir)
-        failed = steps.restore_checkpoint(env, src)
+        earlier = steps.fresh_checkpoint_folder(env, workdir)
+        failed = steps.restore_checkpoint(env, src, earlier)
         if failed:
             raise BootstrapError(failed)
         if env.get(RESTORED_STEP, "none") != "none":

@@ -123,6 +123,8 @@ def test_preempted_then_hard_killed_resumes_bitwise(baselines: Callable[[str], d
     # node's log and the job's record are read directly: a CLI call per look took seconds under load
     wait_for(lambda: any(int(n) >= 16 for n in re.findall(r"checkpoint step (\d+) published", after_restart())),
              timeout=180, interval=0.05)
+    # the restart in place took its checkpoint from what the node had set aside, checked against the store's manifest
+    assert "verified from this node's own copy" in after_restart(), after_restart()[-3000:]
     record = LocalProvider(ct.home).db.get(handle.split("://", 1)[1])
     assert record is not None
     for node in record.nodes:  # no warning, no final save: the machine is simply gone

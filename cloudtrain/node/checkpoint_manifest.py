@@ -8,6 +8,7 @@ that climbs out of its folder. Such things are skipped or called corrupt, never 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 MANIFEST = "manifest.json"
@@ -17,6 +18,16 @@ LAYOUT_DIR = "dir"
 QUARANTINE_PREFIX = "quarantine-"  # step-N/quarantine-<manifest sha256>.json: a restore found that manifest corrupt
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint found in a store: its step, its folder's URI and its manifest."""
+
+    step: int
+    uri: str  # the step folder
+    manifest: dict[str, Any]
+    digest: str = ""  # sha256 of the manifest as stored: what a quarantine marker names
 
 
 class CorruptCheckpoint(ValueError):

@@ -13,25 +13,24 @@ receives only checkpoints that verified.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
 import os
-import shutil
 import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain import contract, storage
 from cloudtrain.errors import CloudtrainError
+from cloudtrain.node.checkpoint_download import Restored, download
 from cloudtrain.node.checkpoint_manifest import (
     MANIFEST,
     QUARANTINE_PREFIX,
+    Checkpoint,
     CorruptCheckpoint,
     checked_files,
     is_dir_layout,
@@ -43,9 +42,26 @@ from cloudtrain.node.checkpoint_manifest import (
 from cloudtrain.node.paths import is_within
 from cloudtrain.storage import transfer
 
-__all__ = ["MANIFEST", "RUNTIME_MARKER", "UNPUBLISHED_MARKER", "Checkpoint", "CheckpointNotPublished",
-           "CorruptCheckpoint", "apply_retention", "describe_and_upload", "describe_files", "download",
-           "list_complete", "publish", "restore_latest", "sha256_file", "step_dir", "sync_dir", "upload_files"]
+__all__ = [
+    "MANIFEST",
+    "RUNTIME_MARKER",
+    "UNPUBLISHED_MARKER",
+    "Checkpoint",
+    "CheckpointNotPublished",
+    "CorruptCheckpoint",
+    "Restored",
+    "apply_retention",
+    "describe_and_upload",
+    "describe_files",
+    "download",
+    "list_complete",
+    "publish",
+    "restore_latest",
+    "sha256_file",
+    "step_dir",
+    "sync_dir",
+    "upload_files",
+]
 
 # Dropped into CLOUDTRAIN_CHECKPOINT_DIR by the runtime Checkpointer, which publishes its own folders: the plain-script
 # sync then leaves that directory alone (a folder being written or pruned by the Checkpointer is never half-published).
@@ -69,14 +85,6 @@ log_line = _print  # the default log of everything that publishes or restores ch
 
 def sha256_file(path: Path) -> str:
     return transfer.sha256_of(path)
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    step: int
-    uri: str  # the step folder
-    manifest: dict[str, Any]
-    digest: str = ""  # sha256 of the manifest as stored: what a quarantine marker names
 
 
 class CheckpointNotPublished(CloudtrainError):
@@ -159,12 +167,14 @@ def describe_files(root: Path, rel_paths: list[str]) -> list[dict[str, Any]]:
     return [{"path": rel, "size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)} for rel in rel_paths]
 
 
-def _upload_each(root: Path, rel_paths: list[str], folder_uri: str, log: Log,
-                 hash_files: bool) -> tuple[int, list[str]]:
+def _upload_each(root: Path, rel_paths: list[str], folder_uri: str, log: Log, hash_files: bool,
+                 immutable: bool = False) -> tuple[int, list[str]]:
     store = storage.store_for(folder_uri)
+    # files nobody rewrites in place (the Checkpointer's own) may be linked into a file:// store, not copied
+    put = getattr(store, "link_file", store.put_file) if immutable else store.put_file
 
     def upload(source: Path, target: str) -> int:
-        return storage.with_retries(functools.partial(store.put_file, source, target), f"upload of {target}", log=log)
+        return storage.with_retries(functools.partial(put, source, target), f"upload of {target}", log=log)
 
     items = [(root / rel, storage.join(folder_uri, rel)) for rel in rel_paths]
     return transfer.upload_many(items, upload, hash_files=hash_files)
@@ -175,11 +185,13 @@ def upload_files(root: Path, files: list[dict[str, Any]], folder_uri: str, log: 
     return _upload_each(root, [entry["path"] for entry in files], folder_uri, log, hash_files=False)[0]
 
 
-def describe_and_upload(root: Path, rel_paths: list[str], folder_uri: str, log: Log = _print) -> list[dict[str, Any]]:
+def describe_and_upload(root: Path, rel_paths: list[str], folder_uri: str, log: Log = _print,
+                        immutable: bool = False) -> list[dict[str, Any]]:
     """``describe_files`` and ``upload_files`` at once: each file is hashed while the uploads run (from the page
-    cache: it was just written), not in a pass of its own before them."""
+    cache: it was just written), not in a pass of its own before them. ``immutable``: the files are never rewritten
+    in place (a new file replaces one), so a file:// store on the same file system may hard-link them."""
     sizes = [(root / rel).stat().st_size for rel in rel_paths]
-    _, digests = _upload_each(root, rel_paths, folder_uri, log, hash_files=True)
+    _, digests = _upload_each(root, rel_paths, folder_uri, log, hash_files=True, immutable=immutable)
     return [{"path": rel, "size": size, "sha256": digest} for rel, size, digest in zip(rel_paths, sizes, digests)]
 
 
@@ -251,81 +263,6 @@ def apply_retention(uri: str, keep: int, log: Log = _print) -> list[int]:
     return removed
 
 
-def _staging_folder(target: Path) -> Path:
-    """Where ``target`` (``<root>/step-N``) is downloaded before it verifies: beside ``<root>``, never in it, so a
-    script reading ``<root>`` sees only verified checkpoints. Inside ``<root>`` under a hidden name only where
-    its parent is unwritable or another filesystem (the final move must be a rename)."""
-    root = target.parent
-    root.mkdir(parents=True, exist_ok=True)
-    beside = root.parent / f".{root.name}.incoming"
-    try:
-        beside.mkdir(exist_ok=True)
-        if beside.stat().st_dev == root.stat().st_dev:
-            return beside / target.name
-        beside.rmdir()
-    except OSError:
-        pass
-    return root / ".cloudtrain-incoming" / target.name
-
-
-def _matches(entry: dict[str, Any], got: transfer.Fetched) -> bool:
-    return got.stored_size == entry["size"] and got.size == entry["size"] and got.sha256 == entry["sha256"]
-
-
-def download(checkpoint: Checkpoint, target: Path, log: Log = _print) -> None:
-    """Download and verify every file, then move the folder to ``target`` whole. Raises CorruptCheckpoint when the
-    manifest is unusable or a file does not match it, CloudtrainError when the store cannot be read; either way
-    nothing is left behind and nothing is written outside ``target``. All files are fetched at once and hashed as
-    they arrive (cloudtrain.storage.transfer)."""
-    files = checked_files(checkpoint.manifest, checkpoint.step)
-    store = storage.store_for(checkpoint.uri)
-    # a snapshot's target is the script's checkpoint folder itself: staged beside it, as a step folder is beside its
-    staged = _staging_folder(target / ".snapshot" if is_dir_layout(checkpoint.manifest) else target)
-    shutil.rmtree(staged, ignore_errors=True)  # a killed restore's leftovers
-    try:
-        staged.mkdir()
-        inside = staged.resolve()
-        items = []
-        for entry in files:
-            local = staged / entry["path"]
-            if not is_within(local.resolve(), inside):  # paths were checked; this is the last word
-                raise CorruptCheckpoint(f"{entry['path']!r} escapes the checkpoint folder")
-            local.parent.mkdir(parents=True, exist_ok=True)
-            items.append((storage.join(checkpoint.uri, entry["path"]), local, int(entry["size"])))
-        fetched = transfer.download_many(store, items, log=log)
-        wrong = [i for i, got in enumerate(fetched) if not _matches(files[i], got)]
-        if wrong:
-            # a mismatch is confirmed by a second download: a reply cut short that the client did not notice must
-            # not condemn (and quarantine) a good checkpoint
-            again = transfer.download_many(store, [items[i] for i in wrong], log=log)
-            still = [files[i]["path"] for i, got in zip(wrong, again) if not _matches(files[i], got)]
-            if still:
-                raise CorruptCheckpoint(f"{still[0]} does not match its manifest (size or sha256)")
-        if is_dir_layout(checkpoint.manifest):  # the script's own names, in its folder, and nothing beside them
-            place(staged, target)
-        else:
-            (staged / MANIFEST).write_text(json.dumps(checkpoint.manifest, indent=1))
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(staged, target)
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            staged.parent.rmdir()  # only once empty: another restore may be using it
-
-
-def place(staged: Path, root: Path) -> None:
-    """Move a verified snapshot's entries from ``staged`` into the checkpoint folder ``root``, each replacing what
-    had its name there (a fresh node's folder is empty)."""
-    root.mkdir(parents=True, exist_ok=True)
-    for entry in sorted(os.listdir(staged)):
-        target = root / entry
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        elif target.exists() or target.is_symlink():
-            target.unlink()
-        os.replace(staged / entry, target)
-
-
 def _restored_already(target: Path, checkpoint: Checkpoint) -> bool:
     try:
         return bool(json.loads((target / MANIFEST).read_text()) == checkpoint.manifest)
@@ -345,9 +282,12 @@ def check_lineage(uri: str, candidates: list[Checkpoint]) -> None:
                                      f"env {LINEAGE_ENV} to its lineage")
 
 
-def restore_latest(uri: str, local_root: Path, log: Log = _print) -> Checkpoint | None:
+def restore_latest(uri: str, local_root: Path, log: Log = _print,
+                   earlier: list[Path] | None = None) -> Checkpoint | None:
     """Bring the newest checkpoint that verifies to ``local_root/step-<N>``; fall back to older ones, saying so.
-    A checkpoint that does not verify is marked in the store (``quarantine``)."""
+    A checkpoint that does not verify is marked in the store (``quarantine``). Files this node already holds of it
+    (in ``local_root`` or the ``earlier`` folders: what an earlier run on this machine left) are verified against
+    the manifest and used instead of downloads."""
     candidates = list_complete(uri, log=log)
     check_lineage(uri, candidates)
     for checkpoint in reversed(candidates):
@@ -356,7 +296,7 @@ def restore_latest(uri: str, local_root: Path, log: Log = _print) -> Checkpoint 
         if not snapshot and _restored_already(target, checkpoint):
             return checkpoint  # already here (the bootstrap restored it before the job started)
         try:
-            download(checkpoint, target, log=log)
+            moved = download(checkpoint, target, log=log, earlier=earlier)
         except CorruptCheckpoint as exc:
             log(f"checkpoint {checkpoint.uri} is corrupt ({exc}); falling back to the previous one")
             quarantine(checkpoint, str(exc), log=log)
@@ -364,7 +304,7 @@ def restore_latest(uri: str, local_root: Path, log: Log = _print) -> Checkpoint 
         except (OSError, CloudtrainError) as exc:
             log(f"checkpoint {checkpoint.uri} could not be downloaded ({exc}); falling back to the previous one")
             continue
-        log(f"restored {checkpoint.uri} to {target}")
+        log(f"restored {checkpoint.uri} to {target} ({moved.summary()})")
         return checkpoint
     if candidates:
         log(f"no checkpoint under {uri} verified; starting from scratch")
@@ -435,7 +375,7 @@ def _report(result: dict[str, Any], code: int) -> int:
     return code
 
 
-def restore_report(uri: str, local: Path) -> dict[str, Any]:
+def restore_report(uri: str, local: Path, earlier: list[Path] | None = None) -> dict[str, Any]:
     """The node's restore, before its workers start (the bootstrap, through cloudtrain.node.steps, or
     ``python -m cloudtrain.node.checkpoint_store restore``): ``{"step": N or None, "error": why or None}``."""
     if _overlaps(uri, local):
@@ -443,7 +383,7 @@ def restore_report(uri: str, local: Path) -> dict[str, Any]:
                "one holds the other): the store then holds the script's own folders too; give the checkpoint "
                "URI a folder of its own")
     try:
-        found = restore_latest(uri, local)
+        found = restore_latest(uri, local, earlier=earlier)
     except CloudtrainError as exc:  # unreadable store, or another job's checkpoints: the node stops, saying why
         return {"step": None, "error": f"{exc.message}; {exc.remedy}" if exc.remedy else exc.message}
     entries = found.manifest.get("entries") if found and is_dir_layout(found.manifest) else None

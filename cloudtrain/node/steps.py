@@ -41,19 +41,21 @@ def _local(env: dict[str, str], cwd: Path) -> Path:
     return cwd / env[contract.CHECKPOINT_DIR]  # a relative folder is relative to the job's source folder
 
 
-def fresh_checkpoint_folder(env: dict[str, str], workdir: Path) -> None:
+def fresh_checkpoint_folder(env: dict[str, str], workdir: Path) -> Path | None:
     """A node starts with an empty checkpoint folder, as a new cloud VM does, so what it resumes from is what the
     store holds, never what an earlier run left on this machine (a local or Slurm restart reuses the node's folder).
-    What was there is moved to ``<workdir>/previous-run/`` (the one before that is dropped), and the log says so."""
+    What was there is moved to ``<workdir>/previous-run/`` (the one before that is dropped), and the log says so.
+    Returns that folder: the restore takes from it the files that match the store's manifest, instead of
+    downloading them again."""
     folder = Path(env[contract.CHECKPOINT_DIR])
+    kept = workdir / "previous-run" / "checkpoints"
     try:
         if not folder.is_dir() or not any(folder.iterdir()):
-            return
+            return kept if kept.is_dir() else None
         if workdir.resolve() not in folder.resolve().parents:  # a folder of the user's own: never moved
             log(f"note: the checkpoint folder {folder} already holds files (a new cloud machine's would be empty); "
                 "the restore puts the store's newest beside them")
-            return
-        kept = workdir / "previous-run" / "checkpoints"
+            return None
         if kept.exists():
             shutil.rmtree(kept)
         kept.parent.mkdir(parents=True, exist_ok=True)
@@ -61,9 +63,10 @@ def fresh_checkpoint_folder(env: dict[str, str], workdir: Path) -> None:
     except OSError as exc:  # another file system, no permission: the restore still puts the store's newest there
         log(f"warning: the checkpoint folder {folder} holds files of an earlier run and could not be set aside "
             f"({exc}); the restore writes over them")
-        return
+        return None
     log(f"checkpoint: what an earlier run left in {folder} is set aside in {kept}: this run starts from what the "
-        "store holds, as a new machine would")
+        "store holds, as a new machine would (files there that match the store's are used, not downloaded)")
+    return kept
 
 
 def working_files(src: Path) -> set[str]:
@@ -92,10 +95,11 @@ def stray_files(before: set[str], env: dict[str, str], src: Path) -> list[str]:
     return [line]
 
 
-def restore_checkpoint(env: dict[str, str], cwd: Path) -> str | None:
+def restore_checkpoint(env: dict[str, str], cwd: Path, earlier: Path | None = None) -> str | None:
     """Bring the newest complete checkpoint into CLOUDTRAIN_CHECKPOINT_DIR before any worker starts, and tell the
-    workers which step that is (``env[CLOUDTRAIN_RESTORED_STEP]``). Returns why it could not (which stops the node),
-    or None."""
+    workers which step that is (``env[CLOUDTRAIN_RESTORED_STEP]``). Files of it that an earlier run left on this
+    machine (``earlier``: fresh_checkpoint_folder's) are verified against the manifest and used, not downloaded.
+    Returns why it could not (which stops the node), or None."""
     uri = env.get(contract.CHECKPOINT_URI)
     if not uri:
         return None
@@ -104,7 +108,7 @@ def restore_checkpoint(env: dict[str, str], cwd: Path) -> str | None:
     try:
         from cloudtrain.node import checkpoint_store
 
-        report = checkpoint_store.restore_report(uri, _local(env, cwd))
+        report = checkpoint_store.restore_report(uri, _local(env, cwd), [earlier] if earlier else None)
     except Exception as exc:  # a storage client that is missing or breaks: the node stops, saying why
         return f"restoring checkpoints from {uri} failed: {exc!r}"
     if report["error"]:

@@ -1,11 +1,13 @@
 """Sharded, asynchronous, preemption-aware checkpoints with torch.distributed.checkpoint.
 
-Training is blocked only while DCP stages the state out of the training tensors; writing, hashing, uploading and
-publishing run in a background thread, on a process group of their own (``dcp.async_save`` on the default gloo
-group while training continues hangs or crashes gloo). At most one save is in flight. On SIGTERM every rank agrees
-(an all_reduce on a third group) at the next ``step()``, takes a final checkpoint, drains the upload and raises
-``Preempted``. Where the node writes its checkpoint request file (a spot notice: cloudtrain/node/spot_notice.py), the
-same all_reduce makes every rank save at that step, and training goes on until the SIGTERM.
+Training is blocked only while the state is copied into host buffers allocated once and reused (pinned, on a
+side CUDA stream, on a GPU: cloudtrain/runtime/stager.py); writing (DCP, several files per rank), hashing, uploading
+and publishing run in a background thread, on a process group of their own (DCP on the default gloo group while
+training continues hangs or crashes gloo). At most one save is in flight, so the buffers are free at the next.
+On SIGTERM every rank agrees (an all_reduce on a third group) at the next ``step()``, takes a final checkpoint,
+drains the upload and raises ``Preempted``. Where the node writes its checkpoint request file (a spot notice:
+cloudtrain/node/spot_notice.py), the same all_reduce makes every rank save at that step, and training goes on until
+the SIGTERM.
 
 A save that cannot be written or published (the store refuses it, or stays unreachable through every retry) is
 known to every rank: each raises ``CheckpointNotPublished`` at its next ``wait()`` (the next save, a stop, or
@@ -16,6 +18,7 @@ the last step too, so a run that ends between two checkpoints leaves one to resu
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -23,7 +26,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -41,6 +44,8 @@ from cloudtrain.node import checkpoint_store
 from cloudtrain.runtime.data import ResumableSampler
 from cloudtrain.runtime.logs import get_logger
 from cloudtrain.runtime.rng import rng_state, set_rng_state
+from cloudtrain.runtime.stager import HostStager, StagingUnavailable
+from cloudtrain.storage.transfer import threads as transfer_threads
 
 EXIT_PREEMPTED = contract.EXIT_PREEMPTED
 _UNKNOWN = object()  # the node restored nothing for this Checkpointer: it restores itself
@@ -62,6 +67,44 @@ class Preempted(SystemExit):
 
 def _reason(exc: BaseException) -> str:
     return exc.message if isinstance(exc, CloudtrainError) else str(exc)  # without the remedy: one is added later
+
+
+def write_threads() -> int:
+    """Files each rank writes per checkpoint (DCP's FileSystemWriter ``thread_count``): written, hashed, uploaded
+    and restored in parallel. The node's CPUs shared by its ranks, at most the transfer threads."""
+    per_rank = (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(1, min(transfer_threads(), per_rank))
+
+
+_crc_lock = threading.Lock()
+_crc_off = 0  # saves writing now with torch.save's zip CRC turned off
+_crc_before = True  # the setting they found, put back by the last one
+
+
+@contextlib.contextmanager
+def _without_zip_crc() -> Any:
+    """torch.save (which DCP runs for each tensor) computes a zip CRC32 of every byte: 1.5 s per GB here, three
+    times the write itself. Each file's sha256 in the manifest already guards every byte, so checkpoint writes
+    turn it off (torch >= 2.6; ``torch.load`` reads such files). The switch is process-wide: a torch.save another
+    thread runs meanwhile also writes no CRC, which torch.load does not need."""
+    global _crc_off, _crc_before
+    setter = getattr(torch.serialization, "set_crc32_options", None)
+    getter = getattr(torch.serialization, "get_crc32_options", None)
+    if setter is None or getter is None:
+        yield
+        return
+    with _crc_lock:
+        if _crc_off == 0:
+            _crc_before = bool(getter())
+        _crc_off += 1
+        setter(False)
+    try:
+        yield
+    finally:
+        with _crc_lock:
+            _crc_off -= 1
+            if _crc_off == 0:
+                setter(_crc_before)
 
 
 def _env_seconds(name: str) -> float | None:
@@ -121,10 +164,13 @@ class Checkpointer:
         self.blocked_seconds: list[float] = []  # training time lost per save (staging), for benchmarks
         self.last_saved_step: int | None = None
         self._last_step: int | None = None  # the newest step seen by step()/save(): what close() saves
+        self._stager: HostStager | None = None
+        self._staging_off: str | None = None  # why reused host buffers are not used here (said once)
         self._inflight: threading.Thread | None = None
         self._error: CheckpointNotPublished | None = None
         self._stop_requested = False
         self._last_save = time.monotonic()
+        self._restored_at: float | None = None  # when restore() loaded a checkpoint: the next step() says how long
         self._previous_handler: Any = None
         self._request = _CheckpointRequest()  # the node's ask on a spot notice (cloudtrain/node/spot_notice.py)
         if threading.current_thread() is threading.main_thread():
@@ -140,6 +186,10 @@ class Checkpointer:
     def step(self, step: int) -> None:
         """Call after every optimizer step. Saves when due; on a stop request saves, drains and raises Preempted."""
         self._last_step = step
+        if self._restored_at is not None:  # the last phase between a preemption and training again
+            self.log.info(f"training again: step {step}, {time.monotonic() - self._restored_at:.1f}s after the "
+                          "restore")
+            self._restored_at = None
         due_time = self.rank == 0 and self.every_seconds is not None and \
             time.monotonic() - self._last_save >= self.every_seconds
         flags = torch.tensor([int(self._stop_requested), int(due_time), int(self._request.new())])
@@ -164,29 +214,59 @@ class Checkpointer:
 
     def save(self, step: int, block: bool = False) -> None:
         self._last_step = step
-        self.wait()  # at most one save in flight
+        self.wait()  # at most one save in flight: the host buffers and the folder are ours again
         if step == self.last_saved_step:
             return
         folder = self.local_dir / checkpoint_store.step_dir(step)
+        self._clear_own(folder)
         extra = folder / "extra" / f"rank-{self.rank}.pt"
         extra.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         torch.save(self._extra_state(step), extra)
-        writer = dcp.FileSystemWriter(str(folder))
-        if self.async_save:
-            future: Any = dcp.async_save(state, storage_writer=writer, process_group=self.save_group)
+        writer = dcp.FileSystemWriter(str(folder), thread_count=write_threads(), sync_files=False)
+        write: Any
+        staged = self._stage(state) if self.async_save else None
+        if staged is not None:  # the copy is whole: DCP writes it from the host buffers while training goes on
+            write = functools.partial(dcp.save, staged, storage_writer=writer, process_group=self.save_group)
+        elif self.async_save:  # torch's own per-save copy (no staging helpers, or the host cannot hold buffers)
+            write = cast(Any, dcp.async_save(state, storage_writer=writer, process_group=self.save_group)).result
         else:
-            dcp.save(state, storage_writer=writer, process_group=self.save_group)
-            future = None
+            with _without_zip_crc():
+                dcp.save(state, storage_writer=writer, process_group=self.save_group)
+            write = None
         self.blocked_seconds.append(time.perf_counter() - started)
         self._last_save = time.monotonic()
-        self._inflight = threading.Thread(target=self._finish, args=(future, step, folder), daemon=True,
+        self._inflight = threading.Thread(target=self._finish, args=(write, step, folder), daemon=True,
                                           name=f"cloudtrain-checkpoint-{step}")
         self._inflight.start()
         if block:
             self.wait()
+
+    def _stage(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        """The state copied into the reused host buffers, or None where they cannot be used (said once)."""
+        if self._staging_off is not None:
+            return None
+        try:
+            if self._stager is None:
+                device = next((t.device for t in _tensors(state) if t.device.type == "cuda"), torch.device("cpu"))
+                self._stager = HostStager(device, log=self.log.warning)
+            return self._stager.stage(state)
+        except StagingUnavailable as exc:
+            self._staging_off = str(exc)
+            self._stager = None
+            self.log.warning(f"checkpoint staging: {exc}; each save copies the state out with torch's own "
+                             "dcp.async_save instead (training is blocked longer)")
+            return None
+
+    def _clear_own(self, folder: Path) -> None:
+        """Remove this rank's files of an earlier attempt at this step before writing them again: a file is never
+        rewritten in place, since a file:// store may hold the same file (a hard link: storage.local)."""
+        if not folder.is_dir():
+            return
+        for rel in self._my_files(folder):
+            (folder / rel).unlink(missing_ok=True)
 
     def _my_files(self, folder: Path) -> list[str]:
         mine = [p.name for p in folder.glob(f"__{self.rank}_*.distcp")]
@@ -194,17 +274,19 @@ class Checkpointer:
             mine.append(".metadata")
         return [*sorted(mine), f"extra/rank-{self.rank}.pt"]
 
-    def _finish(self, future: Any, step: int, folder: Path) -> None:
+    def _finish(self, write: Any, step: int, folder: Path) -> None:
         """Write, hash and upload this rank's files; then every rank learns whether the step was published."""
         described: list[dict[str, Any]] = []
         error = None
         try:
-            if future is not None:
-                future.result()
+            if write is not None:
+                with _without_zip_crc():
+                    write()
             if self.uri:  # each file hashed while the uploads run, not in a pass of its own before them
                 remote = storage.join(self.uri, checkpoint_store.step_dir(step))
+                # written once, never in place (_clear_own): a file:// store may link them instead of copying
                 described = checkpoint_store.describe_and_upload(folder, self._my_files(folder), remote,
-                                                            log=self.log.warning)
+                                                            log=self.log.warning, immutable=True)
         except BaseException as exc:  # the others must still meet us in the collectives below
             error = f"rank {self.rank}: {_reason(exc)}"
         gathered: list[Any] = [None] * self.world_size
@@ -282,6 +364,9 @@ class Checkpointer:
             if self._previous_handler is not None:
                 signal.signal(signal.SIGTERM, self._previous_handler)
                 self._previous_handler = None
+            if self._stager is not None:  # the host buffers: one copy of the rank's state
+                self._stager.close()
+                self._stager = None
 
     # -- restoring -------------------------------------------------------------------------------------
     def restore(self) -> int:
@@ -317,6 +402,7 @@ class Checkpointer:
         if self.scheduler is not None and extra["scheduler"] is not None:
             self.scheduler.load_state_dict(extra["scheduler"])
         self.last_saved_step = step
+        self._restored_at = time.monotonic()
         self.log.info(f"resumed from step {step} ({folder})")
         return int(step)
 
@@ -345,6 +431,17 @@ class Checkpointer:
                 except ValueError:
                     continue
         return max(steps) if steps else None
+
+
+def _tensors(state: Any) -> Any:
+    if isinstance(state, dict):
+        for value in state.values():
+            yield from _tensors(value)
+    elif isinstance(state, (list, tuple)):
+        for value in state:
+            yield from _tensors(value)
+    elif isinstance(state, torch.Tensor):
+        yield state
 
 
 def save_final_model(model: torch.nn.Module, uri: str | None = None, name: str = "model.pt") -> str | None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import builtins
+import errno
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +16,9 @@ from urllib.parse import unquote, urlparse
 
 from cloudtrain.errors import UserError
 from cloudtrain.storage.transfer import chunked
+
+# copy_file_range/sendfile refused for these files (old kernel, another file system, a special file): copy in Python
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
 
 try:
     import fcntl
@@ -52,6 +57,32 @@ def atomic_write(target: Path, writer: Callable[[BinaryIO], object]) -> None:
         raise
 
 
+def kernel_copy(src: BinaryIO, out: BinaryIO) -> None:
+    """Copy ``src`` to ``out`` inside the kernel (copy_file_range: a reflink where the file system shares extents;
+    else sendfile), falling back to read/write where neither applies."""
+    out.flush()
+    size, done = os.fstat(src.fileno()).st_size, 0
+    for call in (getattr(os, "copy_file_range", None), getattr(os, "sendfile", None)):
+        if call is None:
+            continue
+        try:
+            while done < size:
+                if call is os.sendfile:  # (out, in, offset, count): the output's own position moves
+                    moved = os.sendfile(out.fileno(), src.fileno(), done, min(size - done, 1 << 30))
+                else:  # (in, out, count, in offset, out offset)
+                    moved = call(src.fileno(), out.fileno(), min(size - done, 1 << 30), done, done)  # type: ignore[call-arg]
+                if moved == 0:
+                    break
+                done += moved
+            return
+        except OSError as exc:
+            if done or exc.errno not in _NO_KERNEL_COPY:
+                raise
+    src.seek(done)
+    out.seek(done)
+    shutil.copyfileobj(src, out, 8 * 1024 * 1024)
+
+
 def sweep_abandoned_parts(root: Path, min_age: float = 2.0) -> int:
     """Remove the ``.part`` files under ``root`` that no writer holds (their writer was killed: a CLI SIGKILLed while
     staging). ``min_age`` seconds spare one that was created a moment ago and is about to be locked. Returns how
@@ -71,6 +102,10 @@ def sweep_abandoned_parts(root: Path, min_age: float = 2.0) -> int:
 
 
 class LocalStore:
+    def path_of(self, uri: str) -> Path:
+        """The file behind an object: a restore reads it straight from disk (storage.transfer.copy_many)."""
+        return local_path(uri)
+
     def exists(self, uri: str) -> bool:
         return local_path(uri).exists()
 
@@ -84,13 +119,37 @@ class LocalStore:
         def copy(out: BinaryIO) -> None:
             with open(source, "rb") as src:
                 if progress is None:
-                    shutil.copyfileobj(src, out, 1024 * 1024)
+                    kernel_copy(src, out)
                     return
                 while chunk := src.read(1024 * 1024):
                     out.write(chunk)
                     progress(len(chunk))
 
         atomic_write(local_path(uri), copy)
+        return source.stat().st_size
+
+    def link_file(self, source: Path, uri: str) -> int:
+        """``put_file`` for a file that is never rewritten in place (a new file replaces it, as the Checkpointer's
+        are): a hard link where the store is on the same file system, so publishing costs no copy; else a copy.
+        The file is fsync'd either way: the store is the copy that must survive the node."""
+        target = local_path(uri)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.parent / f".{target.name}.{os.getpid()}-{threading.get_ident()}.part"
+        try:
+            temp.unlink(missing_ok=True)
+            os.link(source, temp)
+        except OSError:  # another file system, or one without hard links: copy
+            return self.put_file(source, uri)
+        try:
+            fd = os.open(temp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, target)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
         return source.stat().st_size
 
     def get_file(self, uri: str, target: Path) -> None:

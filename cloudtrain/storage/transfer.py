@@ -14,7 +14,7 @@ meanwhile (or arrived ahead of the prefix) from the page cache once the prefix r
 for sha256, and each byte is hashed once.
 
 Uploads (``upload_many``): a pool of threads uploads the files largest first (each store's client splits a large
-file into concurrent parts itself) while other threads hash them from the page cache.
+file into concurrent parts itself) while other threads, one per core, hash them from the page cache.
 """
 
 from __future__ import annotations
@@ -351,6 +351,61 @@ def download_many(store: Any, items: list[tuple[str, Path, int]], log: Callable[
     return [f.result for f in files if f.result is not None]
 
 
+COPY_CHUNK = 8 * 1024 * 1024  # a local copy's read size: hashed from memory as it passes
+
+
+def _copy_hashed(source: Path, target: Path) -> Fetched:
+    """Copy a local file, hashing each chunk from memory on its way (the source is read once)."""
+    h, size = hashlib.sha256(), 0
+    buffer = bytearray(COPY_CHUNK)
+    view = memoryview(buffer)
+    with open(source, "rb", buffering=0) as src, open(target, "wb", buffering=0) as out:
+        stored = os.fstat(src.fileno()).st_size
+        while True:
+            n = src.readinto(buffer)
+            if not n:
+                break
+            h.update(view[:n])
+            written = 0
+            while written < n:
+                written += out.write(view[written:n]) or 0
+            size += n
+    return Fetched(sha256=h.hexdigest(), size=size, stored_size=stored)
+
+
+def _linked_hashed(source: Path, target: Path) -> Fetched:
+    """A hard link of a local file, hashed (read once); a copy where no link can be made."""
+    try:
+        os.link(source, target)
+    except OSError:
+        return _copy_hashed(source, target)
+    size = target.stat().st_size
+    return Fetched(sha256=sha256_of(target), size=size, stored_size=size)
+
+
+def copy_many(items: list[tuple[Path, Path, int]], link: bool = False, workers: int | None = None) -> list[Fetched]:
+    """Local files to local paths (a file:// store's objects), ``(source, target, expected size)``, several at once,
+    each hashed as it is read: hard links with ``link`` (the target is never rewritten in place), else copies. A
+    source whose size is not the expected one is not copied (its ``stored_size`` says so, its sha256 is empty).
+    Returns what was written for each, in order; an OSError (a missing file, a full disk) stops them all."""
+    def fetch(source: Path, target: Path, size: int) -> Fetched:
+        stored = source.stat().st_size
+        if stored != size:
+            return Fetched(sha256="", size=0, stored_size=stored)
+        return _linked_hashed(source, target) if link else _copy_hashed(source, target)
+
+    count = max(1, min(workers or threads(), len(items) or 1))
+    with ThreadPoolExecutor(count, thread_name_prefix="cloudtrain-copy") as pool:
+        return list(pool.map(lambda item: fetch(*item), items))
+
+
+def hash_many(paths: list[Path], workers: int | None = None) -> list[str]:
+    """The sha256 of each local file, several at once (hashlib releases the GIL on large buffers)."""
+    count = max(1, min(workers or threads(), len(paths) or 1, os.cpu_count() or 1))
+    with ThreadPoolExecutor(count, thread_name_prefix="cloudtrain-hash") as pool:
+        return list(pool.map(sha256_of, paths))
+
+
 def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -362,12 +417,16 @@ def sha256_of(path: Path) -> str:
 def upload_many(items: list[tuple[Path, str]], upload: Callable[[Path, str], int], hash_files: bool = False,
                 workers: int | None = None) -> tuple[int, list[str]]:
     """Upload ``(path, uri)`` items through ``upload`` (which retries), several at once, largest first; with
-    ``hash_files``, one more thread hashes each file meanwhile (from the page cache: the file was just written).
+    ``hash_files``, hashing threads (one per core, at most one per file) hash the files meanwhile (from the page
+    cache: each was just written).
     Returns (bytes uploaded, the sha256 of each file, or '' without ``hash_files``)."""
     order = sorted(range(len(items)), key=lambda i: -items[i][0].stat().st_size)
     digests = [""] * len(items)
-    with ThreadPoolExecutor(workers or threads(), thread_name_prefix="cloudtrain-upload") as pool, \
-            ThreadPoolExecutor(1, thread_name_prefix="cloudtrain-hash") as hashing:
+    count = workers or threads()
+    # sha256 releases the GIL on large buffers: several files hash at once, one per core at most
+    hashers = max(1, min(count, len(items), os.cpu_count() or 1))
+    with ThreadPoolExecutor(count, thread_name_prefix="cloudtrain-upload") as pool, \
+            ThreadPoolExecutor(hashers, thread_name_prefix="cloudtrain-hash") as hashing:
         hashed = {i: hashing.submit(sha256_of, items[i][0]) for i in order} if hash_files else {}
         sent = [pool.submit(upload, *items[i]) for i in order]
         total = sum(s.result() for s in sent)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from cloudtrain import contract, registry, storage
-from cloudtrain.contract import METADATA_URL
+from cloudtrain.contract import FORCE_CPU, METADATA_URL
 from cloudtrain.errors import HandleError, HomeError, SpecError, UserError
 from cloudtrain.formatting import Summary
 from cloudtrain.handles import JobHandle
@@ -91,13 +91,15 @@ class LocalProvider(Provider):
         job_dir = self.home / "jobs" / job_id
         contract = self.contract(spec)
         module = registry.node_contract(contract.name)
-        nproc = self.processes(spec, visible_gpus())  # this machine is every node's machine
+        gpus = visible_gpus()
+        nproc = self.processes(spec, gpus)  # this machine is every node's machine
+        check_gpu_layout(spec, gpus, nproc or 1)
         files: dict[str, dict[str, str]] = {}
         envs: dict[int, dict[str, str]] = {}
         for rank in range(spec.nodes):
             emulated, node_files = module.emulate(spec.nodes, rank, PORT_AT_SUBMIT, job_dir / f"node-{rank}", job_id)
             files.update({str(rank): node_files} if node_files else {})
-            envs[rank] = {"OMP_NUM_THREADS": "1", **job_env(spec), **emulated}  # several CPU ranks share the cores
+            envs[rank] = {**shared_cores_env(spec.nodes), **job_env(spec), **emulated}
             if contract.name != "local":  # an emulated cloud node polls no real metadata server, unless told to
                 envs[rank].setdefault(METADATA_URL, "off")
         args_of = {rank: bootstrap_args(spec, bundle=bundle_uri, digest=package.digest,
@@ -375,6 +377,35 @@ class _SupervisorExit:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def check_gpu_layout(spec: JobSpec, gpus: int, procs: int) -> None:
+    """Every node of a local job runs on this machine, each rank on GPU ``LOCAL_RANK``: more ranks than GPUs would put
+    two on one device, which NCCL refuses (``invalid device ordinal``, ``Duplicate GPU detected``) after the job
+    started. Refused here instead, naming both numbers. A machine without GPUs, or a job told to use the CPU
+    (CLOUDTRAIN_FORCE_CPU=1), rehearses any layout with gloo."""
+    if not gpus or spec.env.get(FORCE_CPU) == "1":
+        return
+    ranks = spec.nodes * procs
+    if procs > gpus:
+        raise SpecError(f"{procs} processes per node, but this machine has {gpus} GPU(s): each process takes one",
+                        field="procs_per_node",
+                        remedy=f"set procs_per_node to at most {gpus} (or 'auto': one per GPU); to rehearse the layout "
+                               f"on the CPU with gloo, add --env {FORCE_CPU}=1")
+    if ranks > gpus:
+        raise SpecError(f"{spec.nodes} nodes x {procs} processes = {ranks} ranks, but the nodes of a local job share "
+                        f"this machine's {gpus} GPU(s): each rank takes one", field="nodes",
+                        remedy=f"use at most {gpus} ranks in all (nodes x procs_per_node); to rehearse the layout on "
+                               f"the CPU with gloo, add --env {FORCE_CPU}=1")
+
+
+def shared_cores_env(nodes: int) -> dict[str, str]:
+    """A worker's environment as bare torchrun leaves it (torchrun sets OMP_NUM_THREADS=1 itself where a node runs
+    several processes, and leaves it unset for one), except where several nodes share this machine's cores: each
+    node's torchrun would then let its one worker take every core. The spec's env and the user's own win."""
+    if nodes <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return {}
+    return {"OMP_NUM_THREADS": "1"}
 
 
 def visible_gpus() -> int:

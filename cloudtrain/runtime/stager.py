@@ -1,0 +1,115 @@
+"""Copies a rank's training state into host buffers that are allocated once and reused by every save: the only part
+of a checkpoint that blocks training.
+
+On a GPU the buffers are pinned and the copy runs on a side CUDA stream (ordered after the work already queued on
+the training stream), so it moves at the link's speed (an H200: 55 GB/s, against 1.3 GB/s for a fresh ``.to("cpu")``
+of each tensor, which is what ``dcp.async_save`` does without a stager). On CPU they are ordinary memory, copied into
+in place. The pinned buffers are one copy of the rank's state in host memory; where the host cannot hold that (the
+node's ranks together over ``HOST_SHARE`` of the memory available) or pinning fails, the Checkpointer falls back to
+torch's own per-save copy and logs why.
+
+torch's ``DefaultStager`` (2.9+) does the same, but raised ``KeyError(<class 'type'>)`` in its deep copy for a plain
+model + AdamW state dict under torch 2.11 (the H200 image), so this uses the helpers torch's own stager and
+torchtitan's ``async_with_pinned_mem`` are built on (``_create_cpu_state_dict``/``_copy_state_dict``, torch >= 2.4).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+try:  # private helpers, present since torch 2.4; without them the Checkpointer keeps dcp.async_save's own copy
+    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+except ImportError:  # pragma: no cover - older torch
+    _copy_state_dict = _create_cpu_state_dict = None  # type: ignore[assignment]
+
+HOST_SHARE = 0.8  # of MemAvailable the node's ranks may pin together
+
+
+class StagingUnavailable(Exception):
+    """Reused host buffers cannot be used here; the message says why (logged once, then torch's copy is used)."""
+
+
+def state_bytes(state: Any) -> int:
+    """Bytes of the tensors in a (nested) state dict, counting a DTensor's local shard only."""
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(v) for v in state)
+    if isinstance(state, torch.Tensor):
+        local = state.to_local() if hasattr(state, "to_local") else state
+        return int(local.numel() * local.element_size())
+    return 0
+
+
+def available_host_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+class HostStager:
+    """``stage(state)`` returns a copy of ``state`` whose tensors live in this stager's host buffers; the copy is
+    complete when it returns. The buffers are reused by the next ``stage``: the caller must be done with the
+    previous copy (the Checkpointer keeps at most one save in flight)."""
+
+    def __init__(self, device: torch.device, log: Callable[[str], None],
+                 local_ranks: int | None = None) -> None:
+        if _create_cpu_state_dict is None or _copy_state_dict is None:
+            raise StagingUnavailable(f"torch {torch.__version__} has no state-dict staging helpers (torch >= 2.4)")
+        self.pin = device.type == "cuda"
+        self.device = device
+        self.log = log
+        self.local_ranks = local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        self.buffers: dict[str, Any] | None = None
+        self.stream: Any = torch.cuda.Stream(device) if self.pin else None
+        self.allocated = 0
+
+    def _allocate(self, state: dict[str, Any]) -> None:
+        need = state_bytes(state)
+        free = available_host_bytes()
+        if free is not None and need * self.local_ranks > HOST_SHARE * (free + self.allocated * self.local_ranks):
+            raise StagingUnavailable(
+                f"the state takes {need / 1e9:.2f} GB per rank ({self.local_ranks} on this node) and the host has "
+                f"{free / 1e9:.2f} GB available: reused {'pinned ' if self.pin else ''}buffers would not fit")
+        self.buffers = None  # the old ones go before the new ones are made
+        try:
+            self.buffers = _create_cpu_state_dict(state, pin_memory=self.pin)
+        except RuntimeError as exc:  # cudaHostAlloc refused (a pinned-memory limit, a container's memlock)
+            raise StagingUnavailable(f"{need / 1e9:.2f} GB of pinned host memory could not be allocated ({exc})") \
+                from exc
+        self.allocated = need
+
+    def stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        if self.buffers is None:
+            self._allocate(state)
+        try:
+            return self._copy(state)
+        except (ValueError, RuntimeError, KeyError, TypeError):
+            # the state's shape changed since the buffers were made (optimizer state that appears later, a
+            # scheduler with new keys): make them again once
+            self._allocate(state)
+            return self._copy(state)
+
+    def _copy(self, state: dict[str, Any]) -> dict[str, Any]:
+        assert self.buffers is not None
+        if self.stream is None:
+            return _copy_state_dict(state, self.buffers, non_blocking=False)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))  # after the step that made the tensors
+        with torch.cuda.stream(self.stream):
+            staged = _copy_state_dict(state, self.buffers, non_blocking=True)
+        self.stream.synchronize()  # the buffers are whole; training may change the tensors from here on
+        return staged
+
+    def close(self) -> None:
+        self.buffers = None
+        self.allocated = 0
