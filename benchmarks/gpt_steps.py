@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -85,7 +86,8 @@ def main() -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         with open(args.out, "w") as f:
             json.dump({"step_seconds": times, "threads": torch.get_num_threads(), "device": str(device),
-                       "omp": os.environ.get("OMP_NUM_THREADS")}, f)
+                       "omp": os.environ.get("OMP_NUM_THREADS"), "env": sorted(os.environ),
+                       "modules": len(sys.modules), "affinity": len(os.sched_getaffinity(0))}, f)
 
 
 if __name__ == "__main__":

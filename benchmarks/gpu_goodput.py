@@ -258,11 +258,17 @@ def step_time(args: argparse.Namespace, device: torch.device, tmp: Path) -> None
             (bare if kind == "bare" else ours).append(median)
             rows.append(f"{kind}: {median * 1000:.2f} ms (threads {data['threads']}, OMP {data['omp']})")
     ratio = statistics.median(ours) / statistics.median(bare)
+    seen = {kind: median_step(tmp / f"steps-{kind}-0.json")[1] for kind in ("bare", "cloudtrain")}
+    only = {kind: sorted(set(seen[kind]["env"]) - set(seen[other]["env"]))
+            for kind, other in (("bare", "cloudtrain"), ("cloudtrain", "bare"))}
     print(f"(d) step time, {args.steps} steps x {args.pairs} interleaved pairs ({device})")
     for row in rows:
         print(f"    {row}")
     print(f"    cloudtrain / bare torchrun        {ratio:7.3f}x  (target <= 1.01x); per pair "
           + ", ".join(f"{o / b:.3f}x" for o, b in zip(ours, bare, strict=True)))
+    for kind in ("bare", "cloudtrain"):  # what differs for the worker, to look for a tax (names only: no values)
+        print(f"    {kind} worker only: {', '.join(only[kind]) or 'nothing'}; {seen[kind]['modules']} modules, "
+              f"{seen[kind]['affinity']} CPUs")
     RESULTS["steps"] = {"bare_ms": [b * 1000 for b in bare], "cloudtrain_ms": [o * 1000 for o in ours],
                         "ratio": ratio}
 
