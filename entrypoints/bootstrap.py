@@ -474,7 +474,7 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
                 status["error"] = sync_error
             # what the node leaves behind that no restart will have: torn checkpoints, files in the working folder
             warnings = [*steps.unpublished_checkpoints(syncer),
-                        *(steps.stray_files(started_files, env, src) if stopped else []), *leftovers]
+                        *steps.stray_files(started_files, env, src), *leftovers]  # at every end
             log_warning = steps.upload_logs(env, src, workdir, cluster.node_rank, masking.masker)
             warnings += [log_warning] if log_warning else []
             if warnings:

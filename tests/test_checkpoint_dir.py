@@ -92,3 +92,25 @@ def test_what_no_restart_would_have_is_named_and_a_restart_starts_empty(tmp_path
     assert "warning: not published" in status and "snapshot.pt" in status
     warnings = ct.status(handle)["nodes"][0]["warnings"]
     assert len(warnings) == 2, warnings
+
+
+def test_a_checkpoint_folder_the_script_never_writes_is_said_while_it_runs_and_at_its_end(ct: Cloudtrain,
+                                                                                          tmp_path: Path) -> None:
+    """Issue 37.7/37.8: ``--checkpoint-dir ckpts`` for a script that saves into ``ckpt`` ended `succeeded` with an
+    empty store and not a word; files left in the working folder were named only at a stop. Both are said while
+    the job runs (the folder, after one interval) and at its end, in the log and in `status -o json`."""
+    (ct.cwd / "train.py").write_text(
+        "import os, time, torch\n"
+        "os.makedirs('ckpt', exist_ok=True)\n"
+        "torch.save({'w': 1}, 'ckpt/model.pt')\n"
+        "torch.save({'best': 1}, 'model_best.pth.tar')\n"
+        "time.sleep(6)\n")
+    handle = ct("submit", "train.py", "--checkpoint-uri", (tmp_path / "store").as_uri(), "--checkpoint-dir", "ckpts",
+                "--set", "checkpoint.interval=2", "--detach").stdout.strip()
+    wait_for(lambda: "is empty while the script wrote" in ct.logs(handle), timeout=120, interval=0.3)
+    assert ct("wait", handle, "--timeout", "120", check=False).returncode == 0
+    log = ct.logs(handle)
+    assert re.search(r"checkpoint folder \S+ckpts is empty while the script wrote ckpt/model\.pt", log), log
+    warnings = ct.status(handle)["nodes"][0]["warnings"]
+    assert any("ckpts is empty" in w and "checkpoint.dir" in w for w in warnings), warnings
+    assert any("model_best.pth.tar" in w and "working folder" in w for w in warnings), warnings

@@ -216,3 +216,72 @@ def test_a_member_cut_short_without_a_kind_of_file_its_predecessor_has_is_not_fi
     save(members / "checkpoint_2" / "random_states_0.pkl", 0.0)
     save(members / "checkpoint_2" / "custom_checkpoint_0.pkl", 2.0)
     assert resized.poll(final=True) == 2 and "checkpoint_2" in str(published(store(tmp_path / "resized")))
+
+
+def test_a_torn_member_never_leaves_a_subset_as_the_newest_checkpoint(tmp_path: Path) -> None:
+    """Issue 37.1: a loop saves model.pt then optim.pt, overwriting both; the preemption lands while optim.pt is
+    written. Published before: model.pt alone as the newest checkpoint (the restart then failed on the missing
+    optim.pt, every time). The previous complete pair stands; nothing new is published, and the node says why."""
+    root, uri = tmp_path / "ckpt", store(tmp_path)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    save(root / "model.pt", 1.0)
+    save(root / "optim.pt", 1.0)
+    assert snap.poll(final=True) == 1
+    save(root / "model.pt", 2.0)
+    save(root / "optim.pt", 2.0)
+    whole = (root / "optim.pt").read_bytes()
+    (root / "optim.pt").write_bytes(whole[: len(whole) // 2])
+    assert snap.poll() is None and snap.poll(final=True) is None
+    assert published(uri) == [(1, ["model.pt", "optim.pt"])]
+    assert "optim.pt is incomplete" in snap.unpublished[0]
+
+
+def test_a_checkpoint_cut_short_beside_a_grown_log_publishes_nothing(tmp_path: Path) -> None:
+    """Issue 37.2 (nanoGPT-style): ckpt.pt torn while metrics.jsonl gained a line. Published before: metrics.jsonl
+    alone, and with keep 2 the next publish deleted the last good checkpoint."""
+    root, uri = tmp_path / "out", store(tmp_path)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    save(root / "ckpt.pt", 1.0)
+    (root / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert snap.poll(final=True) == 1
+    whole = (root / "ckpt.pt").read_bytes()
+    (root / "ckpt.pt").write_bytes(whole[:100])
+    with open(root / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2}\n')
+    assert snap.poll(final=True) is None
+    assert snap.poll(final=True) is None  # and again: retention never gets a newer "checkpoint" to keep instead
+    assert published(uri) == [(1, ["ckpt.pt", "metrics.jsonl"])]
+    (root / "ckpt.pt").unlink()  # gone (a script that removes, then writes): the same
+    assert snap.poll(final=True) is None and published(uri) == [(1, ["ckpt.pt", "metrics.jsonl"])]
+    assert any("ckpt.pt" in line for line in snap.unpublished)
+
+
+def test_a_save_that_never_wrote_a_byte_is_not_published(tmp_path: Path) -> None:
+    """Issue 37.3: a 0-byte ckpt.pt was published over the good one; the restart failed with BadZipFile."""
+    root, uri = tmp_path / "out", store(tmp_path)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    save(root / "ckpt.pt", 1.0)
+    assert snap.poll(final=True) == 1
+    (root / "ckpt.pt").write_bytes(b"")
+    assert snap.poll() is None and snap.poll(final=True) is None
+    assert published(uri) == [(1, ["ckpt.pt"])]
+    assert "ckpt.pt is empty" in snap.unpublished[0]
+    fresh = checkpoint_snapshots.Snapshotter(tmp_path / "new", store(tmp_path / "other"), keep=2, quiet=0.0)
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "model.pth").write_bytes(b"")  # no earlier version: the name says what it should hold
+    assert fresh.poll(final=True) is None
+
+
+def test_a_file_beside_the_step_folders_is_no_checkpoint_of_its_own(tmp_path: Path) -> None:
+    """Issue 37.4: a plain script writes step-<N>/state.pt (published one by one) and, at its end, final.pt at the
+    top of its checkpoint folder. Published before: final.pt alone as checkpoint N+1, which the next submission
+    restored (training from step 0) and retention then deleted the real step folders for."""
+    root, uri = tmp_path / "ckpt", store(tmp_path)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=0.0, step_folders=False)
+    for step in (5, 10):
+        save(root / f"step-{step}" / "state.pt", float(step))
+    assert checkpoint_store.sync_dir(root, uri, final=True) == [5, 10]
+    save(root / "final.pt", 9.0)
+    assert snap.poll() is None and snap.poll(final=True) is None
+    assert [step for step, _ in published(uri)] == [5, 10]
+    assert "final.pt" in snap.unpublished[0] and "CLOUDTRAIN_OUTPUT_DIR" in snap.unpublished[0]

@@ -44,6 +44,8 @@ _TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".swp", ".lock", "~")
 _SHARD = re.compile(r"\d+-of-\d+")  # model-00001-of-00004.safetensors: parts of one thing, not a family
 _NUMBER = re.compile(r"\d+")
 _DCP_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
+# files torch.save and its kin write (never empty when whole): an empty one is a save that wrote nothing
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".tar", ".distcp", ".pkl")
 
 
 class FileState(NamedTuple):
@@ -253,9 +255,20 @@ class Snapshotter:
         self.next_step: int | None = None  # the store's newest step folder + 1, once listed
         self.said: set = set()
         self.unpublished: list[str] = []  # after the final poll: what the folder holds that is not in the store
+        self.members: set[str] = self._checkpoint_entries(self.published)  # the last snapshot's checkpoint files
 
     def _scan(self) -> Files:
         return scan(self.root, self.step_folders)
+
+    def _has_step_folders(self) -> bool:
+        return bool(_step_folder_names(self.root))
+
+    def _checkpoint_entries(self, files: Files) -> set[str]:
+        """The entries of a snapshot holding a file whose format says it is a whole checkpoint file (torch's zip,
+        safetensors): what a later snapshot must hold too (or a newer member of their family). Logs and notes are
+        not held to that."""
+        return {entry for entry, found in _by_entry(files).items()
+                if any(self._complete(rel, state) for rel, state in found.items())}
 
     def _look(self, now: float) -> Files:
         files = self._scan()
@@ -281,6 +294,10 @@ class Snapshotter:
         whether no file of it has a format that can say: a log, notes, but no checkpoint file cloudtrain knows)."""
         verdicts = [self._complete(rel, files[rel]) for rel in rels]
         unknown = all(verdict is None for verdict in verdicts)
+        empty = [rel for rel in rels if files[rel].size == 0 and (
+            rel.endswith(CHECKPOINT_SUFFIXES) or getattr(self.published.get(rel), "size", 0) > 0)]
+        if empty:  # a save that never wrote a byte (torch.save writes at least a zip's end record)
+            return f"{empty[0]} is empty (a save that wrote nothing, or was cut off at its start)", False, False
         torn = [rel for rel, verdict in zip(rels, verdicts) if verdict is False]
         if torn:
             return f"{torn[0]} is incomplete (being written, or cut short)", False, unknown
@@ -335,7 +352,33 @@ class Snapshotter:
         if not final and not whole and any(now - self.changed_at.get(entry, -self.quiet) < self.quiet
                                            for entry in chosen):
             return None, left
+        gone = self._members_gone(by_entry)
+        if gone and not final:
+            return None, left  # a checkpoint file of the last snapshot is being replaced: wait for it
+        # never a subset of the set of files a save makes up: an entry left out with nothing of its family standing
+        # in for it (a torn model.pt beside a whole optim.pt; a ckpt.pt cut short beside a grown metrics.jsonl), or
+        # a checkpoint file of the last snapshot gone, and the previous snapshot stands
+        alone = sorted(entry for entry in left if (family(entry) or ("", ()))[0] not in taken)
+        if chosen and (alone or gone):
+            for entry in gone:
+                left[entry] = "it was in the last checkpoint and is gone (being replaced?)"
+            why = left[(alone or gone)[0]]
+            self._say_once(f"not published: {(alone or gone)[0]} ({why}); a checkpoint is every file a save "
+                           "writes, so the previous one stands")
+            return None, left
         return chosen, left
+
+    def _members_gone(self, by_entry: dict[str, list[str]]) -> list[str]:
+        """Entries of the last snapshot published (or restored) that held a checkpoint file (one whose format says
+        it is whole) and are no longer in the folder, where nothing of their family took their place."""
+        present = {found[0] for found in map(family, by_entry) if found}
+        return sorted(entry for entry in self.members if entry not in by_entry
+                      and not ((found := family(entry)) and found[0] in present))
+
+    def _say_once(self, line: str) -> None:
+        if line not in self.said:
+            self.said.add(line)
+            self.log(line)
 
     def _generation(self, names: list[str]) -> int:
         if self.next_step is None:
@@ -348,6 +391,14 @@ class Snapshotter:
         Returns its step, or None. Raises CloudtrainError (or OSError) when the store refuses it."""
         now = time.monotonic()
         files = self._look(now)
+        if not self.step_folders and files and self._has_step_folders():
+            # the checkpoints are the step-<N> folders (published one by one): a file beside them (a final export,
+            # a log) is part of none, and never a checkpoint of its own
+            if final:
+                self.unpublished = [f"{self.root / entry} (beside the step-<N> folders, in none of them: not part of "
+                                    "a checkpoint; write a final export to CLOUDTRAIN_OUTPUT_DIR)"
+                                    for entry in sorted(_by_entry(files))]
+            return None
         chosen, left = self.choose(files, now, final)
         if final:
             self.unpublished = [f"{self.root / entry} ({why})" for entry, why in sorted(left.items())]
@@ -370,12 +421,21 @@ class Snapshotter:
         checkpoint_store.publish(folder, step, entries, world_size=0, kind="snapshot", log=self.log,
                             extra={"layout": LAYOUT_DIR, "entries": chosen, "script_step": script_step(chosen)})
         self.published = snapshot
+        self.members = self._checkpoint_entries(snapshot)
         self.log(f"published {', '.join(chosen)} from {self.root} as {folder}")
         try:  # the checkpoint stands; what retention misses now, the next publish's retention removes
             checkpoint_store.apply_retention(self.uri, self.keep, log=self.log)
         except Exception as exc:
             self.log(f"retention under {self.uri} failed ({exc}); the next publish tries again")
         return step
+
+
+def _step_folder_names(root: Path) -> list[str]:
+    try:
+        return [e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False) and step_of(e.name, False)
+                is not None]
+    except OSError:
+        return []
 
 
 def _by_entry(files: Files) -> dict[str, Files]:

@@ -89,8 +89,9 @@ def stray_files(before: set[str], env: dict[str, str], src: Path) -> list[str]:
     if not new:
         return []
     shown = ", ".join(new[:5]) + (f" and {len(new) - 5} more" if len(new) > 5 else "")
-    line = (f"the script wrote {len(new)} file(s) into its working folder ({shown}): a restarted node starts without "
-            "them; to resume from a checkpoint there, write it under checkpoint.dir (--checkpoint-dir DIR)")
+    line = (f"the script wrote {len(new)} file(s) into its working folder ({shown}): they stay on this node (on a "
+            "cloud, gone with the machine) and a restarted node starts without them; write checkpoints under "
+            "checkpoint.dir (--checkpoint-dir DIR) and results under CLOUDTRAIN_OUTPUT_DIR")
     log(f"warning: {line}")
     return [line]
 
@@ -147,6 +148,8 @@ class PlainSync:
         self.snapshots = checkpoint_snapshots.Snapshotter(
             self.local, self.uri, self.keep, checkpoint_snapshots.quiet_period(env), world_size=world_size,
             step_folders=self.own_layout)
+        self.cwd, self.before = cwd, working_files(cwd)  # to tell a folder the script never writes (a typo)
+        self.started, self.empty_said = time.monotonic(), False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cloudtrain-checkpoint-sync", daemon=True)
         self._thread.start()
@@ -167,8 +170,31 @@ class PlainSync:
                     self.checkpoints.sync_dir(self.local, self.uri, final=False, keep=self.keep)
                 if not (self.local / self.checkpoints.RUNTIME_MARKER).exists():
                     self.snapshots.poll()
+                self._empty_while_running()
             except Exception as exc:  # the final sync tries again and decides the job's outcome
                 print(f"[cloudtrain] warning: {exc}; trying again", file=sys.stderr, flush=True)
+
+    def _holds_nothing(self) -> bool:
+        try:
+            return not any(not name.startswith(".") for name in os.listdir(self.local))
+        except OSError:
+            return True
+
+    def _empty_while_running(self) -> None:
+        """Said once, after one interval: the checkpoint folder is still empty while the script writes files
+        elsewhere under its working folder (``--checkpoint-dir ckpts`` for a script that saves into ``ckpt``)."""
+        if self.empty_said or time.monotonic() - self.started < self.every or not self._holds_nothing():
+            return
+        elsewhere = sorted(working_files(self.cwd) - self.before)
+        if elsewhere:
+            self.empty_said = True
+            log(f"warning: {self._empty_line(elsewhere)}")
+
+    def _empty_line(self, elsewhere: list[str]) -> str:
+        shown = ", ".join(elsewhere[:3]) + (f" and {len(elsewhere) - 3} more" if len(elsewhere) > 3 else "")
+        return (f"the checkpoint folder {self.local} is empty" + (f" while the script wrote {shown}" if shown else "")
+                + ": nothing is published to the checkpoint store; is checkpoint.dir (--checkpoint-dir) the folder "
+                "the script saves into?")
 
     def finish(self) -> str | None:
         """After the workers exited (also after SIGTERM): everything they left is final; publish it. Returns why the
@@ -190,7 +216,10 @@ class PlainSync:
     def unpublished(self) -> list[str]:
         """After ``finish``: what the checkpoint folder holds that is not in the store (torn, or still being written
         when the workers ended), each with why."""
-        return [f"not published (it stays on this node only): {line}" for line in self.snapshots.unpublished]
+        lines = [f"not published (it stays on this node only): {line}" for line in self.snapshots.unpublished]
+        if self._holds_nothing() and not self.snapshots.published:  # the end of every job says it, not only a stop
+            lines.append(self._empty_line(sorted(working_files(self.cwd) - self.before)))
+        return lines
 
 
 def start_checkpoint_sync(env: dict[str, str], cwd: Path, node_rank: int, world_size: int = 0) -> PlainSync | None:
