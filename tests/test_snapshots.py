@@ -285,3 +285,36 @@ def test_a_file_beside_the_step_folders_is_no_checkpoint_of_its_own(tmp_path: Pa
     assert snap.poll() is None and snap.poll(final=True) is None
     assert [step for step, _ in published(uri)] == [5, 10]
     assert "final.pt" in snap.unpublished[0] and "CLOUDTRAIN_OUTPUT_DIR" in snap.unpublished[0]
+
+
+def test_a_checkpoint_rewritten_faster_than_it_uploads_is_still_published(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37.9: a 540 MB ckpt.pt rewritten every ~5 s, each upload longer than that: every snapshot was voided
+    ("changed while it was uploaded") and nothing reached the store until the job ended. After one voided
+    snapshot, the next is copied beside the folder first (in a moment) and uploaded from the copy, which no rewrite
+    reaches; the node says so, with the upload's time."""
+    root, uri = tmp_path / "out", store(tmp_path)
+    save(root / "ckpt.pt", 1.0)
+    snap = checkpoint_snapshots.Snapshotter(tmp_path / "empty", uri, keep=2, quiet=0.0)
+    snap.root = root
+    lines: list[str] = []
+    snap.log = lines.append
+    real = checkpoint_store.describe_and_upload
+    version = [1.0]
+
+    def upload_while_the_script_saves_again(*args: object, **kwargs: object) -> object:
+        entries = real(*args, **kwargs)  # type: ignore[arg-type]
+        version[0] += 1
+        save(root / "ckpt.pt", version[0])  # rewritten in place (torch.save truncates the same file) meanwhile
+        return entries
+
+    monkeypatch.setattr(checkpoint_store, "describe_and_upload", upload_while_the_script_saves_again)
+    assert snap.poll() is None  # voided: the upload read a file being rewritten
+    assert any("changed while it was uploaded" in line and "copied on this node first" in line for line in lines)
+    assert snap.poll() is not None  # from a copy: a rewrite during the upload no longer voids it
+    newest = checkpoint_store.list_complete(uri)[-1]
+    fresh = tmp_path / "restored"
+    checkpoint_store.restore_latest(uri, fresh)
+    assert torch.load(fresh / "ckpt.pt")["w"][0].item() == 2.0  # the version that was copied, whole
+    assert newest.manifest["entries"] == ["ckpt.pt"]
+    assert not list(tmp_path.glob(".out.snapshot*"))  # the copy is gone

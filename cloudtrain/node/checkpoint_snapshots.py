@@ -26,9 +26,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 import struct
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -256,9 +256,29 @@ class Snapshotter:
         self.said: set = set()
         self.unpublished: list[str] = []  # after the final poll: what the folder holds that is not in the store
         self.members: set[str] = self._checkpoint_entries(self.published)  # the last snapshot's checkpoint files
+        self.voided = 0  # snapshots voided by a rewrite during their upload: later ones upload from a copy
 
     def _scan(self) -> Files:
         return scan(self.root, self.step_folders)
+
+    def _freeze(self, rels: list[str], snapshot: Files) -> Path | None:
+        """A copy of the snapshot's files beside the folder (the same file system: copy_file_range, a reflink
+        where it can), taken in a moment rather than over a whole upload, for a script that rewrites its
+        checkpoint faster than it uploads. None (and the copy gone) where a file changed while it was copied."""
+        frozen = self.root.parent / f".{self.root.name}.snapshot"
+        shutil.rmtree(frozen, ignore_errors=True)
+        try:
+            for rel in rels:
+                target = frozen / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(self.root / rel, target)
+        except OSError as exc:  # no room beside it: the next snapshot is uploaded from the folder again
+            self.log(f"could not copy the snapshot beside {self.root} ({exc}); the next is uploaded from the folder")
+            self.voided = 0
+        if self.voided and all(_state(self.root / rel) == snapshot[rel] for rel in rels):
+            return frozen
+        shutil.rmtree(frozen, ignore_errors=True)
+        return None
 
     def _has_step_folders(self) -> bool:
         return bool(_step_folder_names(self.root))
@@ -412,11 +432,22 @@ class Snapshotter:
         folder = storage.join(self.uri, step_dir(step))
         self.next_step = step + 1  # a void attempt's objects never mix with the next attempt's
         rels = sorted(snapshot)
-        entries = checkpoint_store.describe_and_upload(self.root, rels, folder, log=self.log)
-        changed = [rel for rel in rels if _state(self.root / rel) != snapshot[rel]]
+        frozen = self._freeze(rels, snapshot) if self.voided else None
+        if self.voided and frozen is None:
+            return None  # rewritten while it was copied: the next look tries again
+        started = time.monotonic()
+        try:
+            entries = checkpoint_store.describe_and_upload(frozen or self.root, rels, folder, log=self.log,
+                                                           immutable=frozen is not None)
+        finally:
+            if frozen is not None:
+                shutil.rmtree(frozen, ignore_errors=True)
+        changed = [] if frozen else [rel for rel in rels if _state(self.root / rel) != snapshot[rel]]
         if changed:  # rewritten while it was read: what reached the store may mix two versions
-            self.log(f"{self.root / changed[0]} changed while it was uploaded; its snapshot is taken again once it "
-                     "has settled")
+            self.voided += 1
+            self.log(f"{self.root / changed[0]} changed while it was uploaded ({time.monotonic() - started:.1f}s); "
+                     "from now on each snapshot is copied on this node first (the copy takes a moment, the upload "
+                     "is then unhurried) and uploaded from the copy")
             return None
         checkpoint_store.publish(folder, step, entries, world_size=0, kind="snapshot", log=self.log,
                             extra={"layout": LAYOUT_DIR, "entries": chosen, "script_step": script_step(chosen)})
@@ -466,9 +497,3 @@ def _state(path: Path) -> FileState | None:
     except OSError:
         return None
     return FileState(st.st_size, st.st_mtime_ns, st.st_ino)
-
-
-if __name__ == "__main__":  # pragma: no cover - a look at what a folder's snapshot would be
-    here = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
-    seen = scan(here)
-    print(json.dumps({"entries": newest_first(list(units(seen))), "files": len(seen)}, indent=1))
