@@ -73,9 +73,9 @@ def upload_files(root, files, folder_uri, log=checkpoint_store._print):
     return _upload(root, files, folder_uri, log=log)
 
 
-def describe_and_upload(root, rel_paths, folder_uri, log=checkpoint_store._print):  # the Checkpointer's upload
+def describe_and_upload(root, rel_paths, folder_uri, log=checkpoint_store._print, **kwargs):  # the Checkpointer's
     event("upload", int(folder_uri.rstrip("/").rsplit("-", 1)[1]))
-    return _describe_and_upload(root, rel_paths, folder_uri, log=log)
+    return _describe_and_upload(root, rel_paths, folder_uri, log=log, **kwargs)
 
 
 def publish(folder_uri, step, files, **kwargs):
@@ -95,6 +95,9 @@ def slow_atomic_write(target, writer):
     _atomic_write(target, slow)
 
 
+# the Checkpointer's files go to a file:// store as hard links (instant); the soak's store copies them, through the
+# slowed atomic write above, so a kill lands while an upload's temp file sits in the store
+local_store.LocalStore.link_file = local_store.LocalStore.put_file
 Checkpointer.restore, Checkpointer.step, Checkpointer.save = restore, step, save
 checkpoint_store.upload_files, checkpoint_store.describe_and_upload, checkpoint_store.publish = (
     upload_files, describe_and_upload, publish)
