@@ -3,6 +3,7 @@ node restored, without listing the store or downloading anything again."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,5 +57,9 @@ def test_the_checkpointer_loads_what_its_node_restored(tmp_path: Path) -> None:
     resumed = _node(tmp_path, bundle, "resume", store)  # a new node (its own folder): restores, then trains
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "checkpoint: resuming from step 3" in resumed.stdout
+    # one line per restore, with what it moved (issue 37.10: each restore was logged twice)
+    said = resumed.stdout + resumed.stderr
+    assert re.search(r"checkpoint: resuming from step 3 \([\d.]+s; [\d.]+ GB in [\d.]+s", said), said[-3000:]
+    assert "restored file://" not in said, said[-3000:]
     assert "rank 0 resumed at 3" in resumed.stdout and "rank 1 resumed at 3" in resumed.stdout, resumed.stdout
 

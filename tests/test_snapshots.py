@@ -318,3 +318,15 @@ def test_a_checkpoint_rewritten_faster_than_it_uploads_is_still_published(tmp_pa
     assert torch.load(fresh / "ckpt.pt")["w"][0].item() == 2.0  # the version that was copied, whole
     assert newest.manifest["entries"] == ["ckpt.pt"]
     assert not list(tmp_path.glob(".out.snapshot*"))  # the copy is gone
+
+
+def test_retention_leaves_no_empty_folder_of_a_deep_layout_in_a_file_store(tmp_path: Path) -> None:
+    """Issue 37.10: Accelerate's checkpoints/checkpoint_<i>/ nest three folders deep in a step folder; retention
+    deleted the files and left step-<N>/checkpoints/ behind, empty, in a file:// store."""
+    root, uri = tmp_path / "proj", store(tmp_path)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
+    for i in range(3):
+        save(root / "checkpoints" / f"checkpoint_{i}" / "model.pt", float(i))
+        assert snap.poll(final=True) is not None
+    steps = sorted(p.name for p in (tmp_path / "store").iterdir())
+    assert steps == [checkpoint_store.step_dir(2), checkpoint_store.step_dir(3)], steps  # step 1: gone whole

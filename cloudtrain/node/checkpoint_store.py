@@ -257,6 +257,9 @@ def apply_retention(uri: str, keep: int, log: Log = _print) -> list[int]:
         if MANIFEST in ours:
             store.delete([storage.join(folder, MANIFEST)])
         store.delete([storage.join(folder, n) for n in ours if n != MANIFEST])
+        prune = getattr(store, "prune_empty", None)  # file://: no empty step folder left behind
+        if prune:
+            prune(folder)
         removed.append(step)
     if removed:
         log(f"retention: removed step(s) {removed} under {uri}, kept {sorted(keep_steps)}")
@@ -282,12 +285,13 @@ def check_lineage(uri: str, candidates: list[Checkpoint]) -> None:
                                      f"env {LINEAGE_ENV} to its lineage")
 
 
-def restore_latest(uri: str, local_root: Path, log: Log = _print,
-                   earlier: list[Path] | None = None) -> Checkpoint | None:
+def restore_latest(uri: str, local_root: Path, log: Log = _print, earlier: list[Path] | None = None,
+                   moved: list[Restored] | None = None) -> Checkpoint | None:
     """Bring the newest checkpoint that verifies to ``local_root/step-<N>``; fall back to older ones, saying so.
     A checkpoint that does not verify is marked in the store (``quarantine``). Files this node already holds of it
     (in ``local_root`` or the ``earlier`` folders: what an earlier run on this machine left) are verified against
-    the manifest and used instead of downloads."""
+    the manifest and used instead of downloads. With ``moved``, what was moved is appended there and the caller
+    says it (the node's one line), else it is logged here."""
     candidates = list_complete(uri, log=log)
     check_lineage(uri, candidates)
     for checkpoint in reversed(candidates):
@@ -296,7 +300,7 @@ def restore_latest(uri: str, local_root: Path, log: Log = _print,
         if not snapshot and _restored_already(target, checkpoint):
             return checkpoint  # already here (the bootstrap restored it before the job started)
         try:
-            moved = download(checkpoint, target, log=log, earlier=earlier)
+            done = download(checkpoint, target, log=log, earlier=earlier)
         except CorruptCheckpoint as exc:
             log(f"checkpoint {checkpoint.uri} is corrupt ({exc}); falling back to the previous one")
             quarantine(checkpoint, str(exc), log=log)
@@ -304,7 +308,10 @@ def restore_latest(uri: str, local_root: Path, log: Log = _print,
         except (OSError, CloudtrainError) as exc:
             log(f"checkpoint {checkpoint.uri} could not be downloaded ({exc}); falling back to the previous one")
             continue
-        log(f"restored {checkpoint.uri} to {target} ({moved.summary()})")
+        if moved is None:
+            log(f"restored {checkpoint.uri} to {target} ({done.summary()})")
+        else:
+            moved.append(done)
         return checkpoint
     if candidates:
         log(f"no checkpoint under {uri} verified; starting from scratch")
@@ -383,11 +390,13 @@ def restore_report(uri: str, local: Path, earlier: list[Path] | None = None) -> 
                "one holds the other): the store then holds the script's own folders too; give the checkpoint "
                "URI a folder of its own")
     try:
-        found = restore_latest(uri, local, earlier=earlier)
+        moved: list[Restored] = []
+        found = restore_latest(uri, local, earlier=earlier, moved=moved)
     except CloudtrainError as exc:  # unreadable store, or another job's checkpoints: the node stops, saying why
         return {"step": None, "error": f"{exc.message}; {exc.remedy}" if exc.remedy else exc.message}
     entries = found.manifest.get("entries") if found and is_dir_layout(found.manifest) else None
-    return {"step": found.step if found else None, "error": None, "entries": entries}
+    return {"step": found.step if found else None, "error": None, "entries": entries,
+            "moved": moved[0].summary() if moved else None}
 
 
 def main(argv: list[str] | None = None) -> int:

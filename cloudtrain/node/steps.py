@@ -116,13 +116,14 @@ def restore_checkpoint(env: dict[str, str], cwd: Path, earlier: Path | None = No
         return f"restoring checkpoints from {uri} failed: {report['error']}"
     step, took = report["step"], time.monotonic() - started
     env[contract.RESTORED_STEP] = "none" if step is None else str(step)
+    moved = f"; {report['moved']}" if report.get("moved") else ""  # one line per restore, with what it moved
     if step is None:
         log(f"checkpoint: none yet under {uri}")
     elif report.get("entries"):  # a snapshot of the script's own layout, back under the names it wrote
         log(f"checkpoint: restored {', '.join(map(str, report['entries']))} into {_local(env, cwd)} from "
-            f"{uri} (checkpoint {step}, {took:.1f}s)")
+            f"{uri} (checkpoint {step}, {took:.1f}s{moved})")
     else:
-        log(f"checkpoint: resuming from step {step} ({took:.1f}s)")
+        log(f"checkpoint: resuming from step {step} ({took:.1f}s{moved})")
     return None
 
 

@@ -190,3 +190,13 @@ class LocalStore:
                     parent.rmdir()
                 except OSError:
                     break
+
+    def prune_empty(self, uri: str) -> None:
+        """Remove the folders left empty under ``uri`` (and it, if empty): a deleted checkpoint of a script's own
+        layout nests deeper than ``delete`` looks up (``step-N/checkpoints/checkpoint_1/``)."""
+        root = local_path(uri)
+        for dirpath, _dirs, _files in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
+            try:
+                os.rmdir(dirpath)
+            except OSError:
+                continue
