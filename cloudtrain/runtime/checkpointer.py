@@ -253,7 +253,9 @@ class Checkpointer:
                 device = next((t.device for t in _tensors(state) if t.device.type == "cuda"), torch.device("cpu"))
                 self._stager = HostStager(device, log=self.log.warning)
             return self._stager.stage(state)
-        except StagingUnavailable as exc:
+        except (StagingUnavailable, ValueError, TypeError, KeyError, RuntimeError) as exc:
+            # host memory or pinning refused, or a state torch's staging helpers do not take (an optimizer keeping
+            # a value of a type they refuse): never a failed save, the slower copy instead
             self._staging_off = str(exc)
             self._stager = None
             self.log.warning(f"checkpoint staging: {exc}; each save copies the state out with torch's own "
