@@ -32,6 +32,8 @@ dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
 opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+if os.environ.get("ODD_STATE"):  # a value torch's staging helpers refuse (they take tensors, numbers, strings)
+    opt.param_groups[0]["dtype"] = torch.float32
 root = Path(sys.argv[1])
 ckpt = Checkpointer(model, opt, uri=(root / "store").as_uri(), local_dir=root / "node")
 buffers, expected = [], None
@@ -88,6 +90,12 @@ def test_a_host_that_cannot_hold_the_buffers_falls_back_and_says_so(tmp_path: Pa
     assert got["buffers"] == []  # no reused buffers: torch's own per-save copy
     assert got["restored"] == 3 and got["equal"]
     assert log.count("checkpoint staging:") == 1 and "would not fit" in log and "dcp.async_save" in log
+
+
+def test_a_state_the_staging_helpers_refuse_is_saved_the_slower_way(tmp_path: Path) -> None:
+    got, log = run_scenario(tmp_path, ODD_STATE="1")
+    assert got["restored"] == 3 and got["equal"]
+    assert log.count("checkpoint staging:") == 1 and "torch.dtype" in log
 
 
 def test_published_files_are_linked_and_a_save_never_rewrites_them(tmp_path: Path) -> None:
