@@ -242,15 +242,22 @@ def test_more_ranks_than_this_machines_gpus_are_refused_at_plan_time(cli, script
     assert no_gpu.returncode == 0, no_gpu.stderr  # a CPU machine rehearses any layout with gloo
 
 
-def test_a_worker_sees_the_environment_bare_torchrun_gives_it(cli, script: Path) -> None:
+def test_a_worker_sees_the_environment_bare_torchrun_gives_it(cli, script: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """OMP_NUM_THREADS=1 only where several nodes share this machine's cores (torchrun sets it itself where one
-    node runs several processes); a one-process node's worker gets every core, as under bare torchrun."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    one = cli("plan", str(script), "-p", "local", "-o", "json", env_extra={"CUDA_VISIBLE_DEVICES": ""})
-    two = cli("plan", str(script), "-p", "local", "--nodes", "2", "-o", "json", env_extra={"CUDA_VISIBLE_DEVICES": ""})
+    node runs several processes); a one-process node's worker gets every core, as under bare torchrun. A value
+    the user set is theirs."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
+    one = cli("plan", str(script), "-p", "local", "-o", "json", env_extra=no_gpu)
+    two = cli("plan", str(script), "-p", "local", "--nodes", "2", "-o", "json", env_extra=no_gpu)
     assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
-    assert "OMP_NUM_THREADS" not in json.loads(one.stdout)["nodes"][0]["env"] or "OMP_NUM_THREADS" in env
+    assert "OMP_NUM_THREADS" not in json.loads(one.stdout)["nodes"][0]["env"]
     assert json.loads(two.stdout)["nodes"][1]["env"].get("OMP_NUM_THREADS") == "1"
+    theirs = cli("plan", str(script), "-p", "local", "--nodes", "2", "-o", "json",
+                 env_extra={**no_gpu, "OMP_NUM_THREADS": "4"})
+    assert theirs.returncode == 0, theirs.stderr
+    assert "OMP_NUM_THREADS" not in json.loads(theirs.stdout)["nodes"][1]["env"]  # theirs reaches the worker as is
 
 
 def test_the_gpu_benchmark_runs_on_cpu(tmp_path: Path) -> None:
