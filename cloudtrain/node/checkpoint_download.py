@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,8 +33,12 @@ if TYPE_CHECKING:  # only in annotations: nodes may run Python 3.8, where collec
     Log = Callable[[str], None]
 
 
-def _print(message: str) -> None:
-    print(f"[cloudtrain] {message}", flush=True)
+def log_line(message: str) -> None:
+    """The default log of everything that publishes or restores checkpoints."""
+    print(f"[cloudtrain] {message}", file=sys.stderr, flush=True)
+
+
+_print = log_line
 
 
 def _staging_folder(target: Path) -> Path:

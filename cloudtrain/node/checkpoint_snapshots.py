@@ -280,9 +280,6 @@ class Snapshotter:
         shutil.rmtree(frozen, ignore_errors=True)
         return None
 
-    def _has_step_folders(self) -> bool:
-        return bool(_step_folder_names(self.root))
-
     def _checkpoint_entries(self, files: Files) -> set[str]:
         """The entries of a snapshot holding a file whose format says it is a whole checkpoint file (torch's zip,
         safetensors): what a later snapshot must hold too (or a newer member of their family). Logs and notes are
@@ -411,7 +408,7 @@ class Snapshotter:
         Returns its step, or None. Raises CloudtrainError (or OSError) when the store refuses it."""
         now = time.monotonic()
         files = self._look(now)
-        if not self.step_folders and files and self._has_step_folders():
+        if not self.step_folders and files and _holds_step_folders(self.root):
             # the checkpoints are the step-<N> folders (published one by one): a file beside them (a final export,
             # a log) is part of none, and never a checkpoint of its own
             if final:
@@ -461,12 +458,11 @@ class Snapshotter:
         return step
 
 
-def _step_folder_names(root: Path) -> list[str]:
+def _holds_step_folders(root: Path) -> bool:
     try:
-        return [e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False) and step_of(e.name, False)
-                is not None]
+        return any(e.is_dir(follow_symlinks=False) and step_of(e.name, False) is not None for e in os.scandir(root))
     except OSError:
-        return []
+        return False
 
 
 def _by_entry(files: Files) -> dict[str, Files]:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from cloudtrain import contract, storage
 from cloudtrain.errors import CloudtrainError
-from cloudtrain.node.checkpoint_download import Restored, download
+from cloudtrain.node.checkpoint_download import Restored, download, log_line
 from cloudtrain.node.checkpoint_manifest import (
     MANIFEST,
     QUARANTINE_PREFIX,
@@ -42,26 +42,9 @@ from cloudtrain.node.checkpoint_manifest import (
 from cloudtrain.node.paths import is_within
 from cloudtrain.storage import transfer
 
-__all__ = [
-    "MANIFEST",
-    "RUNTIME_MARKER",
-    "UNPUBLISHED_MARKER",
-    "Checkpoint",
-    "CheckpointNotPublished",
-    "CorruptCheckpoint",
-    "Restored",
-    "apply_retention",
-    "describe_and_upload",
-    "describe_files",
-    "download",
-    "list_complete",
-    "publish",
-    "restore_latest",
-    "sha256_file",
-    "step_dir",
-    "sync_dir",
-    "upload_files",
-]
+__all__ = ["MANIFEST", "RUNTIME_MARKER", "UNPUBLISHED_MARKER", "Checkpoint", "CheckpointNotPublished",
+           "CorruptCheckpoint", "Restored", "apply_retention", "describe_and_upload", "describe_files", "download",
+           "list_complete", "publish", "restore_latest", "sha256_file", "step_dir", "sync_dir", "upload_files"]
 
 # Dropped into CLOUDTRAIN_CHECKPOINT_DIR by the runtime Checkpointer, which publishes its own folders: the plain-script
 # sync then leaves that directory alone (a folder being written or pruned by the Checkpointer is never half-published).
@@ -76,11 +59,7 @@ if TYPE_CHECKING:  # only in annotations: nodes may run Python 3.8, where collec
     Log = Callable[[str], None]
 
 
-def _print(message: str) -> None:
-    print(f"[cloudtrain] {message}", file=sys.stderr, flush=True)
-
-
-log_line = _print  # the default log of everything that publishes or restores checkpoints
+_print = log_line  # the default log of everything that publishes or restores checkpoints
 
 
 def sha256_file(path: Path) -> str:
@@ -164,7 +143,9 @@ def list_complete(uri: str, log: Log = _print) -> list[Checkpoint]:
 
 
 def describe_files(root: Path, rel_paths: list[str]) -> list[dict[str, Any]]:
-    return [{"path": rel, "size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)} for rel in rel_paths]
+    digests = transfer.hash_many([root / rel for rel in rel_paths])  # several files at once
+    return [{"path": rel, "size": (root / rel).stat().st_size, "sha256": digest}
+            for rel, digest in zip(rel_paths, digests)]
 
 
 def _upload_each(root: Path, rel_paths: list[str], folder_uri: str, log: Log, hash_files: bool,

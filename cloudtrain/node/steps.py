@@ -150,7 +150,7 @@ class PlainSync:
             self.local, self.uri, self.keep, checkpoint_snapshots.quiet_period(env), world_size=world_size,
             step_folders=self.own_layout)
         self.cwd, self.before = cwd, working_files(cwd)  # to tell a folder the script never writes (a typo)
-        self.started, self.empty_said = time.monotonic(), False
+        self.empty_look, self.empty_said = time.monotonic() + self.every, False  # one look an interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cloudtrain-checkpoint-sync", daemon=True)
         self._thread.start()
@@ -184,18 +184,20 @@ class PlainSync:
     def _empty_while_running(self) -> None:
         """Said once, after one interval: the checkpoint folder is still empty while the script writes files
         elsewhere under its working folder (``--checkpoint-dir ckpts`` for a script that saves into ``ckpt``)."""
-        if self.empty_said or time.monotonic() - self.started < self.every or not self._holds_nothing():
+        if self.empty_said or time.monotonic() < self.empty_look or not self._holds_nothing():
             return
+        self.empty_look = time.monotonic() + self.every  # the working folder is walked once an interval, no more
         elsewhere = sorted(working_files(self.cwd) - self.before)
         if elsewhere:
             self.empty_said = True
             log(f"warning: {self._empty_line(elsewhere)}")
 
     def _empty_line(self, elsewhere: list[str]) -> str:
+        if not elsewhere:  # no sign of a folder mixed up (a script that failed early, or never saves): the fact
+            return f"the checkpoint folder {self.local} stayed empty: nothing was published to the checkpoint store"
         shown = ", ".join(elsewhere[:3]) + (f" and {len(elsewhere) - 3} more" if len(elsewhere) > 3 else "")
-        return (f"the checkpoint folder {self.local} is empty" + (f" while the script wrote {shown}" if shown else "")
-                + ": nothing is published to the checkpoint store; is checkpoint.dir (--checkpoint-dir) the folder "
-                "the script saves into?")
+        return (f"the checkpoint folder {self.local} is empty while the script wrote {shown}: nothing is published "
+                "to the checkpoint store; is checkpoint.dir (--checkpoint-dir) the folder the script saves into?")
 
     def finish(self) -> str | None:
         """After the workers exited (also after SIGTERM): everything they left is final; publish it. Returns why the

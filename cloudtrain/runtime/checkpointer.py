@@ -44,7 +44,7 @@ from cloudtrain.node import checkpoint_store
 from cloudtrain.runtime.data import ResumableSampler
 from cloudtrain.runtime.logs import get_logger
 from cloudtrain.runtime.rng import rng_state, set_rng_state
-from cloudtrain.runtime.stager import HostStager, StagingUnavailable
+from cloudtrain.runtime.stager import HostStager, StagingUnavailable, state_device
 from cloudtrain.storage.transfer import threads as transfer_threads
 
 EXIT_PREEMPTED = contract.EXIT_PREEMPTED
@@ -250,8 +250,7 @@ class Checkpointer:
             return None
         try:
             if self._stager is None:
-                device = next((t.device for t in _tensors(state) if t.device.type == "cuda"), torch.device("cpu"))
-                self._stager = HostStager(device, log=self.log.warning)
+                self._stager = HostStager(state_device(state), log=self.log.warning)
             return self._stager.stage(state)
         except (StagingUnavailable, ValueError, TypeError, KeyError, RuntimeError) as exc:
             # host memory or pinning refused, or a state torch's staging helpers do not take (an optimizer keeping
@@ -433,17 +432,6 @@ class Checkpointer:
                 except ValueError:
                     continue
         return max(steps) if steps else None
-
-
-def _tensors(state: Any) -> Any:
-    if isinstance(state, dict):
-        for value in state.values():
-            yield from _tensors(value)
-    elif isinstance(state, (list, tuple)):
-        for value in state:
-            yield from _tensors(value)
-    elif isinstance(state, torch.Tensor):
-        yield state
 
 
 def save_final_model(model: torch.nn.Module, uri: str | None = None, name: str = "model.pt") -> str | None:

@@ -16,7 +16,7 @@ torchtitan's ``async_with_pinned_mem`` are built on (``_create_cpu_state_dict``/
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -33,16 +33,27 @@ class StagingUnavailable(Exception):
     """Reused host buffers cannot be used here; the message says why (logged once, then torch's copy is used)."""
 
 
+def tensors(state: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a (nested) state dict."""
+    if isinstance(state, dict):
+        for value in state.values():
+            yield from tensors(value)
+    elif isinstance(state, (list, tuple)):
+        for value in state:
+            yield from tensors(value)
+    elif isinstance(state, torch.Tensor):
+        yield state
+
+
 def state_bytes(state: Any) -> int:
     """Bytes of the tensors in a (nested) state dict, counting a DTensor's local shard only."""
-    if isinstance(state, dict):
-        return sum(state_bytes(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(state_bytes(v) for v in state)
-    if isinstance(state, torch.Tensor):
-        local = state.to_local() if hasattr(state, "to_local") else state
-        return int(local.numel() * local.element_size())
-    return 0
+    locals_ = (t.to_local() if hasattr(t, "to_local") else t for t in tensors(state))
+    return sum(int(t.numel() * t.element_size()) for t in locals_)
+
+
+def state_device(state: Any) -> torch.device:
+    """Where a state's training tensors live: the GPU of any tensor on one, else the CPU."""
+    return next((t.device for t in tensors(state) if t.device.type == "cuda"), torch.device("cpu"))
 
 
 def available_host_bytes() -> int | None:
