@@ -23,38 +23,30 @@ The ``step-<N>/`` folders cloudtrain's own layout uses are published per folder 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import stat
-import struct
 import time
-import zipfile
 from pathlib import Path
-from typing import Any, Dict, NamedTuple
+from typing import Any
 
 from cloudtrain import contract, storage
 from cloudtrain.node import checkpoint_store
+from cloudtrain.node.checkpoint_files import (
+    CHECKPOINT_SUFFIXES,
+    Files,
+    FileState,
+    file_complete,
+    marker_missing,
+    scan,
+    state_of,
+)
 from cloudtrain.node.checkpoint_manifest import LAYOUT_DIR, is_dir_layout, step_dir, step_of
 
 QUIET = 2.0  # seconds a snapshot must stay unchanged before it is taken for complete (CLOUDTRAIN_CHECKPOINT_QUIET)
 LIVE_AFTER = 10  # a file of no known format that changed at this many scans in a row is a log, not a checkpoint
-_TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".swp", ".lock", "~")
 _SHARD = re.compile(r"\d+-of-\d+")  # model-00001-of-00004.safetensors: parts of one thing, not a family
 _NUMBER = re.compile(r"\d+")
-_DCP_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
-# files torch.save and its kin write (never empty when whole): an empty one is a save that wrote nothing
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".tar", ".distcp", ".pkl")
-
-
-class FileState(NamedTuple):
-    size: int
-    mtime_ns: int
-    ino: int
-
-
-Files = Dict[str, FileState]  # path relative to the checkpoint folder -> what it was when looked at
 
 
 def quiet_period(env: dict[str, str] | None = None) -> float:
@@ -63,81 +55,6 @@ def quiet_period(env: dict[str, str] | None = None) -> float:
         return max(0.0, float(value)) if value else QUIET
     except ValueError:
         return QUIET
-
-
-# -- looking (never opening anything that is not a regular file) -------------------------------------------------
-
-
-def _skipped(name: str) -> bool:
-    """A file being written under a name of its own, to be renamed when done (safetensors' ``.tmpXXXXXX``, DCP's
-    ``.metadata.tmp``): never part of a checkpoint. DCP's ``.metadata`` is the one hidden file a checkpoint has."""
-    return name.endswith(_TEMP_SUFFIXES) or (name.startswith(".") and name != ".metadata")
-
-
-def scan(root: Path, step_folders: bool = True) -> Files:
-    """The regular files under ``root``: hidden top-level entries (cloudtrain's markers, editors' and notebooks'
-    folders), temp names and anything that is not a regular file (a FIFO, a socket) are left out, and without
-    ``step_folders`` the ``step-<N>`` folders cloudtrain's own layout publishes one by one. A symbolic link counts as
-    the file it points to if that is a regular file inside ``root`` (Lightning's ``save_last='link'``)."""
-    found: Files = {}
-    try:
-        top = os.path.realpath(root)
-        for dirpath, dirnames, filenames in os.walk(root):
-            rel_dir = os.path.relpath(dirpath, root)
-            if rel_dir == ".":
-                dirnames[:] = [d for d in dirnames if not d.startswith(".")
-                               and (step_folders or step_of(d, False) is None)]
-                filenames = [f for f in filenames if not f.startswith(".")]
-            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-            for name in filenames:
-                if _skipped(name):
-                    continue
-                path = os.path.join(dirpath, name)
-                try:
-                    if os.path.islink(path) and not os.path.realpath(path).startswith(top + os.sep):
-                        continue
-                    st = os.stat(path)
-                except OSError:  # gone between the listing and the look: it is being replaced
-                    continue
-                if not stat.S_ISREG(st.st_mode):
-                    continue
-                rel = name if rel_dir == "." else f"{Path(rel_dir).as_posix()}/{name}"
-                found[rel] = FileState(st.st_size, st.st_mtime_ns, st.st_ino)
-    except OSError:
-        return found
-    return found
-
-
-def file_complete(path: Path) -> bool | None:
-    """True or False where the file's format says whether it was written to the end (torch's zip format, whose
-    central directory comes last; safetensors, whose header declares the length); None where it cannot say."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if head[:4] == b"PK\x03\x04":
-                f.seek(0)
-                try:
-                    with zipfile.ZipFile(f) as archive:  # reads the end record and the central directory only
-                        archive.infolist()
-                except (zipfile.BadZipFile, OSError, ValueError, EOFError):
-                    return False
-                return True
-            if path.suffix == ".safetensors":
-                if len(head) < 8:
-                    return False
-                (length,) = struct.unpack("<Q", head)
-                size = os.fstat(f.fileno()).st_size
-                if length > size - 8:
-                    return False
-                try:
-                    header = json.loads(f.read(length))
-                    end = max([int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"] or [0])
-                except (ValueError, KeyError, TypeError, IndexError):
-                    return False
-                return size == 8 + length + end
-    except OSError:
-        return False
-    return None
 
 
 # -- units and families ------------------------------------------------------------------------------------------
@@ -218,25 +135,6 @@ def script_step(names: list[str]) -> int | None:
     return max(steps) if steps else None
 
 
-def _marker_missing(entry: str, rels: list[str], world_size: int = 0) -> str | None:
-    """A folder whose stack writes one file last, without that file: a DCP checkpoint without ``.metadata`` (or,
-    where the world size is known, without a shard ``__<rank>_<i>.distcp`` of every rank: on several nodes each
-    holds its own ranks' only), an HF Trainer checkpoint without ``trainer_state.json``."""
-    inside = {rel[len(entry) + 1:] for rel in rels if rel.startswith(entry + "/")}
-    names = {Path(rel).name for rel in rels}
-    if any(n.endswith(".distcp") for n in names):
-        if ".metadata" not in names:
-            return ".metadata"
-        ranks = {int(m.group(1)) for m in map(_DCP_SHARD.match, names) if m}
-        missing = sorted(set(range(world_size)) - ranks)
-        if ranks and missing:
-            return f"a shard of rank {missing[0]} (__{missing[0]}_0.distcp: written on another node)"
-    if re.fullmatch(r"checkpoint-\d+", Path(entry).name) and inside and "trainer_state.json" not in inside and \
-            any(n in inside for n in ("training_args.bin", "optimizer.pt", "scheduler.pt")):
-        return "trainer_state.json"
-    return None
-
-
 class Snapshotter:
     """What node 0 runs around the workers for one checkpoint folder: ``poll()`` while they run (from the sync
     thread), ``poll(final=True)`` once they exited. Keeps what it saw between polls in memory (the bootstrap's
@@ -275,7 +173,7 @@ class Snapshotter:
         except OSError as exc:  # no room beside it: the next snapshot is uploaded from the folder again
             self.log(f"could not copy the snapshot beside {self.root} ({exc}); the next is uploaded from the folder")
             self.voided = 0
-        if self.voided and all(_state(self.root / rel) == snapshot[rel] for rel in rels):
+        if self.voided and all(state_of(self.root / rel) == snapshot[rel] for rel in rels):
             return frozen
         shutil.rmtree(frozen, ignore_errors=True)
         return None
@@ -318,7 +216,7 @@ class Snapshotter:
         torn = [rel for rel, verdict in zip(rels, verdicts) if verdict is False]
         if torn:
             return f"{torn[0]} is incomplete (being written, or cut short)", False, unknown
-        missing = _marker_missing(entry, rels, self.world_size)
+        missing = marker_missing(entry, rels, self.world_size)
         if missing:
             return f"it has no {missing} (its stack writes that file last)", False, unknown
         return None, verdicts == [True], unknown
@@ -439,7 +337,7 @@ class Snapshotter:
         finally:
             if frozen is not None:
                 shutil.rmtree(frozen, ignore_errors=True)
-        changed = [] if frozen else [rel for rel in rels if _state(self.root / rel) != snapshot[rel]]
+        changed = [] if frozen else [rel for rel in rels if state_of(self.root / rel) != snapshot[rel]]
         if changed:  # rewritten while it was read: what reached the store may mix two versions
             self.voided += 1
             self.log(f"{self.root / changed[0]} changed while it was uploaded ({time.monotonic() - started:.1f}s); "
@@ -485,11 +383,3 @@ def resume_point(uri: str | None) -> str:
     entries = newest.manifest.get("entries") if is_dir_layout(newest.manifest) else None
     what = f" ({', '.join(map(str, entries))})" if isinstance(entries, list) and entries else ""
     return f"from checkpoint {newest.step}{what} under {uri}"
-
-
-def _state(path: Path) -> FileState | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return FileState(st.st_size, st.st_mtime_ns, st.st_ino)
