@@ -179,7 +179,7 @@ def plan_budget(plan: Plan) -> dict[str, Any] | None:
     if budget is None:
         return None
     rate = rate_of(plan)
-    if rate is None or rate.hourly is None:
+    if rate is None or not rate.hourly:  # None, or a catalog's 0: nothing to divide the budget by
         why = (plan.estimate or {}).get("reason") or f"{plan.provider} has no list prices in cloudtrain's catalog"
         extra = " (or set providers.local.price_per_node_hour to rehearse one)" if plan.provider == "local" else ""
         raise SpecError(f"cannot hold a budget without a price: {why}", field="max_cost",
@@ -194,7 +194,7 @@ def plan_budget(plan: Plan) -> dict[str, Any] | None:
     def buys(per_node: float | None) -> float | None:
         return None if per_node is None else round(budget / (per_node * rate.nodes), 3)
 
-    return {"max_cost": budget, "currency": "USD", "billed_as": rate.capacity, "hourly": round(hourly, 4),
+    return {"max_cost": budget, "currency": "USD", "billed_as": rate.capacity, "hourly": _price(hourly),
             "hours": round(budget / hourly, 3), "on_demand_hours": buys(rate.on_demand),
             "spot_hours": buys(rate.spot), "price_source": rate.source,
             "enforced_by": "the watcher: a foreground submit, `cloudtrain wait --recover` or Run.wait(recover=True) "
@@ -202,13 +202,24 @@ def plan_budget(plan: Plan) -> dict[str, Any] | None:
                            "one, the platform's max_runtime (runtime_cap)"}
 
 
-def runtime_cap(budget: dict[str, Any], max_runtime: int) -> int | None:
-    """The max_runtime that makes the platform itself hold ``budget`` (plan_budget's) when nothing watches the job
-    (a detached submit, a closed laptop): the time it buys plus a margin in which a watcher, where one runs, stops
-    the job first (1 %, at least BACKSTOP_MARGIN seconds). None where ``max_runtime`` is already that short."""
-    bought = budget["max_cost"] / budget["hourly"] * 3600
+def _price(value: float) -> float:
+    """A price as shown: 4 decimals, or 4 significant digits where those round it to 0 (a rehearsal's $0.00001)."""
+    return round(value, 4) or float(f"{value:.4g}")
+
+
+def runtime_cap(plan: Plan) -> int | None:
+    """The max_runtime that makes the platform itself hold the plan's budget when nothing watches the job (a
+    detached submit, a closed laptop): the time it buys plus a margin in which a watcher, where one runs, stops the
+    job first (1 %, at least BACKSTOP_MARGIN seconds). None where max_runtime is already that short. From the rate
+    itself, never from the plan's rounded figures (a tiny price rounds to 0)."""
+    rate, budget = rate_of(plan), plan.spec.max_cost
+    if rate is None or not rate.hourly or budget is None:
+        return None
+    bought = budget / rate.hourly * 3600
+    if bought >= plan.spec.max_runtime:
+        return None
     cap = math.ceil(bought + max(BACKSTOP_MARGIN, bought / 100))
-    return cap if cap < max_runtime else None
+    return cap if cap < plan.spec.max_runtime else None
 
 
 # -- what each submitted job costs, remembered here ------------------------------------------------------------

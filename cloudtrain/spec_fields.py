@@ -71,10 +71,14 @@ def _usd(value: Any) -> Any:
             raise ValueError("must be an amount in USD, e.g. 250 or 99.50")
     if isinstance(value, (int, float)) and not 0 < value < MAX_USD:  # also false for nan
         raise ValueError(f"must be more than 0 and less than {MAX_USD:,} USD")
+    if isinstance(value, (int, float)) and value < MIN_USD:
+        raise ValueError(f"must be at least {MIN_USD:.6f} USD (a millionth of a dollar): a smaller amount prices "
+                         "nothing, and what a budget buys at it is beyond any number")
     return value
 
 
 MAX_USD = 10 ** 8  # far beyond any one job's budget: a typo, refused before it reaches a plan
+MIN_USD = 1e-6  # below it a price is no price: a budget divided by it overflows (5e-324 -> inf)
 Usd = Annotated[float, BeforeValidator(_usd, json_schema_input_type=float | str), Field(gt=0, allow_inf_nan=False)]
 
 

@@ -46,6 +46,30 @@ def test_bad_budgets_exit_2_naming_the_field(cli, project: Path, flags: list[str
     assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
+def test_a_tiny_rehearsal_price_plans_and_a_price_below_a_micro_dollar_is_refused(cli, project: Path) -> None:
+    """Issue 38.14: $0.00001 a node-hour with --max-cost 5 ended in ZeroDivisionError (the price rounded to 0 before
+    the budget was divided by it). It plans, its price shown as it is; a price that prices nothing (5e-324: a budget
+    divided by it overflows) is refused, naming the field."""
+    script = str(project / "train_ddp.py")
+    for out in ("json", "text"):
+        planned = cli("plan", script, "--set", "providers.local.price_per_node_hour=0.00001", "--max-cost", "5",
+                      "-o", out)
+        assert planned.returncode == 0 and "Traceback" not in planned.stderr, planned.stderr
+    spent = json.loads(planned.stdout if out == "json" else cli(
+        "plan", script, "--set", "providers.local.price_per_node_hour=0.00001", "--max-cost", "5", "-o",
+        "json").stdout)["budget"]
+    assert spent["hourly"] == 0.00001 and spent["hours"] == 500_000 and "runtime_cap" not in spent, spent
+    assert "$5.00 buys on-demand 20833d8h (billed)" in planned.stdout, planned.stdout
+    compared = cli("plan", script, "--compare", "--set", "providers.local.price_per_node_hour=0.00001",
+                   "--max-cost", "5")
+    assert compared.returncode == 0 and "Traceback" not in compared.stderr, compared.stderr
+    assert re.search(r"^local .* ready$", compared.stdout, re.M), compared.stdout
+    for price in ("5e-324", "0.0000001"):
+        refused = cli("plan", script, "--set", f"providers.local.price_per_node_hour={price}", "--max-cost", "5")
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert "providers.local.price_per_node_hour: must be at least 0.000001 USD" in refused.stderr, refused.stderr
+
+
 def test_plan_shows_what_the_budget_buys(cli, project: Path) -> None:
     flags = ["-p", "gcp", "--gpus", "A100:8", "--nodes", "2", "--spot", "--max-cost", "$100"]
     planned = json.loads(cli("plan", str(project / "train_ddp.py"), *flags, "-o", "json").stdout)
