@@ -20,7 +20,7 @@ import math
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -251,14 +251,83 @@ def write(handle: str, record: dict[str, Any]) -> None:
 
 
 def recorded(handle: str) -> dict[str, Any] | None:
-    """What was remembered of ``handle`` at submit, or None."""
+    """What was remembered of ``handle`` at submit, or None. A record of another shape (another version's, one
+    edited by hand) is not used: said once on stderr, naming the file, what is wrong and the fix."""
+    data, problem = _read(handle)
+    if problem and problem not in _said:
+        import sys
+
+        _said.add(problem)
+        print(f"cloudtrain: warning: {problem}", file=sys.stderr)
+    return data
+
+
+def problem(handle: str) -> str | None:
+    """What is wrong with ``handle``'s cost record, with the fix; None when it is usable or there is none."""
+    return _read(handle)[1]
+
+
+_said: set[str] = set()
+_RATE_TEXT = ("provider", "instance_type", "capacity", "source")
+_RATE_NEEDS = ("provider", "instance_type", "nodes", "capacity", "on_demand")
+
+
+def _read(handle: str) -> tuple[dict[str, Any] | None, str | None]:
+    path = _path(handle)
+    wrong: str | None
     try:
-        data = json.loads(_path(handle).read_text())
-    except (OSError, ValueError):
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:  # unreadable, or not UTF-8
+        wrong = f"cannot be read ({exc.strerror if isinstance(exc, OSError) else 'not UTF-8 text'})"
+    else:
+        try:
+            wrong = _wrong(data := json.loads(text))
+        except ValueError:
+            wrong = "is not JSON"
+        if wrong is None:
+            return data, None
+    return None, (f"the cost record {path} {wrong} (another version's, or edited): its price and budget are not "
+                  f"used (the leg counts as unpriced)\n  fix: delete {path}, or restore it as `cloudtrain submit` "
+                  "wrote it")
+
+
+def _number(value: Any, least: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and least <= value < math.inf
+
+
+def _wrong(data: Any) -> str | None:
+    """What is wrong with a cost record's shape, or None (keys a later version adds are left alone)."""
+    if not isinstance(data, dict):
+        return f"holds a JSON {type(data).__name__}, not an object"
+    if data.get("max_cost") is not None and not (_number(data["max_cost"], 0) and data["max_cost"] > 0):
+        return f"has max_cost {data['max_cost']!r}, not an amount in USD"
+    if data.get("stopped") is not None and not isinstance(data["stopped"], str):
+        return f"has stopped {data['stopped']!r}, not text"
+    rate = data.get("rate")
+    if rate is None:
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(rate, dict):
+        return f"has rate {rate!r}, not an object"
+    missing = [key for key in _RATE_NEEDS if key not in rate]
+    if missing:
+        return f"has a rate without {', '.join(missing)}"
+    for key in _RATE_TEXT:
+        if key in rate and not isinstance(rate[key], str):
+            return f"has rate.{key} {rate[key]!r}, not text"
+    if not (_number(rate["nodes"], 1) and isinstance(rate["nodes"], int)):
+        return f"has rate.nodes {rate['nodes']!r}, not a count of nodes"
+    for key in ("on_demand", "spot"):
+        if rate.get(key) is not None and not _number(rate[key], 0):
+            return f"has rate.{key} {rate[key]!r}, not a price in USD"
+    return None
 
 
 def rate_from(record: dict[str, Any] | None) -> Rate | None:
+    """The rate in a record ``recorded`` returned (its shape checked there)."""
     raw = (record or {}).get("rate")
-    return Rate(**raw) if isinstance(raw, dict) else None
+    if not isinstance(raw, dict):
+        return None
+    known = {f.name for f in fields(Rate)}
+    return Rate(**{key: value for key, value in raw.items() if key in known})

@@ -52,13 +52,14 @@ def job_cost(handle: JobHandle | str) -> dict[str, Any]:
     """`cloudtrain cost HANDLE`, ``Run.cost()``: runtime per leg, restarts, list-price cost and spot savings so far,
     across every leg of the job's recovery chain (cloudtrain/cost.py prices them)."""
     from cloudtrain.budget import Watcher
-    from cloudtrain.cost import rate_from
+    from cloudtrain.cost import problem, rate_from
 
     chain = chain_of(handle)
     found = Watcher(chain)
     total = found.spent()
     return {"handle": str(handle), "root": chain[0], "max_cost": found.max_cost, "stopped": found.stopped,
-            "priced": bool(rate_from(found.record)), **total.to_dict()}
+            "priced": bool(rate_from(found.record)), **total.to_dict(),
+            "problems": [said for leg in chain if (said := problem(leg))]}  # cost records not used (stderr too)
 
 
 def preempt(provider: Provider, handle: JobHandle) -> JobStatus:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -176,6 +177,47 @@ def test_cost_of_a_job_without_a_price_says_so(cli, project: Path, ct_home: Path
     shown = cli("cost", handle)
     assert shown.returncode == 0 and f"no price known for {handle}" in shown.stdout, shown.stdout + shown.stderr
     assert json.loads(cli("cost", handle, "-o", "json").stdout)["unpriced"] == [handle]
+
+
+_OTHER_SHAPES = [
+    {"handle": "x", "rate": {"provider": "local", "price": 3}, "max_cost": None},  # another version's rate
+    {"rate": {"provider": "local", "instance_type": "m", "nodes": "2", "capacity": "on_demand", "on_demand": 3}},
+    {"rate": {"provider": "local", "instance_type": "m", "nodes": 1, "capacity": "on_demand", "on_demand": "3"}},
+    {"rate": [1]}, {"max_cost": "5"}, {"stopped": 5}, [1],
+]
+
+
+def test_a_cost_record_of_another_shape_is_named_and_the_rest_shown(cli, project: Path, ct_home: Path) -> None:
+    """Issue 38.15: a cost record in the home of another shape (another version's, edited by hand) ended `cloudtrain
+    cost` (and `status`: the budget note) in TypeError. It is named with what is wrong and the fix, not used, and the
+    chain's other legs are still priced."""
+    flags = ["--detach", "--set", "providers.local.price_per_node_hour=36", "--max-cost", "100", "--", "--epochs", "1"]
+    first, second = (cli("submit", str(project / "train_ddp.py"), *flags).stdout.strip() for _ in range(2))
+    for handle in (first, second):
+        assert cli("wait", handle).returncode == 0
+    recovery.save(recovery.RecoveryState(root=first, max_restarts=3, chain=[first, second]))
+    root, later = cost._path(first), cost._path(second)
+    kept = root.read_text()
+
+    def named(record: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        shown = cli(*args)
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, (record.read_text(), shown.stderr)
+        assert f"cloudtrain: warning: the cost record {record} " in shown.stderr, (record.read_text(), shown.stderr)
+        assert f"fix: delete {record}" in shown.stderr, shown.stderr
+        return shown
+
+    for shape in [*_OTHER_SHAPES, "not json"]:
+        text = shape if isinstance(shape, str) else json.dumps(shape)
+        later.write_text(text)  # a later leg's record: the others, and the root's budget, still count
+        priced = json.loads(named(later, "cost", second, "-o", "json").stdout)
+        assert [leg["handle"] for leg in priced["legs"]] == [first, second] and priced["max_cost"] == 100, priced
+        assert priced["legs"][0]["per_node_hour"] == 36 and str(later) in priced["problems"][0], priced
+        assert "1 cost record(s) not used" in named(later, "cost", second).stdout
+        root.write_text(text)  # the root's: status reads its budget note
+        named(root, "status", second)
+        assert [leg["handle"] for leg in json.loads(named(root, "cost", first, "-o", "json").stdout)["legs"]] == [
+            first, second]
+        root.write_text(kept)
 
 
 def test_sdk_run_accepts_max_cost_as_a_spec_field(project: Path) -> None:

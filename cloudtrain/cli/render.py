@@ -149,5 +149,7 @@ def cost_text(found: dict[str, Any], colour: bool = False) -> str:
     if found["unpriced"]:
         lines.append(f"no price known for {', '.join(found['unpriced'])} (submitted from another machine, or a "
                      "provider without list prices): counted as $0")
+    if found.get("problems"):
+        lines.append(f"{len(found['problems'])} cost record(s) not used: the warning(s) above say why and the fix")
     lines.append("list prices x nodes x wall time per leg: an estimate, compute only, never a bill")
     return "\n".join(lines)
