@@ -222,3 +222,40 @@ def test_several_pairs_after_one_set_say_to_repeat_the_flag(capsys: pytest.Captu
     with pytest.raises(SystemExit):
         main(["plan", "train.py", "--bogus"])
     assert "fix:" not in capsys.readouterr().err  # an unknown flag is only named
+
+
+@pytest.mark.parametrize(("staging", "said"), [
+    ("s3://b/x", "'b' in 's3://b/x' is not a valid name: S3 bucket names"),
+    ("gs://B/x", "'B' in 'gs://B/x' is not a valid name: Cloud Storage bucket names"),
+    ("az://a_b/x", "'a_b' in 'az://a_b/x' is not a valid name: Azure container names"),
+    ("s3://my-bucket/x?v=1", "'s3://my-bucket/x?v=1' has a '?' or '#' part"),
+])
+def test_a_kubernetes_staging_bucket_no_store_allows(cli, ct_home: Path, project: Path, tmp_path: Path, staging: str,
+                                                     said: str) -> None:
+    """Issue 38.16: providers.kubernetes.staging s3://b/x passed its own check and ended in a pydantic ValidationError
+    traceback when the plan derived output_uri from it. Refused where it is given (flag, spec file, environment,
+    profile), naming the field and the fix."""
+    flag = cli("plan", "train.py", "-p", "kubernetes", "--set", f"providers.kubernetes.staging={staging}", cwd=project)
+    _assert_clean_failure(flag, ct_home, f"providers.kubernetes.staging: {said}",
+                          "fix: set providers.kubernetes.staging to a valid value")
+    (project / "cloudtrain.yaml").write_text(f"script: train.py\nprovider: kubernetes\nproviders:\n  kubernetes:\n"
+                                             f"    staging: '{staging}'\n")
+    _assert_clean_failure(cli("plan", "-f", "cloudtrain.yaml", cwd=project), ct_home,
+                          f"providers.kubernetes.staging: {said}", "fix:")
+    (project / "cloudtrain.yaml").unlink()
+    from_env = cli("plan", "train.py", "-p", "kubernetes", cwd=project,
+                   env_extra={"CLOUDTRAIN_KUBERNETES_STAGING": staging})
+    _assert_clean_failure(from_env, ct_home, "from environment variable CLOUDTRAIN_KUBERNETES_STAGING", said, "fix:")
+    config = {"CLOUDTRAIN_CONFIG": str(tmp_path / "config.yaml")}
+    refused = cli("config", "set", "kubernetes.staging", staging, cwd=project, env_extra=config)
+    assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    assert not (tmp_path / "config.yaml").exists()
+
+
+def test_a_location_a_provider_derives_that_the_spec_refuses_names_its_setting(cli, ct_home: Path,
+                                                                                project: Path) -> None:
+    """The sibling net: a value a provider sets on the spec while planning (Slurm's output_uri under a staging folder
+    written with '..') that the spec's own checks refuse is a message naming the provider's settings, not a pydantic
+    traceback."""
+    result = cli("plan", "train.py", "-p", "slurm", "--set", "providers.slurm.staging=/shared/../scratch", cwd=project)
+    _assert_clean_failure(result, ct_home, "providers.slurm", "contains '..'", "fix:")

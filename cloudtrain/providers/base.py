@@ -144,7 +144,12 @@ class Provider(ABC):
     # -- public template methods ------------------------------------------------------------------------
     def plan(self, spec: JobSpec, package: Package) -> Plan:
         self._check_capabilities(spec)
-        plan = self._plan(spec, package)
+        from pydantic import ValidationError
+
+        try:
+            plan = self._plan(spec, package)
+        except ValidationError as exc:  # a location the provider derives from its settings that the spec refuses
+            raise self._derived_error(exc) from None
         check_job_name(self.name, plan.job_id, self.declaration.name_pattern, self.declaration.name_rule)
         self._check_processes(plan)
         from cloudtrain.images import torch_note
@@ -157,6 +162,18 @@ class Provider(ABC):
             plan.estimate = estimate(plan.machine, spec.nodes, self._capacity(spec), spec.max_runtime,
                                      plan.staging.get("region"))
         return plan
+
+    def _derived_error(self, exc: Any) -> SpecError:
+        """A value the provider set on the spec while planning (output_uri or checkpoint.uri under its staging
+        location) that the spec's own checks refuse: named with the settings it came from, not as a traceback."""
+        from cloudtrain.spec_errors import friendly_error
+
+        err = exc.errors()[0]
+        where = ".".join(str(part) for part in err["loc"]) or "the spec"
+        return SpecError(f"{where} as {self.name} derives it from its settings is not usable: {friendly_error(err)}",
+                         field=f"providers.{self.name}",
+                         remedy=f"correct providers.{self.name}'s storage setting (its staging location or bucket), or "
+                                f"set {where} yourself")
 
     def submit(self, plan: Plan) -> JobHandle:
         """Execute a plan. Refused, before anything is staged or sent, while it holds a placeholder for a setting the

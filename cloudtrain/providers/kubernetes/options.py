@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from cloudtrain.spec_fields import Duration, Model, one_token
+from cloudtrain.storage.uris import check_uri
 
 STAGING = re.compile(r"^(s3|gs|az)://[^/\s]+(/\S*)?$|^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/\S*)?$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -70,4 +71,6 @@ class KubernetesOptions(Model):
         if value is not None and not STAGING.match(value):
             raise ValueError(f"{value!r}: use s3://BUCKET/prefix, gs://BUCKET/prefix, az://CONTAINER/prefix or "
                              "pvc://CLAIM/path")
+        if value and not value.startswith("pvc://"):  # a bucket its store refuses: here, not as the derived URIs
+            check_uri(value)  # (output_uri, checkpoint.uri) fail their own checks at plan time
         return value.rstrip("/") if value else value
