@@ -21,10 +21,14 @@ if TYPE_CHECKING:
     from cloudtrain.spec import JobSpec
 
 
-def check_entry_files(spec: JobSpec, source: Path, package: Package, limits: PackageLimits) -> None:
-    """A PackagingError naming the rule when the script, the module or the requirements file is not packaged."""
-    shipped = {f["path"] for f in package.files}
-    wanted: list[tuple[str, str, str]] = []  # (field, what, path relative to the source)
+# What a run writes into its checkpoint folder is state (.pt, .safetensors, .bin, .json, logs); files of these kinds
+# are what a job imports or reads as it starts: code and configuration.
+SOURCE_SUFFIXES = (".py", ".pyi", ".pyx", ".pxd", ".so", ".pyd", ".sh", ".yaml", ".yml", ".toml", ".cfg", ".ini")
+
+
+def _entry_files(spec: JobSpec, source: Path) -> list[tuple[str, str, str]]:
+    """(field, what, path relative to the source) of the script, the module's file and the requirements file."""
+    wanted: list[tuple[str, str, str]] = []
     if spec.script:
         wanted.append(("script", "script", _relative(spec.script)))
     if spec.module:
@@ -33,7 +37,42 @@ def check_entry_files(spec: JobSpec, source: Path, package: Package, limits: Pac
         wanted += [("module", "module", found[0])] if found else []
     if isinstance(spec.requirements, str):
         wanted.append(("requirements", "requirements file", _relative(spec.requirements)))
-    for field, what, rel in wanted:
+    return wanted
+
+
+def check_checkpoint_folder(spec: JobSpec, source: Path, folder: str | None, package: Package) -> None:
+    """A PackagingError (field checkpoint.dir) when checkpoint.dir, a folder of the source (``folder``), would take
+    from the job what it runs: the package leaves that folder out, and each node starts the job with it empty (then
+    restores the store's newest checkpoint there). Refused: a folder holding the script, the module, the requirements
+    file, code or configuration (a local run's checkpoints there are left out, as the plan says), and a name that is
+    a packaged file."""
+    if folder is None:
+        return
+    given, flag = spec.checkpoint.dir, "--checkpoint-dir checkpoints (checkpoint.dir in a spec)"
+    shipped = {f["path"] for f in package.files}
+    parts = folder.split("/")
+    file = next((sub for sub in ("/".join(parts[:depth]) for depth in range(1, len(parts) + 1)) if sub in shipped),
+                None)
+    if file is not None:
+        raise PackagingError(f"{given!r} names the file {file} of the package: no node can make a folder there",
+                             field="checkpoint.dir", remedy=f"give checkpoints a folder of their own, e.g. {flag}")
+    entries = {rel: what for _, what, rel in _entry_files(spec, source)}
+    needed = [f"{rel} (the {entries[rel]})" if rel in entries else rel for rel in package.taken
+              if rel in entries or rel.lower().endswith(SOURCE_SUFFIXES)]
+    if needed:
+        shown = ", ".join(needed[:10]) + (f" and {len(needed) - 10} more" if len(needed) > 10 else "")
+        raise PackagingError(
+            f"{given!r} is the folder {folder}/ of the source, which holds what the job runs: {shown}; the package "
+            "leaves the checkpoint folder out (each node starts the job with it empty, then restores the newest "
+            "checkpoint into it), so every node would run without them",
+            field="checkpoint.dir",
+            remedy=f"give checkpoints a folder of their own, e.g. {flag}, or move those files out of {folder}/")
+
+
+def check_entry_files(spec: JobSpec, source: Path, package: Package, limits: PackageLimits) -> None:
+    """A PackagingError naming the rule when the script, the module or the requirements file is not packaged."""
+    shipped = {f["path"] for f in package.files}
+    for field, what, rel in _entry_files(spec, source):
         if rel not in shipped:
             why, remedy = _why_left_out(source, rel, limits, package)
             raise PackagingError(f"{what} {rel} is not in the package: {why}; every node would fail without it",

@@ -88,6 +88,9 @@ class PackageLimits:
     allow_secrets: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()  # gitignore-style, on top of the source's own ignore files
     own: tuple[tuple[str, str], ...] = ()  # (folder relative to the source, what it is): cloudtrain writes there
+    # (folder relative to the source, what it is): the job writes there (checkpoint.dir), and a node starts with it
+    # empty; left out, and what would have shipped from it is listed in Package.taken
+    written: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -101,6 +104,7 @@ class Package:
     files: list[dict[str, Any]] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)  # not ignored, yet not shipped: spec files, downloads
     left_out_why: dict[str, str] = field(default_factory=dict)  # each of those, and why
+    taken: list[str] = field(default_factory=list)  # files that would ship but for a folder the job writes (written)
 
     @property
     def source_bytes(self) -> int:
@@ -215,21 +219,26 @@ def ignore_rules(folder: Path, extra: tuple[str, ...] = (), names: tuple[str, ..
 def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
                   limits: PackageLimits = PackageLimits(), check_secrets: bool = True,
                   use_ignore_files: bool = True,
-                  left_out: dict[str, str] | None = None) -> list[tuple[str, Path, int]]:
+                  left_out: dict[str, str] | None = None,
+                  taken: list[str] | None = None) -> list[tuple[str, Path, int]]:
     """Walk ``root``; return ``(relative posix path, absolute path, size)`` for every file to ship, sorted.
 
     With ``check_secrets`` (the user's source), credential files are refused, links are judged by their target too,
     and cloudtrain's own files are left out and named in ``left_out`` (path -> why, "" where the path says it): spec
     files, saved plans, downloaded outputs, exports, cloudtrain's stores (``limits.own``). Special files (a FIFO,
-    a socket, a device) are never opened: left out, and named there too."""
+    a socket, a device) are never opened: left out, and named there too. The folders the job writes
+    (``limits.written``) are left out too; the files that would have shipped from them go to ``taken``."""
     root = root.resolve()
     # (folder prefix, matcher): the root's .gitignore/.cloudtrainignore/package.exclude, then each nested .gitignore,
     # whose patterns are relative to its own folder, as git reads them.
     root_rules = ignore_rules(root, limits.exclude) if use_ignore_files else None
     found: list[tuple[str, Path, int]] = []
     secrets: list[str] = []
+    misnamed: list[str] = []  # names that are not UTF-8 text
     omitted = left_out if left_out is not None else {}
     own = {folder.strip("/"): what for folder, what in limits.own}
+    written = {folder.strip("/"): what for folder, what in limits.written}
+    took = taken if taken is not None else []
     being_written = _stdout_file() if check_secrets else None
 
     def ignored(rel: str, rules: list[tuple[str, Any]]) -> bool:
@@ -246,6 +255,7 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
     def judge(path: Path, rel: str, name: str, is_dir: bool, rules: list[tuple[str, Any]]) -> tuple[str, str] | None:
         """(what happens, why) to a file or folder that does not ship as it is: "skip" (excluded or ignored),
         "refuse" (a credentials file) or "omit" (cloudtrain's own files: left out, and the plan says so)."""
+        rel, name = shown_path(rel), shown_path(name)  # a name that is not UTF-8 is matched as \xNN (re2 needs text)
         if _matches(name, rel, excludes):
             return "skip", "never packaged (BUILTIN_EXCLUDES)"
         if ignored(rel + "/" if is_dir else rel, rules):
@@ -257,6 +267,8 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
             return "refuse", "a credentials file"
         if check_secrets and is_dir and rel in own:
             return "omit", f"{own[rel]}: cloudtrain writes there"
+        if check_secrets and is_dir and rel in written:
+            return "omit", written[rel]
         if check_secrets and is_dir and (path / EXPORT_MARKER).exists():
             return "omit", "written by `cloudtrain plan --export`: its request holds the job's secrets in clear"
         if check_secrets and is_dir and (path / DOWNLOAD_MARKER).exists():
@@ -297,7 +309,9 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
                 remedy="remove the link or exclude it (.cloudtrainignore); copy the file in if it is safe to ship")
         return target.stat().st_size
 
-    def walk(folder: Path, prefix: str, rules: list[tuple[str, Any]]) -> None:
+    def walk(folder: Path, prefix: str, rules: list[tuple[str, Any]], taking: bool = False) -> None:
+        """``taking``: inside a folder the job writes, whose files only go to ``taken`` (nothing there is
+        refused: a local run's checkpoints may hold a link to the newest)."""
         rules = nested_rules(folder, prefix, rules)
         with os.scandir(folder) as it:
             entries = sorted(it, key=lambda e: e.name)
@@ -305,10 +319,19 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
             rel = prefix + entry.name
             is_dir = entry.is_dir(follow_symlinks=False)
             action, why = judge(Path(entry.path), rel, entry.name, is_dir, rules) or (None, None)  # a link: by name
-            if action == "refuse":
-                secrets.append(rel + "/" if is_dir else rel)
-            elif action == "omit":
-                omitted[f"{rel}/" if is_dir else rel] = str(why)
+            if check_secrets and not action and not taking and not _utf8(entry.name):
+                misnamed.append(shown_path(rel + "/" if is_dir else rel))
+            elif taking:
+                if not action and is_dir:
+                    walk(Path(entry.path), rel + "/", rules, True)
+                elif not action:
+                    took.append(shown_path(rel))
+            elif action == "refuse":
+                secrets.append(shown_path(rel + "/" if is_dir else rel))
+            elif action == "omit":  # named in the plan: as text it can print and store
+                omitted[shown_path(f"{rel}/" if is_dir else rel)] = str(why)
+                if is_dir and rel in written:
+                    walk(Path(entry.path), rel + "/", rules, True)
             elif action:
                 continue
             elif is_dir:
@@ -319,10 +342,15 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
                 found.append((rel, Path(entry.path), entry.stat(follow_symlinks=False).st_size))
 
     walk(root, "", [("", root_rules)] if root_rules is not None else [])
-    if secrets:
-        shown = ", ".join(secrets[:10]) + (" ..." if len(secrets) > 10 else "")
+    if misnamed:  # a plan, a job's record and a platform's API hold names as UTF-8 text: said before any is made
         raise PackagingError(
-            f"refusing to package files that usually hold credentials: {shown}",
+            f"cannot package {_few(misnamed)}: {'names that are' if misnamed[1:] else 'a name that is'} not "
+            "UTF-8 text (an old archive's, another system's encoding)",
+            field="source_dir", remedy="rename it with a UTF-8 name (`convmv -f latin1 -t utf-8 -r --notest DIR` "
+                                       "renames a tree), or leave it out (.cloudtrainignore, or package.exclude)")
+    if secrets:
+        raise PackagingError(
+            f"refusing to package files that usually hold credentials: {_few(secrets)}",
             field="source_dir",
             remedy="move them out of the source folder, or allow them explicitly if they are safe "
             "(package.allow_secrets in the spec, or --allow-secret PATTERN)",
@@ -330,6 +358,23 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
     found.sort()
     _check_limits(found, limits)
     return found
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # os.scandir keeps bytes that are not UTF-8 as lone surrogates
+        return False
+    return True
+
+
+def shown_path(path: str) -> str:
+    """A file name as text that can be printed and stored: bytes that are not UTF-8 as \\xNN."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _few(paths: list[str], most: int = 10) -> str:
+    return ", ".join(paths[:most]) + (" ..." if len(paths) > most else "")
 
 
 def _check_limits(found: list[tuple[str, Path, int]], limits: PackageLimits) -> None:
@@ -388,7 +433,8 @@ def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), pro
     from cloudtrain.progress import Progress
 
     left_out: dict[str, str] = {}
-    user_files = collect_files(source_dir, limits=limits, left_out=left_out)
+    taken: list[str] = []
+    user_files = collect_files(source_dir, limits=limits, left_out=left_out, taken=taken)
     bootstrap = resource_dir("entrypoints") / BOOTSTRAP_NAME
     members: list[tuple[str, Path, str | None]] = [
         (BOOTSTRAP_NAME, bootstrap, None), *((arcname, p, None) for arcname, p in _runtime_files()),
@@ -422,4 +468,4 @@ def build_package(source_dir: Path, limits: PackageLimits = PackageLimits(), pro
         raise
     files = [{"path": rel, "size": size} for rel, _, size in user_files]
     return Package(path=path, bootstrap=bootstrap, digest=f"sha256:{digest}", bundle_bytes=path.stat().st_size,
-                   files=files, left_out=list(left_out), left_out_why=left_out)
+                   files=files, left_out=list(left_out), left_out_why=left_out, taken=taken)

@@ -3,7 +3,7 @@ Nothing is staged or sent. The SDK (``Job.plan``), the CLI, ``plan --compare`` a
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from cloudtrain.plan import Plan
@@ -25,6 +25,7 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
     from cloudtrain.cost import plan_budget, runtime_cap
     from cloudtrain.node.secret_values import split_args_note
     from cloudtrain.node_commands import checkpoint_notes, script_args
+    from cloudtrain.packaging import shown_path
 
     impl = get_provider(provider) if isinstance(provider, str) else provider
     spec = with_defaults(spec, impl.name)
@@ -49,7 +50,7 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
         if not shared:
             package.close()
         raise
-    plan.spec_file = spec_file
+    plan.spec_file = shown_path(spec_file) if spec_file else None  # shown only: a name that is not UTF-8 as \xNN
     return plan
 
 
@@ -57,16 +58,17 @@ def _package(spec: JobSpec, source: Path, progress: bool, lib: dict[str, Path]) 
     """The source bundle; a file or folder the walk cannot read is a PackagingError naming it (nothing is left
     behind: the bundle's temp file goes with the error)."""
     from cloudtrain.errors import PackagingError
-    from cloudtrain.package_check import check_entry_files
+    from cloudtrain.package_check import check_checkpoint_folder, check_entry_files
     from cloudtrain.packaging import PackageLimits, build_package
 
     rules = spec.package
     # checkpoint.dir is what the job writes, not source: a local run's checkpoints there would ship, and be "resumed"
-    folder = spec.checkpoint.dir
-    written = (f"/{folder.strip().strip('/')}/",) if folder and not Path(folder).is_absolute() else ()
+    folder = checkpoint_folder(spec)
+    written = ((folder, "checkpoint.dir: the job writes its checkpoints there, and each node starts with it "
+                        "empty"),) if folder else ()
     limits = PackageLimits(max_bytes=rules.max_mb * 1024 * 1024, max_files=rules.max_files,
-                           allow_secrets=tuple(rules.allow_secrets), exclude=(*rules.exclude, *written),
-                           own=_own_folders(spec, source))
+                           allow_secrets=tuple(rules.allow_secrets), exclude=tuple(rules.exclude),
+                           own=_own_folders(spec, source), written=written)
     try:
         package = build_package(source, limits, progress=progress, lib=lib)
     except (OSError, RuntimeError) as exc:  # unreadable file or folder; a symbolic link loop (RuntimeError < 3.13)
@@ -82,11 +84,21 @@ def _package(spec: JobSpec, source: Path, progress: bool, lib: dict[str, Path]) 
                              remedy="make it readable, remove the broken link, or leave it out of the package "
                                     "(.cloudtrainignore, or package.exclude in the spec)") from None
     try:
+        check_checkpoint_folder(spec, source, folder, package)
         check_entry_files(spec, source, package, limits)
     except BaseException:
         package.close()
         raise
     return package
+
+
+def checkpoint_folder(spec: JobSpec) -> str | None:
+    """checkpoint.dir as a folder of the source (``a/b``), which the node unpacks to; None when it is absolute or
+    unset (the spec refuses one that is the source itself or leads out of it)."""
+    folder = spec.checkpoint.dir
+    if not folder or PurePosixPath(folder.strip()).is_absolute():
+        return None
+    return "/".join(part for part in PurePosixPath(folder.strip()).parts if part != ".") or None
 
 
 def _own_folders(spec: JobSpec, source: Path) -> tuple[tuple[str, str], ...]:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, create_m
 from cloudtrain import contract, registry
 from cloudtrain.errors import SpecError
 from cloudtrain.spec_errors import friendly_error, spec_error_from, unusable_text
-from cloudtrain.spec_fields import Duration, DurationOrOff, Model, Uri, Usd, one_token, parse_duration
+from cloudtrain.spec_fields import Duration, DurationOrOff, Model, Uri, Usd, one_token, parse_duration, path_problem
 from cloudtrain.specfile import SPEC_FILENAME, project_options, read_spec_file
 from cloudtrain.storage.uris import SCHEMES as STORAGE_SCHEMES
 
@@ -226,6 +226,8 @@ class JobSpec(_Model):
         for key in value:
             if not _ENV_RE.fullmatch(key):
                 raise ValueError(f"environment variable name {key!r} must match [A-Za-z_][A-Za-z0-9_]*")
+        if (problem := path_problem(value.get(contract.OUTPUT_DIR) or "")) is not None:  # the folder a node uploads
+            raise ValueError(f"{contract.OUTPUT_DIR} {problem}: name a folder a file system can hold")
         return value
 
     @field_validator("script", "requirements", "source_dir")
@@ -296,6 +298,8 @@ def check_checkpoint_dir(value: str, env: dict[str, str]) -> None:
     text = value.strip()
     if not text:
         raise ValueError("must name a folder, e.g. checkpoints (relative to the script's working folder)")
+    if problem := path_problem(text):
+        raise ValueError(f"{problem}: name a folder a file system can hold, e.g. checkpoints")
     path = PurePosixPath(text)
     if path.is_absolute():
         parts = path.parts[1:]

@@ -50,6 +50,12 @@ def friendly_error(err: Any) -> str:
     return str(err["msg"]).removeprefix("Value error, ")
 
 
+def _short(value: Any) -> str:
+    """A value as the error echoes it: a 4,000-character folder name is shown by its start and its length."""
+    text = repr(value)
+    return text if len(text) <= 120 else f"{text[:80]}... ({len(str(value))} characters)"
+
+
 def spec_error_from(exc: ValidationError, source: str | None, model: type[BaseModel]) -> SpecError:
     """Turn pydantic's errors (from validating ``model``) into one message that names each field and its fix."""
     from cloudtrain.node.secret_values import looks_secret
@@ -69,7 +75,7 @@ def spec_error_from(exc: ValidationError, source: str | None, model: type[BaseMo
             msg = friendly_error(err)
             got = err.get("input")
             shown = "" if isinstance(got, dict | list) or got is None or looks_secret(where, str(got)) \
-                else f" (got {got!r})"  # a password given as a number is not echoed
+                else f" (got {_short(got)})"  # a password given as a number is not echoed
             lines.append(f"{where}: {msg}{shown}" if where != "spec" else f"{msg}")
             if where != "spec":
                 remedies.append(f"set {where} to a valid value")

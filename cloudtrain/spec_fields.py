@@ -94,6 +94,26 @@ def shaped(pattern: str, what: str, example: str) -> Any:
     return check
 
 
+# The longest name (one file or folder) and path in bytes that Linux file systems hold (ext4, xfs, overlayfs: the
+# nodes' disks); a longer one plans fine and fails the job with "File name too long" when it is first written.
+NAME_MAX, PATH_MAX = 255, 4095
+
+
+def path_problem(text: str) -> str | None:
+    """Why no file system holds a path spelled ``text``, or None: a NUL byte, a name longer than NAME_MAX bytes, a
+    path longer than PATH_MAX bytes (UTF-8, as a node writes it)."""
+    if "\0" in text:
+        return "holds a NUL byte (\\0), which no file name may"
+    size = len(text.encode("utf-8", "surrogateescape"))
+    if size > PATH_MAX:
+        return f"is {size} bytes long: no file system holds a path longer than {PATH_MAX} bytes"
+    name = max(text.split("/"), key=lambda part: len(part.encode("utf-8", "surrogateescape")))
+    if (size := len(name.encode("utf-8", "surrogateescape"))) > NAME_MAX:
+        return (f"holds a name of {size} bytes ({name[:24]}...): no file system holds a file or folder name longer "
+                f"than {NAME_MAX} bytes")
+    return None
+
+
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 

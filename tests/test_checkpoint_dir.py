@@ -114,3 +114,72 @@ def test_a_checkpoint_folder_the_script_never_writes_is_said_while_it_runs_and_a
     warnings = ct.status(handle)["nodes"][0]["warnings"]
     assert any("ckpts is empty" in w and "checkpoint.dir" in w for w in warnings), warnings
     assert any("model_best.pth.tar" in w and "working folder" in w for w in warnings), warnings
+
+
+def _nothing_recorded(ct: Cloudtrain) -> None:
+    assert json.loads(ct("list", "-o", "json").stdout) == []
+
+
+@pytest.mark.parametrize(("flags", "files"), [
+    (["train.py", "--checkpoint-dir", "model"], "model/__init__.py, model/net.py"),  # issue 38.1
+    (["train.py", "--checkpoint-dir", "./model/"], "model/__init__.py, model/net.py"),
+    (["exp/run.py", "--source-dir", ".", "--checkpoint-dir", "exp"], "exp/run.py (the script)"),  # issue 38.2
+    (["-m", "model.net", "--checkpoint-dir", "model"], "model/net.py (the module)"),
+    (["train.py", "--checkpoint-dir", "conf", "--set", "requirements=conf/requirements.txt"],
+     "conf/requirements.txt (the requirements file), conf/train.yaml"),
+    (["train.py", "--checkpoint-dir", "model/net.py"], "names the file model/net.py of the package"),
+    (["train.py", "--checkpoint-dir", "train.py/ckpt"], "names the file train.py of the package"),
+])
+def test_a_checkpoint_folder_that_holds_what_the_job_runs_is_refused(ct: Cloudtrain, flags: list[str],
+                                                                     files: str) -> None:
+    """Issue 38.1/38.2: checkpoint.dir naming a folder of code the script imports planned fine, shipped train.py
+    alone and failed on the node (`No module named 'model'`); one holding the script blamed a `package.exclude
+    (/exp/)` rule the spec does not have, with a `!exp/` fix that changed nothing. Refused, naming the field, the
+    files it would take away and the real fix; submit records nothing."""
+    (ct.cwd / "train.py").write_text("from model.net import f\nf()\n")
+    for rel, text in (("model/__init__.py", ""), ("model/net.py", "def f():\n    return 1\n"),
+                      ("exp/run.py", "print('run')\n"), ("conf/requirements.txt", "numpy\n"),
+                      ("conf/train.yaml", "lr: 0.1\n"), ("conf/last.pt", "a local run's checkpoint")):
+        (ct.cwd / rel).parent.mkdir(exist_ok=True)
+        (ct.cwd / rel).write_text(text)
+    store = ["--checkpoint-uri", (ct.cwd.parent / "store").as_uri()]
+    for command in ("plan", "submit"):
+        run = ct(command, *flags, "-p", "local", *store, *(["--detach"] if command == "submit" else []), check=False)
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert run.stderr.startswith("error: checkpoint.dir: ") and files in run.stderr, run.stderr
+        assert "--checkpoint-dir checkpoints" in run.stderr and "Traceback" not in run.stderr
+        assert "package.exclude" not in run.stderr and "!exp/" not in run.stderr
+    _nothing_recorded(ct)
+    assert not (ct.cwd.parent / "store").exists()
+
+
+def test_a_local_runs_checkpoints_are_left_out_however_the_folder_is_spelled(ct: Cloudtrain) -> None:
+    """`--checkpoint-dir ./out/` shipped out/ckpt.pt (the exclude was the text `/./out/`, which matches nothing);
+    a local run's checkpoints in the folder are left out, said in the plan, whatever the spelling."""
+    (ct.cwd / "out" / "step-1").mkdir(parents=True)
+    (ct.cwd / "out" / "step-1" / "model.safetensors").write_bytes(b"weights")
+    (ct.cwd / "out" / "latest").symlink_to("step-1")  # a link a trainer keeps to its newest: never judged
+    for spelling in ("out", "./out/", "out/"):
+        plan = json.loads(ct("plan", "train.py", "-p", "local", "--checkpoint-dir", spelling, "-o", "json").stdout)
+        assert [f["path"] for f in plan["package"]["files"]] == ["train.py"], spelling
+        assert any(n.startswith("package: left out out/ (checkpoint.dir") for n in plan["notes"]), plan["notes"]
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--checkpoint-dir", "c" * 300], "checkpoint.dir: holds a name of 300 bytes"),  # issue 38.3
+    (["--checkpoint-dir", "ckpt/" + "é" * 128], "checkpoint.dir: holds a name of 256 bytes"),  # bytes, not letters
+    (["--checkpoint-dir", "/data/" + "d/" * 2100], "checkpoint.dir: is 4206 bytes long"),
+    (["--env", "CLOUDTRAIN_OUTPUT_DIR=/out/" + "o" * 256], "env: CLOUDTRAIN_OUTPUT_DIR holds a name of 256 bytes"),
+    (["-p", "slurm", "--set", "providers.slurm.staging=/shared/" + "s" * 256],
+     "providers.slurm.staging: holds a name of 256 bytes"),
+])
+def test_a_folder_name_no_file_system_holds_is_refused_at_plan_time(ct: Cloudtrain, flags: list[str],
+                                                                    says: str) -> None:
+    """Issue 38.3: a 300-byte checkpoint folder name planned fine; the script trained to its end and the job failed
+    `File name too long` at its first save. Names over 255 bytes and paths over 4095 are refused by the spec, for
+    checkpoint.dir and the other folders a node writes (the output folder, Slurm's staging)."""
+    run = ct("submit", "train.py", *(["-p", "local"] if "-p" not in flags else []), *flags, "--detach", check=False)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert says in run.stderr and "no file system holds" in run.stderr and "Traceback" not in run.stderr
+    assert len(run.stderr) < 1000  # the 4,000-byte value is not echoed whole
+    _nothing_recorded(ct)

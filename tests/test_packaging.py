@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -287,3 +288,52 @@ def test_tar_headers_match_tarfile_for_every_size_and_name() -> None:
         for size in (0, 1, 511, 512, 10**9, 8**11 - 1, 8**11):  # from 8 GiB on, tarfile adds a pax size record
             for mode in (0o644, 0o755):
                 assert header(name, size, mode) == _tarfile_header(name, size, mode), (name, size, mode)
+
+
+def test_a_name_that_is_not_utf8_is_refused_alike_by_plan_and_submit(tmp_path: Path) -> None:
+    """Issue 38.17: caf\\xe9.txt (Latin-1, from an old archive) in the source ended `submit` in UnicodeEncodeError:
+    the plan's seal and the job's record hold names as UTF-8 text. plan and submit (one planning path) refuse it
+    alike, naming the file as \\xNN and the fix, and record nothing; left out with .cloudtrainignore, the job runs."""
+    from tests.test_resume import Cloudtrain
+
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    (proj / "train.py").write_text("print('trained')\n")
+    (proj / os.fsdecode(b"caf\xe9.txt")).write_text("old")
+    (proj / "data" / os.fsdecode(b"\xff")).mkdir()
+    ct = Cloudtrain(tmp_path / "home", proj)
+    for command in ("plan", "submit"):
+        run = ct(command, "train.py", "-p", "local", check=False)
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert run.stderr.startswith("error: source_dir: cannot package caf\\xe9.txt, data/\\xff/: names that are not "
+                                     "UTF-8 text") and "Traceback" not in run.stderr, run.stderr
+        assert "rename it" in run.stderr and ".cloudtrainignore" in run.stderr
+    assert json.loads(ct("list", "-o", "json").stdout) == []
+    (proj / ".cloudtrainignore").write_text("caf*.txt\ndata/\n")
+    handle = ct("submit", "train.py", "-p", "local", "--detach").stdout.strip()
+    assert ct("wait", handle, "--timeout", "120").returncode == 0
+    assert "trained" in ct("logs", handle).stdout
+
+
+def test_names_that_are_not_utf8_outside_the_package_are_shown_escaped(tmp_path: Path) -> None:
+    """Siblings of 38.17: a FIFO the package leaves out, a spec file (-f) and a saved plan (`plan -o json >
+    pl\\xe9.json` in the project, then `submit --plan`) whose names are not UTF-8 are named as \\xNN in the plan, not
+    a UnicodeEncodeError."""
+    from tests.conftest import cli_env
+    from tests.test_resume import Cloudtrain
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text("print('trained')\n")
+    os.mkfifo(proj / os.fsdecode(b"pipe\xe9"))
+    spec = tmp_path / os.fsdecode(b"caf\xe9.yaml")
+    spec.write_text(f"script: train.py\nsource_dir: {proj}\n")
+    ct = Cloudtrain(tmp_path / "home", proj)
+    shown = ct("plan", "-f", str(spec), "-p", "local").stdout
+    assert "left out pipe\\xe9 (a FIFO" in shown and "caf\\xe9.yaml (with the flags given" in shown, shown
+    saved = proj / os.fsdecode(b"pl\xe9.json")
+    with saved.open("w") as out:
+        subprocess.run([sys.executable, "-m", "cloudtrain", "plan", "train.py", "-p", "local", "-o", "json"],
+                       cwd=proj, env=cli_env(tmp_path / "home"), stdout=out, check=True, timeout=120)
+    handle = ct("submit", "--plan", saved.name, "--detach").stdout.strip()
+    assert ct("wait", handle, "--timeout", "120").returncode == 0

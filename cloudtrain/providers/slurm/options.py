@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from cloudtrain.spec_fields import Duration, Model, one_token
+from cloudtrain.spec_fields import Duration, Model, one_token, path_problem
 
 MAX_SIGNAL_LEAD = 65535  # seconds: sbatch's --signal takes no more
 
@@ -51,6 +51,8 @@ class SlurmOptions(Model):
     def _absolute(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("/"):
             raise ValueError(f"{value!r} must be an absolute path on the cluster's shared filesystem")
+        if value and (problem := path_problem(value)):
+            raise ValueError(f"{problem}: name a folder the cluster's file system can hold")
         return value.rstrip("/") or "/" if value else value
 
     @field_validator("setup", "sbatch")
