@@ -58,7 +58,7 @@ def _staging_folder(target: Path) -> Path:
     return root / ".cloudtrain-incoming" / target.name
 
 
-def _matches(entry: dict[str, Any], got: transfer.Fetched) -> bool:
+def matches(entry: dict[str, Any], got: transfer.Fetched) -> bool:
     return got.stored_size == entry["size"] and got.size == entry["size"] and got.sha256 == entry["sha256"]
 
 
@@ -105,7 +105,7 @@ def _reuse_local(files: list[dict[str, Any]], folders: list[Path], staged: Path)
     return reused
 
 
-def _fetch(store: Any, items: list[tuple[str, Path, int]], link: bool, log: Log) -> list[transfer.Fetched]:
+def fetch_objects(store: Any, items: list[tuple[str, Path, int]], link: bool, log: Log) -> list[transfer.Fetched]:
     """The store's objects into local paths, hashed as they arrive: a file:// store's files are read straight from
     disk (linked where ``link`` allows), any other store's are streamed (transfer.download_many)."""
     path_of = getattr(store, "path_of", None)
@@ -143,15 +143,15 @@ def download(checkpoint: Checkpoint, target: Path, log: Log = _print, earlier: l
         rest = [i for i in range(len(files)) if i not in reused]
         # the Checkpointer's own files ("full") are never rewritten in place: a file:// store's may be linked
         link = checkpoint.manifest.get("kind") == "full"
-        fetched = _fetch(store, [items[i] for i in rest], link, log)
-        wrong = [i for i, got in zip(rest, fetched) if not _matches(files[i], got)]
+        fetched = fetch_objects(store, [items[i] for i in rest], link, log)
+        wrong = [i for i, got in zip(rest, fetched) if not matches(files[i], got)]
         if wrong:
             # a mismatch is confirmed by a second download: a reply cut short that the client did not notice must
             # not condemn (and quarantine) a good checkpoint
             for i in wrong:
                 items[i][1].unlink(missing_ok=True)
-            again = _fetch(store, [items[i] for i in wrong], False, log)
-            still = [files[i]["path"] for i, got in zip(wrong, again) if not _matches(files[i], got)]
+            again = fetch_objects(store, [items[i] for i in wrong], False, log)
+            still = [files[i]["path"] for i, got in zip(wrong, again) if not matches(files[i], got)]
             if still:
                 raise CorruptCheckpoint(f"{still[0]} does not match its manifest (size or sha256)")
         if snapshot:  # the script's own names, in its folder, and nothing beside them

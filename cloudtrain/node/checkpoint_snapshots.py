@@ -36,16 +36,19 @@ from cloudtrain.node.checkpoint_files import (
     CHECKPOINT_SUFFIXES,
     Files,
     FileState,
+    containers,
+    entry_of,
+    family,
     file_complete,
     marker_missing,
     scan,
     state_of,
 )
 from cloudtrain.node.checkpoint_manifest import LAYOUT_DIR, is_dir_layout, step_dir, step_of
+from cloudtrain.node.checkpoint_parts import NodeParts, Part
 
 QUIET = 2.0  # seconds a snapshot must stay unchanged before it is taken for complete (CLOUDTRAIN_CHECKPOINT_QUIET)
 LIVE_AFTER = 10  # a file of no known format that changed at this many scans in a row is a log, not a checkpoint
-_SHARD = re.compile(r"\d+-of-\d+")  # model-00001-of-00004.safetensors: parts of one thing, not a family
 _NUMBER = re.compile(r"\d+")
 
 
@@ -58,36 +61,6 @@ def quiet_period(env: dict[str, str] | None = None) -> float:
 
 
 # -- units and families ------------------------------------------------------------------------------------------
-
-
-def family(name: str) -> tuple[str, tuple[int, ...]] | None:
-    """(the name with its numbers blanked, the numbers) for a name that is one of a numbered series; None for a
-    name without numbers, or one whose numbers count parts of one whole (``-00001-of-00004``)."""
-    numbers = _NUMBER.findall(name)
-    if not numbers or _SHARD.search(name):
-        return None
-    return _NUMBER.sub("#", name), tuple(int(n) for n in numbers)
-
-
-def entry_of(rel: str, containers: frozenset = frozenset()) -> str:
-    """The entry a file belongs to: its top-level name, or one level down inside a container."""
-    parts = rel.split("/")
-    return "/".join(parts[:2]) if parts[0] in containers and len(parts) > 2 else parts[0]
-
-
-def containers(files: Files) -> frozenset:
-    """Top-level folders that hold nothing but folders of one family (Accelerate's ``checkpoints/checkpoint_<i>/``):
-    their members are entries of their own, so the newest is taken as in a family at the top."""
-    inside: dict[str, set] = {}
-    for rel in files:
-        parts = rel.split("/")
-        inside.setdefault(parts[0], set()).add(parts[1] if len(parts) > 2 else None)
-    found = set()
-    for top, children in inside.items():
-        families = {(family(child) or ("", ()))[0] for child in children if child is not None}
-        if None not in children and len(families) == 1 and "" not in families:
-            found.add(top)
-    return frozenset(found)
 
 
 def units(files: Files) -> dict[str, list[str]]:
@@ -141,8 +114,11 @@ class Snapshotter:
     process lives as long as the node); writes nothing into the folder."""
 
     def __init__(self, root: Path, uri: str, keep: int, quiet: float = QUIET, log: Any = None,
-                 world_size: int = 0, step_folders: bool = True) -> None:
-        self.root, self.uri, self.keep, self.quiet, self.world_size = root, uri, keep, quiet, world_size
+                 world_size: int = 0, step_folders: bool = True, parts: NodeParts | None = None) -> None:
+        self.root, self.uri, self.keep, self.quiet = root, uri, keep, quiet
+        # on several nodes a DCP folder's shards are counted over every node's files (other_nodes), not node 0's
+        self.world_size, self.ranks = (0 if parts else world_size), world_size
+        self.parts = parts  # the other nodes' files of each folder entry (checkpoint_parts), where there are others
         self.step_folders = step_folders  # False: cloudtrain's step-<N> folders are published one by one elsewhere
         self.log = log or checkpoint_store.log_line
         self.published: Files = self._scan()  # what the folder held when the node started: restored, in the store
@@ -283,6 +259,43 @@ class Snapshotter:
             return None, left
         return chosen, left
 
+    def _other_nodes(self, chosen: list[str], snapshot: Files, final: bool) -> list[Part] | None:
+        """The other nodes' parts of the snapshot's folder entries ([] on one node); None where one is missing
+        (still being written, or never uploaded), or a DCP folder lacks a rank's shard on every node: a checkpoint
+        is every node's files of a save, so nothing is published then."""
+        if self.parts is None:
+            return []
+        folders = sorted({entry for entry in chosen if any(rel.startswith(entry + "/") for rel in snapshot)})
+        if not folders:
+            return []
+        if final:
+            self.parts.wait_final()
+        found, problems = self.parts.gather(folders, final)
+        for entry in folders:
+            names = [rel for rel in snapshot if rel.startswith(entry + "/")]
+            names += [f["path"] for part in found[entry] for f in part.files]
+            missing = marker_missing(entry, names, self.ranks)
+            if missing and entry not in problems:
+                problems[entry] = f"no node holds its {missing}"
+        if not problems:
+            return [part for entry in folders for part in found[entry]]
+        entry = sorted(problems)[0]
+        if final:
+            self.unpublished += [f"{self.root / e} ({why})" for e, why in sorted(problems.items())]
+            self._say_once(f"not published: {entry} ({problems[entry]}); a checkpoint is every node's files of a "
+                           "save, so the previous one stands")
+        return None
+
+    def _upload_parts(self, parts: list[Part], own: set, folder: str) -> list[dict[str, Any]]:
+        """The other nodes' files into the checkpoint's folder; a name node 0 holds too is node 0's file."""
+        entries: list[dict[str, Any]] = []
+        for part in parts:
+            files = [f for f in part.files if f["path"] not in own]
+            own.update(f["path"] for f in files)
+            checkpoint_store.upload_files(part.root, files, folder, log=self.log)
+            entries += files
+        return entries
+
     def _members_gone(self, by_entry: dict[str, list[str]]) -> list[str]:
         """Entries of the last snapshot published (or restored) that held a checkpoint file (one whose format says
         it is whole) and are no longer in the folder, where nothing of their family took their place."""
@@ -296,10 +309,10 @@ class Snapshotter:
             self.log(line)
 
     def _generation(self, names: list[str]) -> int:
-        if self.next_step is None:
-            self.next_step = max(checkpoint_store.steps_present(self.uri), default=0) + 1
+        if self.next_step is None:  # 0 in an empty store: a script's own step 0 (Accelerate's checkpoint_0) is 0
+            self.next_step = max(checkpoint_store.steps_present(self.uri), default=-1) + 1
         step = script_step(names)
-        return max(self.next_step, step if step is not None else 0)
+        return max(self.next_step, step if step is not None else 1)
 
     def poll(self, final: bool = False) -> int | None:
         """Publish the folder's snapshot if it is complete and differs from the last one published (or restored).
@@ -323,6 +336,9 @@ class Snapshotter:
         snapshot = {rel: state for rel, state in files.items() if entry_of(rel, boxes) in chosen}
         if all(self.published.get(rel) == state for rel, state in snapshot.items()):
             return None  # nothing new since the last snapshot, or the restore
+        extra = self._other_nodes(chosen, snapshot, final)
+        if extra is None:
+            return None
         step = self._generation(chosen)
         folder = storage.join(self.uri, step_dir(step))
         self.next_step = step + 1  # a void attempt's objects never mix with the next attempt's
@@ -337,6 +353,7 @@ class Snapshotter:
         finally:
             if frozen is not None:
                 shutil.rmtree(frozen, ignore_errors=True)
+        entries += self._upload_parts(extra, set(rels), folder)
         changed = [] if frozen else [rel for rel in rels if state_of(self.root / rel) != snapshot[rel]]
         if changed:  # rewritten while it was read: what reached the store may mix two versions
             self.voided += 1
@@ -347,6 +364,8 @@ class Snapshotter:
         checkpoint_store.publish(folder, step, entries, world_size=0, kind="snapshot", log=self.log,
                             extra={"layout": LAYOUT_DIR, "entries": chosen, "script_step": script_step(chosen)})
         self.published = snapshot
+        if self.parts is not None:
+            self.parts.taken(extra)
         self.members = self._checkpoint_entries(snapshot)
         self.log(f"published {', '.join(chosen)} from {self.root} as {folder}")
         try:  # the checkpoint stands; what retention misses now, the next publish's retention removes

@@ -57,6 +57,7 @@ LINEAGE_ENV = contract.LINEAGE
 UNPUBLISHED_MARKER = ".cloudtrain-unpublished.json"
 if TYPE_CHECKING:  # only in annotations: nodes may run Python 3.8, where collections.abc types take no [...]
     Log = Callable[[str], None]
+    Judge = Callable[[Path, bool], "tuple[str | None, list[tuple[Path, list[dict[str, Any]]]]]"]
 
 
 _print = log_line  # the default log of everything that publishes or restores checkpoints
@@ -300,14 +301,16 @@ def restore_latest(uri: str, local_root: Path, log: Log = _print, earlier: list[
 
 
 def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = contract.MIN_KEEP,
-             log: Log = _print) -> list[int]:
+             log: Log = _print, judge: Judge | None = None) -> list[int]:
     """Publish the ``step-<N>`` folders a plain script wrote into CLOUDTRAIN_CHECKPOINT_DIR.
 
     A folder is complete once a newer one exists, or at exit (``final``). A directory the runtime Checkpointer
     writes (``RUNTIME_MARKER``) publishes itself and is skipped whole; restored or already published folders carry
     a manifest and are skipped. Like SageMaker's /opt/ml/checkpoints, but complete folders only, and local deletes
     are never mirrored to the bucket. Returns the steps published; raises CheckpointNotPublished (saying which
-    steps and where their files are) when a folder could not be published.
+    steps and where their files are) when a folder could not be published. ``judge(folder, final)`` (the node's
+    sync): why a folder is no checkpoint (yet), or None and the files other nodes wrote into it, as
+    ``(their folder, their descriptions)`` pairs; a folder it turns down stays unpublished.
     """
     if (local_root / RUNTIME_MARKER).exists():
         return []
@@ -317,11 +320,18 @@ def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = contract.MI
              if not (folder / MANIFEST).exists()]  # restored, or published already (a dcp.save folder is welcome)
     published = []
     for step, folder in ready:
+        why, others = judge(folder, final) if judge is not None else (None, [])
+        if why is not None:
+            continue
         try:
             rel = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
             files = describe_files(folder, rel)
             remote = storage.join(uri, step_dir(step))
             upload_files(folder, files, remote, log=log)
+            for root, theirs in others:  # a name this node holds too is this node's file
+                theirs = [f for f in theirs if f["path"] not in {mine["path"] for mine in files}]
+                upload_files(root, theirs, remote, log=log)
+                files += theirs
             publish(remote, step, files, world_size=0, kind="files", log=log)
         except (CloudtrainError, OSError) as exc:
             left = [f.name for s, f in ready if s not in published]

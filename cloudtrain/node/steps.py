@@ -135,12 +135,18 @@ class PlainSync:
 
     LOOK_EVERY = 1.0
 
-    def __init__(self, env: dict[str, str], cwd: Path, world_size: int = 0) -> None:
+    def __init__(self, env: dict[str, str], cwd: Path, world_size: int = 0, nodes: int = 1) -> None:
         _adopt(env)
-        from cloudtrain.node import checkpoint_snapshots, checkpoint_store
+        from cloudtrain.node import checkpoint_parts, checkpoint_snapshots, checkpoint_store
 
         self.checkpoints = checkpoint_store
         self.local, self.uri = _local(env, cwd), env[contract.CHECKPOINT_URI]
+        self.world_size = world_size
+        # on several nodes, the files the other nodes' ranks write into a folder entry reach it through the store
+        self.parts = checkpoint_parts.NodeParts(self.uri, nodes, self.local.parent / f".{self.local.name}.parts") \
+            if nodes > 1 else None
+        self.left: dict[str, str] = {}  # step-<N> folders not published at the end, with why
+        self.folder_parts: dict[str, list[Any]] = {}  # step-<N> folder -> the other nodes' parts it was judged with
         self.keep = contract.keep_count(env.get(contract.CHECKPOINT_KEEP))
         self.every = float(env.get(contract.CHECKPOINT_INTERVAL) or contract.SYNC_EVERY)
         # the script's own folder (checkpoint.dir): every entry is its own, step-<N> folders too; else cloudtrain's
@@ -148,7 +154,7 @@ class PlainSync:
         self.own_layout = env.get(contract.CHECKPOINT_LAYOUT) == contract.SCRIPT_LAYOUT
         self.snapshots = checkpoint_snapshots.Snapshotter(
             self.local, self.uri, self.keep, checkpoint_snapshots.quiet_period(env), world_size=world_size,
-            step_folders=self.own_layout)
+            step_folders=self.own_layout, parts=self.parts)
         self.cwd, self.before = cwd, working_files(cwd)  # to tell a folder the script never writes (a typo)
         self.empty_look, self.empty_said = time.monotonic() + self.every, False  # one look an interval
         self._stop = threading.Event()
@@ -159,8 +165,42 @@ class PlainSync:
         if (self.local / self.checkpoints.RUNTIME_MARKER).exists():
             return  # the Checkpointer publishes its own folders
         if not self.own_layout:
-            self.checkpoints.sync_dir(self.local, self.uri, final=final, keep=self.keep)
+            self._sync_step_folders(final)
         self.snapshots.poll(final=final)
+
+    def _sync_step_folders(self, final: bool) -> None:
+        from cloudtrain.node.checkpoint_manifest import step_of
+
+        published = self.checkpoints.sync_dir(self.local, self.uri, final=final, keep=self.keep, judge=self._judge)
+        if self.parts is not None:
+            for name in [n for n in self.folder_parts if step_of(n, False) in published]:
+                self.parts.taken(self.folder_parts.pop(name))
+
+    def _judge(self, folder: Path, final: bool) -> tuple[str | None, list[tuple[Path, list[dict[str, Any]]]]]:
+        """Whether a ``step-<N>`` folder is a checkpoint: none of its files torn or empty, every node's files of it
+        in the store (with DCP, a shard of every rank). Returns why not (said once; kept at the end), or None and
+        the other nodes' files of it (their folder, their descriptions relative to it)."""
+        from cloudtrain.node.checkpoint_files import broken, marker_missing
+
+        name = folder.name
+        rels = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        why, parts = broken(folder, rels), []
+        if why is None and self.parts is not None:
+            if final:
+                self.parts.wait_final()
+            found, problems = self.parts.gather([name], final)
+            why, parts = problems.get(name), found[name]
+        if why is None:
+            names = [f"{name}/{rel}" for rel in rels] + [f["path"] for part in parts for f in part.files]
+            missing = marker_missing(name, names, self.world_size)
+            why = f"no node holds its {missing}" if missing else None
+        if why is not None:
+            if final:
+                self.left[name] = why
+            return why, []
+        self.folder_parts[name] = parts
+        cut = len(name) + 1
+        return None, [(part.root / name, [{**f, "path": f["path"][cut:]} for f in part.files]) for part in parts]
 
     def _run(self) -> None:
         next_sync = time.monotonic() + self.every  # step folders: the first pass after one interval, as before
@@ -168,7 +208,7 @@ class PlainSync:
             try:
                 if not self.own_layout and time.monotonic() >= next_sync:
                     next_sync = time.monotonic() + self.every
-                    self.checkpoints.sync_dir(self.local, self.uri, final=False, keep=self.keep)
+                    self._sync_step_folders(final=False)
                 if not (self.local / self.checkpoints.RUNTIME_MARKER).exists():
                     self.snapshots.poll()
                 self._empty_while_running()
@@ -212,6 +252,9 @@ class PlainSync:
             return str(exc)
         except Exception as exc:
             return f"the final checkpoint sync failed ({exc}); the checkpoint files are still in {self.local}"
+        finally:
+            if self.parts is not None:
+                self.parts.close()
         if (self.local / self.checkpoints.RUNTIME_MARKER).exists():
             return self.checkpoints.runtime_unpublished(self.local)
         return None
@@ -219,20 +262,32 @@ class PlainSync:
     def unpublished(self) -> list[str]:
         """After ``finish``: what the checkpoint folder holds that is not in the store (torn, or still being written
         when the workers ended), each with why."""
-        lines = [f"not published (it stays on this node only): {line}" for line in self.snapshots.unpublished]
+        lines = [f"not published (it stays on this node only): {line}" for line in
+                 [*(f"{self.local / name} ({why})" for name, why in sorted(self.left.items())),
+                  *self.snapshots.unpublished]]
         if self._holds_nothing() and not self.snapshots.published:  # the end of every job says it, not only a stop
             lines.append(self._empty_line(sorted(working_files(self.cwd) - self.before)))
         return lines
 
 
-def start_checkpoint_sync(env: dict[str, str], cwd: Path, node_rank: int, world_size: int = 0) -> PlainSync | None:
-    """Node 0 publishes what a plain script writes into its checkpoint folder, while it runs."""
-    if not env.get(contract.CHECKPOINT_URI) or node_rank != 0:
+def start_checkpoint_sync(env: dict[str, str], cwd: Path, node_rank: int, world_size: int = 0) -> Any:
+    """Node 0 publishes what a plain script writes into its checkpoint folder, while it runs; on several nodes each
+    other node uploads what its ranks write there, for node 0 to publish with its own (checkpoint_parts)."""
+    if not env.get(contract.CHECKPOINT_URI):
         return None
-    return PlainSync(env, cwd, world_size)
+    nodes = int(env.get(contract.NNODES) or 1)
+    if node_rank == 0:
+        return PlainSync(env, cwd, world_size, nodes)
+    if nodes < 2:
+        return None
+    _adopt(env)
+    from cloudtrain.node import checkpoint_parts, checkpoint_snapshots
+
+    return checkpoint_parts.PartSync(_local(env, cwd), env[contract.CHECKPOINT_URI], node_rank,
+                                     checkpoint_snapshots.quiet_period(env))
 
 
-def finish_checkpoint_sync(syncer: PlainSync | None, env: dict[str, str], cwd: Path) -> str | None:
+def finish_checkpoint_sync(syncer: Any, env: dict[str, str], cwd: Path) -> str | None:
     """After the workers exited (also after SIGTERM): everything they left is final; publish it. Returns why the
     job's checkpoints are not all in the store (which fails the node), or None. What stays unpublished (a torn
     file) is said in the log and kept for the node's status (``unpublished_checkpoints``)."""
@@ -244,7 +299,7 @@ def finish_checkpoint_sync(syncer: PlainSync | None, env: dict[str, str], cwd: P
     return error
 
 
-def unpublished_checkpoints(syncer: PlainSync | None) -> list[str]:
+def unpublished_checkpoints(syncer: Any) -> list[str]:
     return syncer.unpublished() if syncer is not None else []
 
 
