@@ -330,3 +330,26 @@ def test_retention_leaves_no_empty_folder_of_a_deep_layout_in_a_file_store(tmp_p
         assert snap.poll(final=True) is not None
     steps = sorted(p.name for p in (tmp_path / "store").iterdir())
     assert steps == [checkpoint_store.step_dir(2), checkpoint_store.step_dir(3)], steps  # step 1: gone whole
+
+
+def test_a_torn_step_folder_of_the_default_layout_is_never_published(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sibling of 37.1-37.3 in cloudtrain's own layout (step-<N>/ folders in CLOUDTRAIN_CHECKPOINT_DIR): the last
+    folder is published when the workers end. Before: a step-10/state.pt cut short by the preemption (or one that
+    wrote nothing) was published as the newest checkpoint, and every restart failed loading it. Now it stays
+    unpublished, said at the end; step 5 stands."""
+    from cloudtrain import contract
+    from cloudtrain.node import steps
+
+    for var in (contract.CHECKPOINT_URI, contract.CHECKPOINT_DIR, contract.CHECKPOINT_LAYOUT, contract.NNODES):
+        monkeypatch.delenv(var, raising=False)  # PlainSync adopts the node's environment into this process
+    uri = store(tmp_path)
+    save(tmp_path / "ckpt" / "step-5" / "state.pt", 5.0)
+    save(tmp_path / "ckpt" / "step-10" / "state.pt", 10.0)
+    whole = (tmp_path / "ckpt" / "step-10" / "state.pt").read_bytes()
+    (tmp_path / "ckpt" / "step-10" / "state.pt").write_bytes(whole[: len(whole) // 3])
+    save(tmp_path / "ckpt" / "step-10" / "empty.pt", 0.0)
+    sync = steps.PlainSync({contract.CHECKPOINT_URI: uri, contract.CHECKPOINT_DIR: "ckpt"}, tmp_path)
+    assert sync.finish() is None
+    assert [step for step, _ in published(uri)] == [5]
+    assert any("step-10" in line and "state.pt is incomplete" in line for line in sync.unpublished())
