@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import importlib.util
 import json
@@ -223,6 +224,9 @@ def safe_extract(archive: Path, dest: Path) -> int:
         shutil.rmtree(dest, ignore_errors=True)
         if isinstance(exc, BootstrapError):
             raise
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the disk, not the bundle
+            raise BootstrapError(f"cannot unpack the bundle: no space left on the disk holding {dest}: free space "
+                                 "there, or move the job's working folder to a disk with room") from None
         raise BootstrapError(f"bundle {archive} cannot be unpacked ({type(exc).__name__}: {exc}): truncated, "
                              "corrupt or not a gzip tar; stage it again (submit the job again)") from None
 
@@ -278,19 +282,6 @@ def log(message: str) -> None:
     print(f"[cloudtrain] {message}", flush=True)
 
 
-def end_leftovers() -> list[str]:
-    """Once the workers ended: every process the job started that still runs is ended (cloudtrain/node/process_tree.py;
-    none outlives its node, on success too). Returns what was ended, in words, for the log and the status."""
-    from cloudtrain.node import process_tree
-
-    left = process_tree.end_leftovers()
-    if left:
-        line = f"ended {len(left)} process(es) the job left running: {', '.join(left[:3])}"
-        log(line)
-        return [line]
-    return []
-
-
 def node_steps() -> Any:
     """cloudtrain/node/steps.py from the bundle's lib/: checkpoints restored and published, logs and outputs copied."""
     import cloudtrain.node.steps as steps
@@ -325,14 +316,16 @@ def worker_echo(workdir: Path) -> Any:
     return WorkerEcho(workdir / "worker-logs")
 
 
-def write_status(path: str | None, status: dict[str, object]) -> None:
-    if not path:
-        return
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps(status, indent=2))
-    os.replace(tmp, target)
+def write_status(path: str | None, status: dict[str, object]) -> str | None:
+    """The node's status file; once the bundle is unpacked, by cloudtrain/node/node_files.py (a disk that filled up
+    fails the node, and why is returned)."""
+    files = sys.modules.get("cloudtrain.node.node_files")
+    if files is not None or not path:
+        return files.write_status(path, status) if files else None
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path + ".tmp").write_text(json.dumps(status, indent=2))
+    os.replace(path + ".tmp", path)
+    return None
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -391,8 +384,9 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
             shutil.rmtree(unpacked)
         safe_extract(bundle, unpacked)
         sys.path.insert(0, str(unpacked / "lib"))  # cloudtrain's node-side modules, imported below from the bundle
-        from cloudtrain.node import process_tree
+        from cloudtrain.node import node_files, process_tree
 
+        node_files.reserve(args.status_file)  # the status file's room, held: a disk the job fills cannot take it
         process_tree.become_subreaper()  # what the job leaves behind comes back to this process, to be ended
         masking = output.enter_context(mask_output(env))
         contract = load_contract(unpacked / "lib" / args.node_contract)
@@ -468,7 +462,7 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
                     notices.stop()
             if watch:
                 watch.torchrun_ended()
-            leftovers = end_leftovers()
+            leftovers = process_tree.end_leftovers_said(log)  # none outlives its node, on success too
             sync_error = steps.finish_checkpoint_sync(syncer, env, src)
             if sync_error:
                 status["error"] = sync_error
@@ -482,11 +476,15 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
             lost = steps.upload_outputs(env, src, cluster.node_rank)
             if lost and "error" not in status:  # the job's outputs are not where it said: it has not succeeded
                 status["error"] = lost
-    except BootstrapError as exc:
-        log(f"error: {exc}")
+    except (BootstrapError, OSError) as exc:  # an OSError only where the disk filled up (node_files says it)
+        files: Any = sys.modules.get("cloudtrain.node.node_files")
+        if not isinstance(exc, BootstrapError) and not (files and files.disk_full(exc)):
+            raise
+        why = str(exc) if isinstance(exc, BootstrapError) else files.refused(exc, args.workdir)
+        log(f"error: {why}")
         if contract is not None:
-            report_failure(contract, env, f"cloudtrain: {exc}")
-        status.update(outcome="failed", error=str(exc), returncode=EXIT_USAGE, ended=time.time())
+            report_failure(contract, env, f"cloudtrain: {why}")
+        status.update(outcome="failed", error=why, returncode=EXIT_USAGE, ended=time.time())
         write_status(args.status_file, status)
         return EXIT_USAGE
     from cloudtrain.node import outcome

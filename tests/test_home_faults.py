@@ -240,3 +240,100 @@ def test_a_supervisor_outlasts_a_lock_held_past_the_wait(tmp_path: Path, monkeyp
     db.settle()
     record = db.get("j")
     assert db.queued == [] and record is not None and (record.state, record.ended_at) == ("succeeded", 1.0)
+
+
+# -- issue 38.18: the job's own checkpoints fill the disk the node writes its files to -------------------------------
+
+_FILL_CHECKPOINTS = """
+import os
+print("token is", os.environ["HF_TOKEN"], flush=True)  # in the worker's log, before the disk is full
+folder = os.path.join(os.environ["CLOUDTRAIN_CHECKPOINT_DIR"], "step-000000001")
+os.makedirs(folder, exist_ok=True)
+with open(os.path.join(folder, "model.bin"), "wb", buffering=0) as out:
+    for size in (1 << 16, 1 << 12, 1):  # to the last byte the disk holds
+        try:
+            while True:
+                out.write(bytes(size))
+        except OSError:
+            pass
+"""
+_TOKEN = "hf_" + "k3y" * 10
+
+
+def test_checkpoints_that_fill_the_disk_fail_the_node_with_the_folder_and_the_fix(tmpfs: Callable[..., Path],
+                                                                                   proj: Path) -> None:
+    """The script's checkpoints fill the home's disk to the last byte, then it exits 0. The node's bootstrap crashed
+    masking its workers' logs and writing its status file (a traceback in the node's log); now the status goes into
+    the room held for it from the node's start, the job fails with one line naming the folder and the fix, and the
+    workers' logs are still masked (in place: there is no room for a masked copy)."""
+    home = tmpfs("home", "16m")
+    (proj / "fillck.py").write_text(_FILL_CHECKPOINTS)
+    try:
+        followed = cloudtrain(home, "submit", "fillck.py", "--env", f"HF_TOKEN={_TOKEN}", cwd=proj)
+        assert followed.returncode == 1 and "Traceback" not in followed.stderr, followed.stderr
+        handle = next(line.split()[1] for line in followed.stderr.splitlines() if line.startswith("submitted "))
+        job_dir = home / "jobs" / handle.split("://")[1]
+        said = (f"cannot write the node's status file: no space left on the disk holding {job_dir}: free space there, "
+                "move the job's working folder to a disk with room (a local job: CLOUDTRAIN_HOME), or keep fewer "
+                "checkpoints (checkpoint.keep)")
+        assert f"node 0 failed with exit code 1: {said}" in followed.stderr  # (the node's log itself has no room)
+        status = json.loads(cloudtrain(home, "status", handle, "-o", "json", cwd=proj).stdout)
+        assert status["state"] == "failed" and f"node 0 failed with exit code 1: {said}" in status["message"], status
+        node = json.loads((job_dir / "node-0.status.json").read_text())
+        assert node["outcome"] == "failed" and node["reason"] == said, node
+        logs = [p for p in (job_dir / "node-0" / "worker-logs").rglob("*") if p.is_file()]
+        assert logs and not any(_TOKEN in p.read_text(errors="replace") for p in logs)
+        assert any("token is ****" in p.read_text(errors="replace") for p in logs)
+        assert not list(job_dir.rglob("*.masking")) and not list(job_dir.rglob("*.tmp")), "nothing half-written"
+    finally:
+        for ballast in home.glob("jobs/*/node-0/checkpoints/step-*/model.bin"):
+            ballast.unlink()
+        stop_every_job(home)
+
+
+def _run_bootstrap(tmp_path: Path, workdir: Path, status: Path) -> subprocess.CompletedProcess[str]:
+    from tests.test_bootstrap import REPO, make_bundle, node_env
+
+    bundle = make_bundle(tmp_path, "print('trained', flush=True)\n")
+    return subprocess.run([sys.executable, str(REPO / "entrypoints" / "bootstrap.py"), "--bundle", str(bundle),
+                           "--workdir", str(workdir), "--script", "train.py", "--nproc-per-node", "1",
+                           "--status-file", str(status)], env=node_env(tmp_path), capture_output=True, text=True,
+                          timeout=240)
+
+
+def _fill(folder: Path) -> None:
+    with open(folder / "ballast.bin", "wb", buffering=0) as out:
+        for size in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    out.write(bytes(size))
+            except OSError:
+                pass
+
+
+def test_a_bundle_unpacked_onto_a_full_disk_blames_the_disk_not_the_bundle(tmpfs: Callable[..., Path],
+                                                                              tmp_path: Path) -> None:
+    """A node (a restart) whose working folder's disk is full: the bundle was said to be 'truncated, corrupt or not a
+    gzip tar; stage it again', which changes nothing. The disk is named, with the fix."""
+    disk = tmpfs("work", "1m")
+    _fill(disk)
+    result = _run_bootstrap(tmp_path, disk / "node", tmp_path / "status.json")
+    assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
+    assert (f"error: cannot unpack the bundle: no space left on the disk holding {disk / 'node' / 'bundle'}: free "
+            "space there") in result.stdout, result.stdout
+    assert "corrupt" not in result.stdout
+    assert "no space left" in json.loads((tmp_path / "status.json").read_text())["error"]
+
+
+def test_a_status_file_on_a_full_disk_fails_the_node_in_one_line(tmpfs: Callable[..., Path], tmp_path: Path) -> None:
+    """The status file's own disk full from the node's start (no room could be held for it): the script trains, the
+    node cannot record how it ended, and says so, failing, instead of a traceback from writing the file."""
+    disk = tmpfs("status", "1m")
+    _fill(disk)
+    result = _run_bootstrap(tmp_path, tmp_path / "work", disk / "node-0.status.json")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in out and "trained" in out, out
+    assert (f"node 0: cannot write the node's status file: no space left on the disk holding {disk}: free space "
+            "there") in result.stdout, result.stdout
+    assert "node 0 failed (torchrun exit 0)" in result.stdout
+    assert sorted(p.name for p in disk.iterdir()) == ["ballast.bin"], "nothing half-written"

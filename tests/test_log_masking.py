@@ -236,3 +236,17 @@ def test_long_lines_through_the_masked_output_and_the_worker_echo(tmp_path: Path
     assert not any(secret[i:i + 6].encode() in shown for i in range(len(secret) - 5))  # not even a piece of it
     assert out.stdout.count(MASK.encode()) == 4, out.stdout.count(MASK.encode())
     assert out.stdout.count(b"[default0]:") >= 2  # the worker's line did come in pieces
+
+
+def test_a_log_masked_in_place_reads_as_its_masked_copy(tmp_path: Path) -> None:
+    """Issue 38.18: on a disk with no room for a masked copy, a worker's log is masked in place, each masked block
+    written over what was already read; a mask longer than what it hides ('ab' -> '****') may not overtake the reading.
+    The result is byte for byte what the masked copy would be."""
+    masker = Masker(["ab", "hunter2-" + rand(12)])
+    mib = 1 << 20
+    data = (b"ab" * (mib // 2) + b"\n" + b"x" * (mib - 7) + b"ab\n") * 3 + b"tail ab"
+    log = tmp_path / "stdout.log"
+    log.write_bytes(data)
+    masker._mask_in_place(log)
+    assert log.read_bytes() == b"".join(masker.blocks(data[i:i + mib] for i in range(0, len(data), mib)))
+    assert b"ab" not in log.read_bytes() and log.stat().st_size > len(data)

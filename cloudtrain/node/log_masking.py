@@ -16,6 +16,7 @@ dump, a JSON line over 64 KiB) is passed on in pieces cut only where no secret i
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import select
@@ -119,12 +120,37 @@ class Masker:
             end = moved
 
     def mask_file(self, path: Path) -> None:
-        """Rewrite a log file masked (replaced atomically: a reader sees the old file or the masked one)."""
+        """Rewrite a log file masked (replaced atomically: a reader sees the old file or the masked one). On a disk
+        with no room for the masked copy (the job's checkpoints filled it), the file is masked in place instead."""
         tmp = path.with_name(path.name + ".masking")
-        with open(path, "rb") as src, open(tmp, "wb") as out:
-            for block in self.blocks(iter(lambda: src.read(1 << 20), b"")):
-                out.write(block)
-        os.replace(tmp, path)
+        try:
+            with open(path, "rb") as src, open(tmp, "wb") as out:
+                for block in self.blocks(iter(lambda: src.read(1 << 20), b"")):
+                    out.write(block)
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self._mask_in_place(path)
+
+    def _mask_in_place(self, path: Path) -> None:
+        """Masked bytes written over what was already read, never ahead of it, so no new room is needed but for
+        the few bytes a mask longer than what it hides may add at the end. Whatever happens, nothing unmasked is
+        left after what was written: the file is cut there."""
+        with open(path, "rb") as src, open(path, "r+b", buffering=0) as out:
+            held = b""
+            try:
+                for block in self.blocks(iter(lambda: src.read(1 << 20), b"")):
+                    held += block
+                    room = src.tell() - out.tell()  # os.write moves out's offset: tell() is where it stands
+                    if room > 0:
+                        write_all(out.fileno(), held[:room])
+                        held = held[room:]
+                write_all(out.fileno(), held)
+            finally:
+                out.truncate(out.tell())
 
     def mask_tree(self, folder: Path) -> int:
         """Mask every file under ``folder`` (torchrun's per-worker logs); returns how many there were."""
@@ -208,7 +234,8 @@ class MaskedOutput:
     def _pump(self, read_end: int, out: int) -> None:
         with contextlib.suppress(OSError):
             for block in self.masker.blocks(_chunks(read_end)):
-                write_all(out, block)
+                with contextlib.suppress(OSError):  # a log on a full disk loses this block, and the pipe is
+                    write_all(out, block)  # still read: the writers neither block nor break (EPIPE)
         os.close(read_end)
 
 

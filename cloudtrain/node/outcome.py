@@ -15,9 +15,11 @@ def _log(message: str) -> None:
 
 
 def conclude(status: dict[str, object], code: int, stopped: bool, watch: Any, cluster: Any, gpus: int,
-             started: float, report: Callable[[str], None], write: Callable[[dict[str, object]], None]) -> int:
-    """Decide the node's outcome, record it (``write``: the status file), tell the platform of a failure (``report``)
-    and say it in the log's last lines; returns the node's exit code. ``watch``: the node watch (None: unwatched)."""
+             started: float, report: Callable[[str], None],
+             write: Callable[[dict[str, object]], str | None]) -> int:
+    """Decide the node's outcome, record it (``write``: the status file; returns why it could not, or None), tell
+    the platform of a failure (``report``) and say it in the log's last lines; returns the node's exit code.
+    ``watch``: the node watch (None: unwatched)."""
     # torchrun exits 1 after forwarding SIGTERM even when every worker saved and exited cleanly: a stop we were
     # asked for is "preempted", whatever its exit code; one the node decided on (supervisor gone, idle) failed it.
     # A job whose checkpoints did not reach the store has not succeeded (status["error"] says where they are); a
@@ -40,7 +42,12 @@ def conclude(status: dict[str, object], code: int, stopped: bool, watch: Any, cl
         why = status.get("reason") or status.get("error") or (
             f"torchrun exited {code}; the node's log (and its workers' logs in the job's outputs) says why")
         report(f"cloudtrain: node {cluster.node_rank} of {cluster.nnodes} failed: {why}")
-    write(status)
+    problem = write(status)
+    if problem:  # a disk that filled up (cloudtrain/node/node_files.py): the node fails, and says why
+        if outcome != "failed":
+            report(f"cloudtrain: node {cluster.node_rank} of {cluster.nnodes} failed: {problem}")
+        outcome, stopped_by = "failed", None
+        status.update(outcome=outcome, reason=problem)
     for key in ("error", "reason", "note", "hint"):  # why it failed, or why its success is hollow: the last lines read
         if status.get(key) and not (key == "reason" and stopped_by):
             _log(f"node {cluster.node_rank}: {status[key]}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Callable
 
 PR_SET_CHILD_SUBREAPER = 36
 GRACE = 2.0  # seconds a leftover gets between SIGTERM and SIGKILL
@@ -103,6 +104,17 @@ def end_leftovers(grace: float = GRACE) -> list[str]:
             break
     _reap(left)
     return shown
+
+
+def end_leftovers_said(log: Callable[[str], None]) -> list[str]:
+    """Once the workers ended (the bootstrap): ``end_leftovers``, said in the node's log; returns that line for its
+    status (none when nothing was left running)."""
+    left = end_leftovers()
+    if not left:
+        return []
+    line = f"ended {len(left)} process(es) the job left running: {', '.join(left[:3])}"
+    log(line)
+    return [line]
 
 
 def _reap(pids: list[int]) -> None:

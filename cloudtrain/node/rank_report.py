@@ -151,12 +151,15 @@ def _record(**fields: Any) -> None:
     import json
 
     folder = _state["folder"]
-    with contextlib.suppress(OSError):
+    tmp = os.path.join(folder, f".rank-{report['rank']}.json.tmp")
+    try:
         os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f".rank-{report['rank']}.json.tmp")
         with open(tmp, "w") as f:
             f.write(json.dumps(report))
         os.replace(tmp, os.path.join(folder, f"rank-{report['rank']}.json"))
+    except OSError:  # a full disk: the previous report stands (the node reads no report as "cannot tell")
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # not left behind half-written
 
 
 def _int(text: str | None) -> int | None:
