@@ -339,7 +339,11 @@ def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = contract.MI
             raise CheckpointNotPublished(
                 f"checkpoint folder(s) {left} not published to {uri}: {why}; the files are still in {local_root}",
                 remedy="check that the checkpoint store is writable and reachable from the job") from exc
-        (folder / MANIFEST).write_text(json.dumps({"step": step, "published": remote}))
+        try:  # this node's note that the folder is published: a disk the checkpoints filled may refuse it
+            (folder / MANIFEST).write_text(json.dumps({"step": step, "published": remote}))
+        except OSError as exc:  # the checkpoint stands in the store; without the note a later pass publishes it again
+            log(f"warning: published {remote}, but cannot note it in {folder} ({exc.strerror or exc}): free space "
+                f"on the disk holding {local_root}, or keep fewer checkpoints (checkpoint.keep)")
         published.append(step)
     if published:
         log(f"published plain-script checkpoint(s) {published} to {uri}")

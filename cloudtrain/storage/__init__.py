@@ -8,6 +8,7 @@ object is absent or complete (temp file + rename on file://; S3 PUTs are atomic)
 from __future__ import annotations
 
 import builtins
+import errno
 import importlib
 import random
 import time
@@ -79,7 +80,11 @@ def with_retries(action: Callable[[], T], what: str, attempts: int = 5, base_del
     for attempt in range(1, attempts + 1):
         try:
             return action()
-        except Exception as exc:  # every failure is retried; the last one is reported
+        except Exception as exc:  # every failure is retried (but a full disk's); the last one is reported
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # stays full: said at once
+                where = f" holding {Path(exc.filename).parent}" if exc.filename else ""
+                raise CloudtrainError(f"{what} failed: no space left on the disk{where}",
+                                      remedy="free space on that disk, or store on one with room") from exc
             if attempt == attempts:
                 raise CloudtrainError(f"{what} failed after {attempts} attempts: {exc}",
                                       remedy="check the storage URI, credentials and network") from exc
