@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -254,8 +255,22 @@ def test_a_kubernetes_staging_bucket_no_store_allows(cli, ct_home: Path, project
 
 def test_a_location_a_provider_derives_that_the_spec_refuses_names_its_setting(cli, ct_home: Path,
                                                                                 project: Path) -> None:
-    """The sibling net: a value a provider sets on the spec while planning (Slurm's output_uri under a staging folder
-    written with '..') that the spec's own checks refuse is a message naming the provider's settings, not a pydantic
-    traceback."""
+    """Slurm's staging written with '..' planned, and the output_uri derived from it ended in a pydantic traceback:
+    refused where it is given. And the net under every provider: a location a provider sets on the spec while
+    planning that the spec's own checks refuse is a SpecError naming the provider's settings, not a traceback."""
     result = cli("plan", "train.py", "-p", "slurm", "--set", "providers.slurm.staging=/shared/../scratch", cwd=project)
-    _assert_clean_failure(result, ct_home, "providers.slurm", "contains '..'", "fix:")
+    _assert_clean_failure(result, ct_home, "providers.slurm.staging: '/shared/../scratch' contains '..'", "fix:")
+    from cloudtrain.errors import SpecError
+    from cloudtrain.providers.slurm.provider import SlurmProvider
+    from cloudtrain.spec import JobSpec
+
+    class Unchecked(SlurmProvider):  # a provider (a plugin's) whose settings let through what it derives from them
+        def _plan(self, spec: JobSpec, package: Any) -> Any:
+            spec = spec.model_copy(deep=True)
+            spec.output_uri = "file:///shared/../scratch/outputs/job"
+            raise AssertionError("the spec took it")
+
+    with pytest.raises(SpecError) as refused:
+        Unchecked().plan(JobSpec(script="train.py", source_dir=str(project)), None)  # type: ignore[arg-type]
+    assert refused.value.field == "providers.slurm" and "output_uri as slurm derives it" in refused.value.message
+    assert "contains '..'" in refused.value.message and "set output_uri yourself" in (refused.value.remedy or "")

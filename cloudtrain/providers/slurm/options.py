@@ -53,6 +53,8 @@ class SlurmOptions(Model):
             raise ValueError(f"{value!r} must be an absolute path on the cluster's shared filesystem")
         if value and (problem := path_problem(value)):
             raise ValueError(f"{problem}: name a folder the cluster's file system can hold")
+        if value and ".." in value.split("/"):  # the file:// locations derived from staging refuse it too
+            raise ValueError(f"{value!r} contains '..': write the folder's own absolute path")
         return value.rstrip("/") or "/" if value else value
 
     @field_validator("setup", "sbatch")
