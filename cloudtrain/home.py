@@ -62,10 +62,11 @@ def resource_dir(name: str) -> Path:
     raise FileNotFoundError(f"cloudtrain's {name}/ folder is missing from this installation; reinstall cloudtrain")
 
 
-def derived(name: str, key: str, build: Callable[[], Any]) -> Any:
+def derived(name: str, key: str, build: Callable[[], Any], use: Callable[[Any], Any] = lambda data: data) -> Any:
     """JSON data derived from installed files (a slice of an SDK's service model ...), kept in ``<home>/cache`` under
     ``name`` and the hash of ``key`` (what it was derived from, e.g. the SDK's files' stamps), so a plan does not
-    parse a large file each time. Built afresh when the key changes; a cache that cannot be read or written (a
+    parse a large file each time; returns ``use(data)``. Built afresh when the key changes, and when ``use`` refuses
+    what the cache holds (another version's shape, a damaged file); a cache that cannot be read or written (a
     read-only home) only costs the build."""
     import hashlib
     import json
@@ -73,8 +74,8 @@ def derived(name: str, key: str, build: Callable[[], Any]) -> Any:
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     path = cloudtrain_home() / "cache" / f"{name}-{digest}.json"
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return use(json.loads(path.read_text(encoding="utf-8")))
+    except Exception:  # whatever a cache of another shape (or damaged) makes ``use`` raise: built again below
         pass
     data = build()
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
@@ -84,4 +85,4 @@ def derived(name: str, key: str, build: Callable[[], Any]) -> Any:
         os.replace(tmp, path)  # a reader sees the whole file or none
     except OSError:
         tmp.unlink(missing_ok=True)
-    return data
+    return use(data)

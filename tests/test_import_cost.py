@@ -122,3 +122,21 @@ def test_an_aws_plan_reads_botocore_data_from_the_cache(tmp_path: Path) -> None:
     assert "botocore.validate" in names  # the request is still checked by botocore's own validator
     assert sorted(n for n in names if n in ("botocore.session", "botocore.loaders")) == []
     assert sorted(p.name.split("-")[1] for p in (tmp_path / "home" / "cache").iterdir()) == ["partitions", "sagemaker"]
+
+
+@pytest.mark.parametrize("shape", ['{"x": 1}', "[1, 2]", '[{"regions": 5}]', "not json"])
+def test_a_cache_of_another_shape_is_built_again(cli, ct_home: Path, tmp_path: Path, shape: str) -> None:
+    """Issue 38.15's sibling: a file in the home's cache of another shape (another version's, a damaged one) ended an
+    aws plan in AttributeError; it is built again from botocore, as a missing one is."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    flags = ["plan", "train.py", "-p", "aws", "--set", "providers.aws.region=us-east-1", "-o", "json"]
+    first = cli(*flags, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    cached = sorted((ct_home / "cache").iterdir())
+    assert [p.name.split("-")[1] for p in cached] == ["partitions", "sagemaker"]
+    kept = {p: p.read_text() for p in cached}
+    for path in cached:
+        path.write_text(shape)
+    again = cli(*flags, cwd=tmp_path)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    assert {p: p.read_text() for p in cached} == kept, "rebuilt as it was"

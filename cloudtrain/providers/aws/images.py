@@ -51,7 +51,16 @@ def _partitions() -> list[dict[str, Any]]:
     from cloudtrain.home import derived
     from cloudtrain.providers.aws.validate import botocore_stamp
 
-    return list(derived("botocore-partitions", botocore_stamp(), _partition_table))
+    return list(derived("botocore-partitions", botocore_stamp(), _partition_table, _partition_rows))
+
+
+def _partition_rows(data: Any) -> list[dict[str, Any]]:
+    """The cached table as _partition_table builds it, else ValueError (a cache of another shape is built again)."""
+    if not isinstance(data, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("regions"), list) and isinstance(p.get("regionRegex"), str)
+            and isinstance(p.get("dnsSuffix"), str) for p in data):
+        raise ValueError("not a partition table")
+    return data
 
 
 def _ecr_domain(region: str) -> str:

@@ -67,9 +67,8 @@ def _operation(service: str, operation: str) -> Any:
 
     from cloudtrain.home import derived
 
-    data = derived(f"botocore-{service}-{operation}", botocore_stamp(),
-                   lambda: _operation_slice(service, operation))
-    return ServiceModel(data, service_name=service).operation_model(operation)
+    return derived(f"botocore-{service}-{operation}", botocore_stamp(), lambda: _operation_slice(service, operation),
+                   lambda data: ServiceModel(data, service_name=service).operation_model(operation))
 
 
 _UNICODE_CLASS = re.compile(r"^\^?\(?\[((?:\\p\{[A-Z]\}|[^\]])*)\]\*\)?\$?$")
