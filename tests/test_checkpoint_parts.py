@@ -14,7 +14,7 @@ import torch
 
 from cloudtrain.node import checkpoint_parts, checkpoint_snapshots, checkpoint_store
 from cloudtrain.node.checkpoint_parts import PARTS, NodeParts, PartSync
-from tests.conftest import SCRIPTS, stop_every_job
+from tests.conftest import SCRIPTS, stop_every_job, wait_for
 from tests.test_resume import Cloudtrain
 
 
@@ -163,3 +163,38 @@ def test_a_two_node_dcp_job_publishes_and_resumes_from_both_nodes_shards(
     resumed, done = RESUMED.search(out), DONE.search(out)
     assert resumed and int(resumed.group(1)) == 8 and done and int(done.group(1)) == 12, out[-4000:]
     assert not list((tmp_path / "store").glob(f"{PARTS}/*")), "the parts leave the store at the job's end"
+
+
+@pytest.mark.slow
+def test_a_two_node_hf_trainer_preempted_resumes_to_the_uninterrupted_weights(
+        tmp_path: Path, _no_stray_jobs: None) -> None:
+    """37.6 end to end: the HF Trainer on 2 nodes x 1 process, a GPT-2 with dropout. Every rank saves its own
+    rng_state_<rank>.pth; node 1's was never published, so the restarted node 1 drew other dropout masks and the
+    run ended with other weights than the uninterrupted one. Now the checkpoint holds both, and the weights match."""
+    ct = Cloudtrain(tmp_path / "home", tmp_path)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "hf_trainer.py").write_text((SCRIPTS / "byo" / "hf_trainer.py").read_text())
+    args = ["--output_dir", "out", "--max_steps", "12", "--save_steps", "4"]
+
+    def submit(store: str, *extra: str, slow: tuple[str, ...] = ()) -> str:
+        return ct("submit", str(proj / "hf_trainer.py"), "--nodes", "2", "--procs-per-node", "1",
+                  "--checkpoint-uri", store, "--checkpoint-dir", "out", "--env", "CLOUDTRAIN_CHECKPOINT_QUIET=0.5",
+                  *extra, "--", *args, *slow).stdout
+
+    whole = DONE.search(submit((tmp_path / "whole").as_uri()))
+    assert whole, "the uninterrupted run printed no result"
+    handle = submit((tmp_path / "store").as_uri(), "--max-restarts", "1", "--detach",
+                    "--resume-arg=--resume_from_checkpoint", slow=("--step_sleep", "1")).strip()
+    log = tmp_path / "home" / "jobs" / handle.split("://", 1)[1] / "node-0.log"
+    wait_for(lambda: log.exists() and "[cloudtrain] published checkpoint-" in log.read_text(errors="replace"),
+             timeout=240, interval=0.1)
+    ct("preempt", handle)
+    ct("wait", handle, "--timeout", "300")
+    out = log.read_text(errors="replace")
+    restarted = out.partition("restart 1 after preemption")[2]
+    resumed, done = RESUMED.search(restarted), DONE.search(restarted)
+    assert resumed and int(resumed.group(1)) >= 4 and done, out[-4000:]
+    node1 = (log.parent / "node-1.log").read_text(errors="replace")
+    assert "Didn't find an RNG file" not in node1, node1[-3000:]
+    assert done.group(2) == whole.group(2), f"weights differ from the uninterrupted run's: {out[-3000:]}"
