@@ -285,6 +285,7 @@ def test_checkpoints_that_fill_the_disk_fail_the_node_with_the_folder_and_the_fi
         assert logs and not any(_TOKEN in p.read_text(errors="replace") for p in logs)
         assert any("token is ****" in p.read_text(errors="replace") for p in logs)
         assert not list(job_dir.rglob("*.masking")) and not list(job_dir.rglob("*.tmp")), "nothing half-written"
+        assert not list(job_dir.glob("*.room")), "the room held for the status file became the status file"
         copied = next(w for w in status["nodes"][0]["warnings"] if w.startswith("copying logs"))
         assert "stdout.log failed: no space left on the disk" in copied and "attempts" not in copied, copied
     finally:
@@ -353,6 +354,7 @@ def test_a_checkpoint_published_from_a_full_disk_stands(tmpfs: Callable[..., Pat
     assert result.returncode == 0 and "Traceback" not in out, out
     assert "warning: published " in out and "but cannot note it in" in out and "checkpoint.keep" in out, out
     assert json.loads((tmp_path / "status.json").read_text())["outcome"] == "succeeded"
+    assert not (tmp_path / "status.json.room").exists(), "the room held for the status file is given back"
     written = disk / "node" / "checkpoints" / "step-000000001" / "model.bin"
     assert written.stat().st_size > 1024 * 1024, "the script filled the disk"
     assert (store / "step-000000001" / "model.bin").stat().st_size == written.stat().st_size

@@ -2,10 +2,11 @@
 up, most often with the job's own checkpoints: one line naming the folder and the fix, the node ending failed with
 that reason, never a traceback.
 
-The status file is how a local job's supervisor learns how each node ended. So that a full disk cannot take that
-away, the bootstrap holds its room from the node's start (``reserve``: blanks, which read as "no status yet"); when
-the end's whole-file write (a temp file renamed over it) is refused for want of space, the status goes into that
-room in place, as failed with why. Standard library only, Python 3.8 (entrypoints/bootstrap.py imports it from the
+The status file is how a local job's supervisor learns how each node ended (it exists once the node ended). So
+that a full disk cannot take that away, the bootstrap holds its room from the node's start (``reserve``: a file of
+blanks beside it, ``<status>.room``); when the end's whole-file write (a temp file renamed over the status) is refused
+for want of space, the status is written into that room in place, as failed with why, and the room renamed to the
+status (neither takes new blocks). Standard library only, Python 3.8 (entrypoints/bootstrap.py imports it from the
 bundle's lib/).
 """
 
@@ -39,12 +40,16 @@ def refused(exc: OSError, workdir: str) -> str:
     return full_line(where, f"write {Path(exc.filename).name}" if exc.filename else "write the node's files")
 
 
+def _room(target: Path) -> Path:
+    return target.with_name(target.name + ".room")
+
+
 def reserve(path: str | None) -> None:
-    """At the node's start: its status file, blank, holding RESERVE_BYTES of the disk (best effort: a disk already
-    full gives none)."""
+    """At the node's start: the room for its status file, blanks holding RESERVE_BYTES of the disk (best effort: a
+    disk already full gives none)."""
     if not path:
         return
-    target = Path(path)
+    target = _room(Path(path))
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target, "wb") as out:
@@ -68,6 +73,8 @@ def write_status(path: str | None, status: dict[str, object]) -> str | None:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(status, indent=2))
         os.replace(tmp, target)
+        with contextlib.suppress(OSError):
+            _room(target).unlink()  # not needed any more
         return None
     except OSError as exc:
         with contextlib.suppress(OSError):
@@ -77,19 +84,21 @@ def write_status(path: str | None, status: dict[str, object]) -> str | None:
     failed = dict(status, outcome="failed", reason=why)
     if status.get("outcome") == "failed" and status.get("reason") and not status.get("error"):
         failed["error"] = status["reason"]  # why it failed before the disk filled stays said
-    _in_place(target, failed)
+    with contextlib.suppress(OSError):
+        if _in_place(_room(target), failed):
+            os.replace(_room(target), target)
     return why
 
 
-def _in_place(target: Path, status: dict[str, object]) -> bool:
+def _in_place(room: Path, status: dict[str, object]) -> bool:
     """``status`` written over the reserved blanks (no new blocks needed; JSON allows the blanks after it)."""
     try:
-        with open(target, "r+b") as out:
-            room = os.fstat(out.fileno()).st_size
+        with open(room, "r+b") as out:
+            size = os.fstat(out.fileno()).st_size
             data = json.dumps(status).encode()
-            if len(data) > room:  # the essentials only
+            if len(data) > size:  # the essentials only
                 data = json.dumps({k: status[k] for k in _KEPT if k in status}).encode()
-            if len(data) > room:
+            if len(data) > size:
                 return False
             out.write(data)
             out.flush()
