@@ -17,6 +17,8 @@ from typing import Dict, Iterable, NamedTuple
 
 from cloudtrain.node.checkpoint_manifest import step_of
 
+_SHARD = re.compile(r"\d+-of-\d+")  # model-00001-of-00004.safetensors: parts of one thing, not a family
+_NUMBER = re.compile(r"\d+")
 _TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".swp", ".lock", "~")
 _DCP_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
 # files torch.save and its kin write (never empty when whole): an empty one is a save that wrote nothing
@@ -151,3 +153,36 @@ def broken(root: Path, rels: Iterable[str]) -> str | None:
         if file_complete(path) is False:
             return f"{rel} is incomplete (being written, or cut short)"
     return None
+
+
+# -- names: entries and families ----------------------------------------------------------------------------------
+
+
+def family(name: str) -> tuple[str, tuple[int, ...]] | None:
+    """(the name with its numbers blanked, the numbers) for a name that is one of a numbered series; None for a
+    name without numbers, or one whose numbers count parts of one whole (``-00001-of-00004``)."""
+    numbers = _NUMBER.findall(name)
+    if not numbers or _SHARD.search(name):
+        return None
+    return _NUMBER.sub("#", name), tuple(int(n) for n in numbers)
+
+
+def entry_of(rel: str, containers: frozenset = frozenset()) -> str:
+    """The entry a file belongs to: its top-level name, or one level down inside a container."""
+    parts = rel.split("/")
+    return "/".join(parts[:2]) if parts[0] in containers and len(parts) > 2 else parts[0]
+
+
+def containers(files: Files) -> frozenset:
+    """Top-level folders that hold nothing but folders of one family (Accelerate's ``checkpoints/checkpoint_<i>/``):
+    their members are entries of their own, so the newest is taken as in a family at the top."""
+    inside: dict[str, set] = {}
+    for rel in files:
+        parts = rel.split("/")
+        inside.setdefault(parts[0], set()).add(parts[1] if len(parts) > 2 else None)
+    found = set()
+    for top, children in inside.items():
+        families = {(family(child) or ("", ()))[0] for child in children if child is not None}
+        if None not in children and len(families) == 1 and "" not in families:
+            found.add(top)
+    return frozenset(found)
