@@ -10,12 +10,29 @@ in its request.py; applying it and reporting changes is done here, once."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 
 from cloudtrain.errors import SpecError
 
 Rule = Callable[[str, str], tuple[str, str]]  # (key, value) -> (key, value) as the platform accepts them
+# What makes a job id unique (staging.new_job_id: <name>-<UTC date>-<time>-<4 hex>), and a restart's -rN after it
+_STAMP = r"-\d{8}-\d{6}-[0-9a-f]{4}"
+_UNIQUE_TAIL = re.compile(rf"({_STAMP})?(-r\d+)?$")
+
+
+def shortened(name: str, limit: int) -> str:
+    """``name`` in at most ``limit`` characters with what makes it unique kept: the head (the spec's name) gives
+    way, never the date, time and random part of the job id or a restart's -rN, so two jobs of one long name
+    submitted seconds apart keep two names. A name without that stamp keeps a digest of its head instead."""
+    if len(name) <= limit:
+        return name
+    found = _UNIQUE_TAIL.search(name)
+    assert found is not None  # the pattern matches at the end of any name, if only the empty tail
+    head, stamp, restart = name[:found.start()], found.group(1), found.group(2) or ""
+    tail = (stamp or "-" + hashlib.sha256(head.encode()).hexdigest()[:8]) + restart
+    return head[:max(1, limit - len(tail))].rstrip("-") + tail
 
 
 def platform_tags(provider: str, tags: dict[str, str], rule: Rule) -> tuple[dict[str, str], list[str]]:

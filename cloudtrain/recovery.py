@@ -32,6 +32,7 @@ from cloudtrain.providers.base import JobState, JobStatus, Provider
 
 DEFAULT_MAX_RECOVERY = 24 * 3600.0  # what bounds recovery when neither the spec nor a flag says
 RESUBMIT_CAP = 300.0  # the longest pause between two resubmissions
+RESTART_NAME_MAX = 60  # within every provider's rule for job names (63 at the shortest), with room to spare
 
 
 class RecoveryBudgetSpent(CloudtrainError):
@@ -131,8 +132,11 @@ def save(state: RecoveryState) -> None:
 
 
 def restart_name(root_job_id: str, restart: int) -> str:
-    """The name of restart N of a job: fixed, so a retried resubmission is recognised (at most 60 characters)."""
-    return f"{root_job_id[:55]}-r{restart}"
+    """The name of restart N of a job: fixed, so a retried resubmission is recognised; at most 60 characters, cut
+    from the job's name, never from the stamp that tells two jobs of one name apart."""
+    from cloudtrain.naming import shortened
+
+    return shortened(f"{root_job_id}-r{restart}", RESTART_NAME_MAX)
 
 
 def describe_steady(provider: Provider, handle: JobHandle, *, clock: Clock = SYSTEM,

@@ -31,6 +31,7 @@ from cloudtrain.errors import SpecError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.home import resource_dir
 from cloudtrain.providers.base import Capability, JobState, Provider
+from cloudtrain.recovery import restart_name
 from cloudtrain.sdk import Job, plan_job
 from cloudtrain.spec import JobSpec, validate_spec
 
@@ -153,13 +154,13 @@ class ProviderConformance:
             handle = provider.submit(plan)
         if Capability.RESUBMIT not in provider.capabilities:
             with pytest.raises(UserError, match="cannot resubmit"):
-                provider.resubmit(handle, f"{handle.job_id[:50]}-r1")
+                provider.resubmit(handle, restart_name(handle.job_id, 1))
             provider.cancel(handle)
             return
         harness.preempt(handle)
         assert provider.wait(handle, timeout=60, poll=0.1).state is JobState.PREEMPTED
-        again = provider.resubmit(handle, f"{handle.job_id[:50]}-r1")
-        assert provider.resubmit(handle, f"{handle.job_id[:50]}-r1") == again  # retried: the same job
+        again = provider.resubmit(handle, restart_name(handle.job_id, 1))  # the name recovery asks for
+        assert provider.resubmit(handle, restart_name(handle.job_id, 1)) == again  # retried: the same job
         assert again != handle and not provider.describe(again).state.terminal
 
     @pytest.mark.slow

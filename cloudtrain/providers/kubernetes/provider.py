@@ -10,7 +10,6 @@ node's pod, cancel suspends the job and marks it cancelled (kept for its status 
 from __future__ import annotations
 
 import builtins
-import hashlib
 import re
 from collections.abc import Iterator
 from datetime import datetime
@@ -23,6 +22,7 @@ from cloudtrain.errors import CloudtrainError, HandleError, SpecError, UserError
 from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
 from cloudtrain.images import Runtime, custom
+from cloudtrain.naming import shortened
 from cloudtrain.node_commands import bootstrap_args, job_env
 from cloudtrain.packaging import BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
@@ -325,12 +325,8 @@ def job_name(job_id: str, api: str, nodes: int) -> tuple[str, list[str]]:
     notes = []
     suffix = len("-node-0-") if api == "trainjob" else len("-worker-")
     room = 63 - suffix - len(str(max(nodes - 1, 0)))
-    fixed = job_id if re.match(r"^[a-z]", job_id) else f"j-{job_id}"
-    if len(fixed) > room:  # the head gives way: the stamp (and a restart's -rN) keep names unique
-        unique = re.match(r"^(.*?)(-\d{8}-\d{6}-[0-9a-f]{4}(?:-r\d+)?)$", fixed)
-        head, tail = unique.groups() if unique else \
-            (fixed, "-" + hashlib.sha256(fixed.encode()).hexdigest()[:8])  # a name of another shape: still one
-        fixed = head[:max(1, room - len(tail))].rstrip("-") + tail
+    # the head gives way: the stamp (and a restart's -rN) keep names unique
+    fixed = shortened(job_id if re.match(r"^[a-z]", job_id) else f"j-{job_id}", room)
     if fixed != job_id:
         notes.append(f"kubernetes: the job is named {fixed} (RFC 1035: it starts with a letter, and at most {room} "
                      "characters leave its pods' host names within 63)")
