@@ -163,7 +163,38 @@ URL_SECRETS = {
     "WEBHOOK": ("https://hooks.example.com/notify?channel=ml&token=hook-tok-83jd72kd", "hook-tok-83jd72kd"),
     "WEIGHTS_URL": ("https://b.s3.amazonaws.com/w.pt?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=5f3a9c0d2e1b7a4c",
                     "5f3a9c0d2e1b7a4c"),
+    # issue 38.13: a password holding what a URL's password "may not": `/` and `+` (an AWS-style secret key), `@`,
+    # `:`, %-escapes; a user holding `@` (Azure's user@server); an IPv6 host; a socket instead of a host
+    "ANALYTICS_URL": ("postgres://app:wJalrXUt/nFEMI/K7MDENG+bPxRfiCY@db:5432/x", "wJalrXUt/nFEMI/K7MDENG+bPxRfiCY"),
+    "MYSQL_URL": ("mysql://root:p@ss:w0rd-x9@mysql.internal:3306/app", "p@ss:w0rd-x9"),
+    "PG_SOCKET_URL": ("postgresql://me%40corp:pa%2Fss%40w0rd%3A9@/db?host=/run/pg", "pa%2Fss%40w0rd%3A9"),
+    "AZURE_PG_URL": ("postgres://admin@srv:Azure/Pw+9x@srv.postgres.database.azure.com:5432/db", "Azure/Pw+9x"),
+    "BROKER_URL": ("amqps://guest:q/u:e-7@[::1]:5671/vhost", "q/u:e-7"),
 }
+
+
+@pytest.mark.parametrize("name", sorted(URL_SECRETS))
+def test_url_credentials_are_masked_whatever_they_hold_in_args_env_and_logs(name: str) -> None:
+    """Issue 38.13: the password of a URL was masked only while it held no `/` or `@`: an AWS-style secret key in a
+    DATABASE_URL was shown in clear in plans, job records and logs. The rest of the URL stays readable."""
+    from cloudtrain.node.log_masking import Masker
+    from cloudtrain.node.secret_values import env_secrets
+
+    url, secret = URL_SECRETS[name]
+    shown = redact({"env": {name: url}, "args": ["--source", url, f"--to={url}"]})
+    assert secret not in json.dumps(shown) and MASK in shown["env"][name], shown
+    assert shown["args"][1].split(MASK)[0] == url.split(secret)[0]  # up to the secret, as it was
+    line = f"connecting to {url} (secret {secret})\n".encode()
+    assert secret.encode() not in Masker(env_secrets({name: url}))(line)  # registered, and by shape
+    assert secret.encode() not in Masker([])(line.split(b" (")[0])  # by shape alone: a URL in any log line
+    assert split_args(["--source", url])[0] == ["--source", "@@CLOUDTRAIN_SECRET_ARG_0@@"]  # never on a command line
+
+
+@pytest.mark.parametrize("text", ["https://host:8443/path/to/a@b.com", "git+https://github.com/org/repo@v1.0",
+                                  "ssh://git@github.com:22/org/repo.git", "see http://localhost:6006/#scalars a@b.io",
+                                  "https://user@host:8080/x"])
+def test_urls_without_a_password_stay_readable(text: str) -> None:
+    assert redact({"note": text}) == {"note": text}
 
 
 def test_urls_with_credentials_are_masked_in_the_local_plan_as_in_the_clouds(cli, tmp_path: Path,

@@ -55,6 +55,9 @@ class Rule:
 
 _QUERY_SECRET = (r"(?i:(?:[A-Za-z0-9.-]*[_.-])?(?:access_?token|token|api_?key|password|passwd|pwd|secret|signature"
                  r"|auth))=([^&\s\"'#]{8,})")
+# What follows a URL's credentials: a host (a name, an IPv4 or [IPv6] address; none for a socket: postgres://u:p@/db),
+# a port, then the path, the query, another host (mongodb://u:p@h1,h2), or the URL's end
+_URL_HOST = r"(?=(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]*)(?::\d*)?(?:[/?#,;)\]>\s\"']|$))"
 # Formats searched inside any text: plan strings, log lines, command lines, source files.
 VALUE_RULES = (
     Rule("aws-access-key-id", r"A[KS]IA", r"\b((?:AKIA|ASIA)[A-Z2-7]{16})\b"),
@@ -65,8 +68,10 @@ VALUE_RULES = (
     Rule("azure-account-key", r"Key=", r"(?:AccountKey|SharedAccessKey)=([^;\s\"']+)"),
     Rule("azure-sas-signature", r"ig(?:=|nature=)",
          r"SharedAccessSignature=([^;\s\"']+)|[?&]sig=([A-Za-z0-9%+/=]{20,})"),
-    # only the password is masked, so postgres://user:****@host stays readable
-    Rule("url-password", r"://", r"://[^/\s:@\"']*:([^/\s@\"']+)@"),
+    # only the password is masked, so postgres://user:****@host stays readable; whatever it holds (`/`, `+` of an
+    # AWS-style secret key, `@`, `:` or %-escapes): it runs to the first `@` followed by a host (a name or [v6], a
+    # port, then the path or the URL's end), and it is not a port (https://host:8443/a@b is no password)
+    Rule("url-password", r"://", r"://[^/\s:\"']*?:(?!\d{1,5}(?:[/?#]|$))([^\s\"']+?)@" + _URL_HOST),
     # a token standing for the whole user part (https://<token>@github.com/...): long, with a digit, unlike a name
     Rule("url-token-user", r"://", r"://((?=[^/\s:@\"']*\d)[^/\s:@\"']{20,})@"),
     # a credential in a query string: ?token=..., &api_key=..., X-Amz-Signature=... (presigned URLs); not a page
