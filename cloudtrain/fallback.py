@@ -165,7 +165,7 @@ def move(legs_data: list[dict[str, Any]], leg: int, spec_data: dict[str, Any], c
     from cloudtrain.staging import lineage_id
 
     spec = validate_spec(spec_data)
-    legs = [Leg(**d) for d in legs_data]
+    legs = [Leg(d["provider"], d.get("region")) for d in legs_data]  # a later version's keys left alone
     source = status.checkpoint_uri or spec.checkpoint.uri
     log(f"{current} ended {status.state.value} ({why}); moving it to {legs[leg + 1].label()}")
     target = source

@@ -52,8 +52,11 @@ class RecoveryState:
     history: list[dict[str, Any]] = field(default_factory=list)
     legs: list[dict[str, Any]] = field(default_factory=list)  # the fallback list, in order (cloudtrain.fallback)
     leg: int = 0  # the leg the newest submission runs on
-    spec: dict[str, Any] | None = None  # the job spec, to plan a later leg (only with a fallback list)
+    spec: dict[str, Any] | None = None  # the job spec, masked, to plan a later leg (only with a fallback list)
     state_uri: str | None = None  # where the watcher keeps this state in the store (cloudtrain.watch)
+    # where each secret of ``spec`` comes back from when a later leg is planned: a variable of the environment of
+    # the process that moves the job (cloudtrain.chain_file: no file keeps a secret value)
+    secrets: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def restarts(self) -> int:
@@ -76,7 +79,10 @@ class RecoveryState:
         return DEFAULT_MAX_RECOVERY if self.max_recovery is None else self.max_recovery
 
     def spent(self, now: float) -> float:
-        return self.recovered_s + (now - self.recovering_since if self.recovering_since is not None else 0.0)
+        # a spell that began "later than now" (a watcher whose clock ran ahead wrote it) counts from now, so no
+        # clock elsewhere makes the time spent negative and the budget endless
+        return self.recovered_s + (max(0.0, now - self.recovering_since) if self.recovering_since is not None
+                                   else 0.0)
 
     def trouble(self, now: float) -> None:
         """A spell of recovering begins (or goes on)."""
@@ -87,14 +93,17 @@ class RecoveryState:
     def healthy(self, status: JobStatus, now: float) -> None:
         """The job runs (or ended well): the spell of recovering, if any, is over."""
         if self.recovering_since is not None and status.state in (JobState.RUNNING, JobState.SUCCEEDED):
-            self.recovered_s += now - self.recovering_since
+            self.recovered_s += max(0.0, now - self.recovering_since)
             self.recovering_since = None
             save(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RecoveryState:
+    def from_dict(cls, data: Any, origin: str = "the recovery state") -> RecoveryState:
+        """The state a file holds, checked field by field (``origin``: the file, named when it is refused)."""
+        from cloudtrain.chain_file import check_state
+
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: v for k, v in check_state(data, origin).items() if k in known})
 
 
 def state_dir() -> Path:
@@ -115,8 +124,9 @@ def load(handle: JobHandle) -> RecoveryState | None:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if str(handle) in data.get("chain", []):
-            return RecoveryState.from_dict(data)
+        chain = data.get("chain") if isinstance(data, dict) else None
+        if isinstance(chain, list) and str(handle) in chain:  # this handle's: used if whole, else refused by name
+            return RecoveryState.from_dict(data, str(path))
     return None
 
 
@@ -180,13 +190,24 @@ def begin(provider: Provider, handle: JobHandle, *, max_restarts: int | None = N
 def start_chain(handle: JobHandle, *, legs: list[dict[str, Any]], leg: int, spec: dict[str, Any],
                 refused: list[str], max_restarts: int, max_recovery: float | None) -> RecoveryState:
     """The recovery of a job submitted from a fallback list: its legs and spec kept, so a watcher (here or
-    elsewhere) can move it on."""
-    why = "submitted" + (f" ({'; '.join(refused)})" if refused else "")
+    elsewhere) can move it on. The spec is kept with its secrets masked (the file is shared, in the store): a later
+    leg takes them from this process, or from the environment of the watcher that moves the job, said on stderr."""
+    import sys
+
+    from cloudtrain.chain_file import hold, keep, needed
+    from cloudtrain.node.secret_values import known_secrets, mask_text
+
+    kept, refs, values = keep(spec)
+    hold(str(handle), values)
+    why = mask_text("submitted" + (f" ({'; '.join(refused)})" if refused else ""), known_secrets(spec))
     state = RecoveryState(root=str(handle), max_restarts=max_restarts, chain=[str(handle)], max_recovery=max_recovery,
                           history=[{"handle": str(handle), "provider": handle.provider,
                                     "region": legs[leg].get("region"), "why": why, "leg": leg}],
-                          legs=legs, leg=leg, spec=spec)
+                          legs=legs, leg=leg, spec=kept, secrets=refs)
     save(state)
+    if refs and leg + 1 < len(legs):
+        print(f"note: no file keeps the job's secret values; a watcher that moves it to a later leg (`cloudtrain "
+              f"watch`, `wait --recover`) needs them in its environment: {needed(refs)}", file=sys.stderr)
     return state
 
 
@@ -251,15 +272,20 @@ Mover = Callable[[list[dict[str, Any]], int, dict[str, Any], JobHandle, JobStatu
                  tuple[JobHandle, int]]
 
 
+def continues(provider: Provider, state: RecoveryState, status: JobStatus) -> bool:
+    """Whether an ended job may be followed by another submission (resubmitted, or moved along its fallback list):
+    it was preempted, lost its capacity, or failed where failures are retried. Otherwise its chain has ended."""
+    return status.state is JobState.PREEMPTED or bool(provider.capacity_error(status)) or \
+        (state.retry_failed and status.state is JobState.FAILED)
+
+
 def advance(provider: Provider, state: RecoveryState, status: JobStatus, log: Callable[[str], None] = print, *,
             clock: Clock = SYSTEM, backoff: Backoff | None = None, mover: Mover | None = None) -> JobHandle | None:
     """After the newest submission ended with ``status``: the resubmission that continues it (on the same provider,
     or, with ``mover``, on the next leg of its fallback list), or None (done)."""
     current = JobHandle.parse(state.chain[-1])
     capacity = provider.capacity_error(status) if status.state in (JobState.PREEMPTED, JobState.FAILED) else None
-    again = status.state is JobState.PREEMPTED or bool(capacity) or \
-        (state.retry_failed and status.state is JobState.FAILED)
-    if not again:
+    if not continues(provider, state, status):
         return None
     from cloudtrain.budget import watcher
 
@@ -270,8 +296,9 @@ def advance(provider: Provider, state: RecoveryState, status: JobStatus, log: Ca
     if (capacity or spent) and state.leg + 1 < len(state.legs) and mover is not None:
         why = f"capacity: {capacity}" if capacity else \
             f"preempted with no restarts left there ({state.leg_restarts}/{state.max_restarts})"
+        spec = _spec_for_move(state, current)  # its secrets from this process: refused before anything is sent
         _pause(state, clock, backoff, log)
-        new, leg = mover(state.legs, state.leg, state.spec or {}, current, status, why, log)
+        new, leg = mover(state.legs, state.leg, spec, current, status, why, log)
         _record(state, new, leg, f"moved: {why}")
         return new
     if spent or capacity:
@@ -286,6 +313,14 @@ def advance(provider: Provider, state: RecoveryState, status: JobStatus, log: Ca
     log(f"{current} ended {status.state.value}; resubmitted as {new} (restart {state.leg_restarts}/"
         f"{state.max_restarts}), resuming from its newest checkpoint if it has a checkpoint.uri")
     return new
+
+
+def _spec_for_move(state: RecoveryState, current: JobHandle) -> dict[str, Any]:
+    from cloudtrain.chain_file import fill
+
+    following = state.legs[state.leg + 1]
+    where = following.get("provider", "?") + (f" {following['region']}" if following.get("region") else "")
+    return fill(state.spec or {}, state.secrets, state.root, f"moving {current} to {where}")
 
 
 def _pause(state: RecoveryState, clock: Clock, backoff: Backoff | None, log: Callable[[str], None]) -> None:

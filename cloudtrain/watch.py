@@ -4,7 +4,9 @@ one ended preempted or lost its capacity, resubmits or moves it (cloudtrain.reco
 
 Idempotent and shareable: each chain's state is kept in its checkpoint store (cloudtrain.lineage_store), so a
 restarted watcher, or one on another machine with an empty home, picks up the same chain; a lease in the store lets
-one watcher at a time act on a chain, and resubmissions have fixed names, so nothing is submitted twice.
+one watcher at a time act on a chain, and resubmissions have fixed names, so nothing is submitted twice. What the
+store holds is checked before it is used (cloudtrain.chain_file): a chain file of another shape is named with the
+fix, and a chain whose newest job ended for good needs no lease to be seen as ended.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from dataclasses import dataclass
 
 from cloudtrain import lineage_store
 from cloudtrain.backoff import SYSTEM, Backoff, Clock
-from cloudtrain.errors import TransientError
+from cloudtrain.chain_file import Unreadable
+from cloudtrain.errors import CloudtrainError, TransientError
 from cloudtrain.handles import JobHandle
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import JobStatus
-from cloudtrain.recovery import RESUBMIT_CAP, RecoveryState, advance, begin, load, save
+from cloudtrain.recovery import RESUBMIT_CAP, RecoveryState, advance, begin, continues, load, save
 
 Log = Callable[[str], None]
 
@@ -38,10 +41,15 @@ def attach(handle: JobHandle, log: Log = print) -> RecoveryState:
     if where is None:
         uri = provider.describe(handle).checkpoint_uri
         where = lineage_store.state_uri(uri) if uri else None
-    shared = lineage_store.read(where) if where else None
-    if shared and str(handle) in shared.get("chain", []) and \
-            (local is None or len(shared["chain"]) >= len(local.chain)):
-        state = RecoveryState.from_dict(shared)
+    try:
+        shared = read_shared(where) if where else None
+    except Unreadable as exc:
+        if local is None:  # nothing else says where the chain stands: the user decides (exit 2)
+            raise
+        shared = None
+        log(f"{exc.message}; this home's copy of the chain replaces it")
+    if shared and str(handle) in shared.chain and (local is None or len(shared.chain) >= len(local.chain)):
+        state = shared
         log(f"{handle}: picked up its chain from {where} ({len(state.chain)} submission(s))")
     else:
         state = local or begin(provider, handle)
@@ -53,33 +61,54 @@ def attach(handle: JobHandle, log: Log = print) -> RecoveryState:
     return state
 
 
+def read_shared(uri: str) -> RecoveryState | None:
+    """The chain state a store keeps at ``uri``, checked (Unreadable, naming the file, when it is not one)."""
+    data = lineage_store.read(uri)
+    return None if data is None else RecoveryState.from_dict(data, uri)
+
+
 def round_once(watched: list[Watched], owner: str, *, poll: float, clock: Clock = SYSTEM, log: Log = print,
                mover: object = None) -> None:
-    """One look at every chain still running: act on those that ended, if this watcher holds their lease."""
+    """One look at every chain still running: act on those that ended, if this watcher holds their lease; a chain
+    whose newest job ended for good is over whoever holds it."""
     for item in watched:
         if item.final is not None:
             continue
-        state = item.state
+        state, held = item.state, True
         if state.state_uri:
-            held = lineage_store.take_lease(state.state_uri, owner, clock)
-            fresh = lineage_store.read(state.state_uri)  # what another watcher may have done meanwhile
-            if fresh and len(fresh.get("chain", [])) > len(state.chain):
-                item.state = state = RecoveryState.from_dict(fresh)
-            if not held:
-                continue
+            held = lineage_store.take_lease(state.state_uri, owner, clock, log=log)
+            try:
+                fresh = read_shared(state.state_uri)  # what another watcher may have done meanwhile
+            except Unreadable as exc:  # this watcher's copy stands; its next save replaces the file
+                fresh = None
+                log(f"{exc.message}; this watcher's copy of the chain stands")
+            if fresh and len(fresh.chain) > len(state.chain) and fresh.chain[:len(state.chain)] == state.chain:
+                item.state = state = fresh
         handle = JobHandle.parse(state.chain[-1])
         provider = get_provider(handle.provider)
         try:
             status = provider.describe(handle)
         except TransientError as exc:
             log(f"{handle}: status unavailable ({exc.message}); not a preemption, next round")
-            state.trouble(clock.time())
+            if held:
+                state.trouble(clock.time())
+            continue
+        if not held:  # another watcher acts on the chain; an end nothing follows needs none
+            if status.state.terminal and not continues(provider, state, status):
+                item.final = status
+                log(f"{state.root}: chain ended {status.state.value} ({status.handle}, {state.restarts} "
+                    "resubmission(s))")
             continue
         state.healthy(status, clock.time())
         if not status.state.terminal:
             continue
-        following = advance(provider, state, status, log, clock=clock,
-                            backoff=Backoff(base=poll, cap=max(RESUBMIT_CAP, poll)), mover=mover)  # type: ignore[arg-type]
+        try:
+            following = advance(provider, state, status, log, clock=clock,
+                                backoff=Backoff(base=poll, cap=max(RESUBMIT_CAP, poll)), mover=mover)  # type: ignore[arg-type]
+        except CloudtrainError:
+            if state.state_uri:  # another watcher (one with the job's secrets, say) may take the chain at once
+                lineage_store.release(state.state_uri, owner)
+            raise
         if following is None:
             item.final = status
             log(f"{state.root}: chain ended {status.state.value} ({status.handle}, {state.restarts} resubmission(s))")

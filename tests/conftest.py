@@ -84,6 +84,7 @@ def status_json(cli: Callable[..., subprocess.CompletedProcess[str]], handle: st
 GROUPS = {
     # one real Slurm cluster (and sshd) per worker that runs a Slurm test, and `scancel --user` after each test
     "test_slurm.py": "slurm",
+    "test_watch_secrets.py": "slurm",  # moves jobs to that cluster
     # the module-scoped uninterrupted baseline run per trainer (ddp, fsdp), shared by the tests that compare with it
     "test_resume.py::test_preempted_then_hard_killed_resumes_bitwise[ddp-": "resume-ddp",
     "test_resume.py::test_a_short_job_leaves_a_checkpoint_to_resume_from[ddp]": "resume-ddp",

@@ -4,9 +4,11 @@ emulator; a watcher restarted with an empty home picks the same chain up from th
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -93,3 +95,90 @@ def test_writers_of_one_record_at_once_never_trip_over_each_other(ct_home: Path)
     saved = recovery.load(JobHandle.parse(state.root))
     assert saved is not None and saved.chain[0] == state.root  # whole: one writer's, never a mix
     assert sorted(p.name for p in recovery.state_dir().iterdir()) == ["gcp_p_r_1.json"]  # no temporary file left
+
+
+# -- state in the store is checked before it is trusted (issue 38.9, 38.10) -----------------------------------------
+
+
+def _ended_local_job(project: Path, home: Path, store: Path) -> str:
+    """A local job (real torchrun processes) that ran to its end, its checkpoints kept in ``store`` (file://)."""
+    (project / "quick.py").write_text("print('done')\n")
+    done = subprocess.run([sys.executable, "-m", "cloudtrain", "submit", "quick.py", "-p", "local", "--nodes", "1",
+                           "--procs-per-node", "1", "--checkpoint-uri", store.as_uri()],
+                          cwd=project, env=cli_env(home), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    return next(word for word in done.stderr.split() if word.startswith("local://"))
+
+
+def _watch(project: Path, home: Path, handle: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cloudtrain", "watch", handle, "--poll", "0.2"], cwd=project,
+                          env=cli_env(home), capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_chain_file_or_lease_of_another_shape_in_the_store_is_named_never_a_traceback(
+        project: Path, ct_home: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    handle = _ended_local_job(project, ct_home, store)
+    folder = store / "_cloudtrain"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "lease.json").write_text('{"owner": "elsewhere", "expires": "tomorrow"}')
+    # this home has no chain of the job: a chain file it cannot use is refused by name, with the fix
+    for content, wrong in ((json.dumps({"chain": [handle]}), "root is missing"),
+                           (json.dumps([handle]), "holds list, not a JSON object"),
+                           ("{not json", "is not JSON"),
+                           (json.dumps({"root": handle, "max_restarts": 1, "chain": {"0": handle}}), "chain is {"),
+                           (json.dumps({"root": handle, "max_restarts": "3", "chain": [handle]}),
+                            "max_restarts is '3'; it must be a whole number"),
+                           (json.dumps({"root": handle, "max_restarts": 0, "chain": [handle], "leg": 4,
+                                        "legs": [{"provider": "local"}]}), "leg is 4, but legs lists 1")):
+        (folder / "lineage.json").write_text(content)
+        refused = _watch(project, ct_home, handle)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert f"{(folder / 'lineage.json').as_uri()}" in refused.stderr and wrong in refused.stderr, refused.stderr
+        assert "fix: delete it" in refused.stderr
+    # none there: the lease of another shape holds nothing (said), and the ended chain is seen as ended
+    (folder / "lineage.json").unlink()
+    watched = _watch(project, ct_home, handle)
+    assert watched.returncode == 0 and "Traceback" not in watched.stderr, watched.stderr
+    assert f"{(folder / 'lease.json').as_uri()} is not a lease cloudtrain wrote" in watched.stderr
+    assert f"{handle}: succeeded" in watched.stdout
+    # this home has the chain now: a chain file it cannot use is replaced by this home's copy
+    (folder / "lineage.json").write_text(json.dumps({"chain": "x"}))
+    again = _watch(project, ct_home, handle)
+    assert again.returncode == 0, again.stderr
+    assert "this home's copy of the chain replaces it" in again.stderr
+    assert json.loads((folder / "lineage.json").read_text())["chain"] == [handle]
+
+
+def test_a_lease_from_a_clock_years_ahead_or_on_an_ended_chain_blocks_no_watcher(
+        project: Path, ct_home: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    handle = _ended_local_job(project, ct_home, store)
+    lease = store / "_cloudtrain" / "lease.json"
+    lease.parent.mkdir(parents=True, exist_ok=True)
+    for expires in (time.time() + 10 * 365 * 86400, time.time() + 100):  # a clock years ahead; a live watcher's
+        lease.write_text(json.dumps({"owner": "other-host:1:abcd", "expires": expires}))
+        try:
+            watched = _watch(project, ct_home, handle, timeout=40)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"a lease expiring in {expires - time.time():.0f}s blocked the watcher") from None
+        assert watched.returncode == 0 and f"{handle}: succeeded" in watched.stdout, watched.stderr
+    assert json.loads(lease.read_text())["owner"] == "other-host:1:abcd"  # a live lease is left to its owner
+
+
+def test_a_lease_too_far_ahead_is_taken_over_and_the_preempted_job_resubmitted_once(
+        vertex: VertexFake, project: Path, ct_home: Path) -> None:  # noqa: F811
+    """The chain has not ended: the watcher whose clock ran ahead left its lease behind; another takes it over (said)
+    and resubmits the preempted job, once."""
+    ckpt = f"gs://{BUCKET}/ahead-{uuid.uuid4().hex[:8]}"
+    vertex.scripts = [["JOB_STATE_PENDING", "PREEMPTED"], ["JOB_STATE_PENDING", "JOB_STATE_SUCCEEDED"]]
+    run = Job(script="train_ddp.py", source_dir=str(project), spot=True, max_restarts=2,
+              checkpoint={"uri": ckpt}).submit("gcp")
+    state = lineage_store.state_uri(ckpt)
+    lineage_store.publish(state.rsplit("/", 1)[0] + "/lease.json",
+                          {"owner": "ahead:1:feed", "expires": time.time() + 5 * 365 * 86400})
+    said: list[str] = []
+    done = watch([run.handle], poll=0.05, owner="b", log=said.append, rounds=200)
+    final = done[0].final
+    assert final is not None and final.state is JobState.SUCCEEDED and len(vertex.jobs) == 2
+    assert any("further ahead than a lease lasts" in line and "not trusted" in line for line in said), said
