@@ -111,9 +111,14 @@ def test_a_checkpoint_folder_the_script_never_writes_is_said_while_it_runs_and_a
     assert ct("wait", handle, "--timeout", "120", check=False).returncode == 0
     log = ct.logs(handle)
     assert re.search(r"checkpoint folder \S+ckpts is empty while the script wrote ckpt/model\.pt", log), log
-    warnings = ct.status(handle)["nodes"][0]["warnings"]
+    status = ct.status(handle)
+    warnings = status["nodes"][0]["warnings"]
     assert any("ckpts is empty" in w and "checkpoint.dir" in w for w in warnings), warnings
     assert any("model_best.pth.tar" in w and "working folder" in w for w in warnings), warnings
+    # the job's own line says it too: a job that published nothing never reads a plain "succeeded"
+    assert status["state"] == "succeeded" and "ckpts is empty" in status["message"], status["message"]
+    assert "more warning(s)" in status["message"]
+    assert "ckpts is empty" in ct("status", handle).stdout.splitlines()[0]
 
 
 def _nothing_recorded(ct: Cloudtrain) -> None:

@@ -182,3 +182,33 @@ def test_folder_markers_are_neither_files_nor_corruption(store_root: str, tmp_pa
     fetched = outputs.download(out, tmp_path / "download", show_progress=False)
     assert sorted(f.name for f in fetched) == ["logs/node-0/stdout.log", "model.pt"]
     assert (tmp_path / "download" / "logs" / "node-0" / "stdout.log").read_bytes() == b"hello"
+
+
+def test_a_job_that_restored_nothing_it_could_use_says_so_in_its_status(tmp_path: Path) -> None:
+    """Issue 37's rule: every checkpoint in the store fails verification (here: a file of it changed in the store),
+    so the job trains from scratch. Before: the node logged it, and the job read a plain `succeeded`. Now its status
+    line says nothing could be restored and the run started from scratch, without the resume arguments."""
+    from cloudtrain.node import checkpoint_snapshots
+    from tests.conftest import cli_env
+
+    store = tmp_path / "store"
+    folder = tmp_path / "proj" / "ckpt"
+    folder.mkdir(parents=True)
+    snapshots = checkpoint_snapshots.Snapshotter(folder, store.as_uri(), keep=2, quiet=0.0)
+    (folder / "state.pt").write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip: whole by its format
+    assert snapshots.poll(final=True) == 1
+    (next(store.rglob("state.pt"))).write_bytes(b"changed in the store")
+    (tmp_path / "proj" / "train.py").write_text("import sys; print('args', sys.argv[1:])\n")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=tmp_path / "proj", text=True,
+                              capture_output=True, env=cli_env(tmp_path / "home"), timeout=300)
+
+    run = cli("submit", "train.py", "--checkpoint-uri", store.as_uri(), "--checkpoint-dir", "ckpt",
+              "--resume-arg=--resume")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "args []" in run.stdout, run.stdout[-2000:]  # no resume arguments without a checkpoint
+    handle = json.loads(cli("list", "-o", "json").stdout)[0]["handle"]
+    status = json.loads(cli("status", handle, "-o", "json").stdout)
+    assert status["state"] == "succeeded"
+    assert "could be restored" in status["message"] and "from scratch" in status["message"], status["message"]

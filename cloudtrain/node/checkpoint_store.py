@@ -268,12 +268,13 @@ def check_lineage(uri: str, candidates: list[Checkpoint]) -> None:
 
 
 def restore_latest(uri: str, local_root: Path, log: Log = _print, earlier: list[Path] | None = None,
-                   moved: list[Restored] | None = None) -> Checkpoint | None:
+                   moved: list[Restored] | None = None, refused: list[str] | None = None) -> Checkpoint | None:
     """Bring the newest checkpoint that verifies to ``local_root/step-<N>``; fall back to older ones, saying so.
     A checkpoint that does not verify is marked in the store (``quarantine``). Files this node already holds of it
     (in ``local_root`` or the ``earlier`` folders: what an earlier run on this machine left) are verified against
     the manifest and used instead of downloads. With ``moved``, what was moved is appended there and the caller
-    says it (the node's one line), else it is logged here."""
+    says it (the node's one line), else it is logged here. With ``refused``, why each checkpoint it could not use
+    failed is appended there."""
     candidates = list_complete(uri, log=log)
     check_lineage(uri, candidates)
     for checkpoint in reversed(candidates):
@@ -286,9 +287,11 @@ def restore_latest(uri: str, local_root: Path, log: Log = _print, earlier: list[
         except CorruptCheckpoint as exc:
             log(f"checkpoint {checkpoint.uri} is corrupt ({exc}); falling back to the previous one")
             quarantine(checkpoint, str(exc), log=log)
+            (refused if refused is not None else []).append(f"{checkpoint.uri} is corrupt ({exc})")
             continue
         except (OSError, CloudtrainError) as exc:
             log(f"checkpoint {checkpoint.uri} could not be downloaded ({exc}); falling back to the previous one")
+            (refused if refused is not None else []).append(f"{checkpoint.uri} could not be downloaded ({exc})")
             continue
         if moved is None:
             log(f"restored {checkpoint.uri} to {target} ({done.summary()})")
@@ -386,12 +389,13 @@ def restore_report(uri: str, local: Path, earlier: list[Path] | None = None) -> 
                "URI a folder of its own")
     try:
         moved: list[Restored] = []
-        found = restore_latest(uri, local, earlier=earlier, moved=moved)
+        refused: list[str] = []
+        found = restore_latest(uri, local, earlier=earlier, moved=moved, refused=refused)
     except CloudtrainError as exc:  # unreadable store, or another job's checkpoints: the node stops, saying why
         return {"step": None, "error": f"{exc.message}; {exc.remedy}" if exc.remedy else exc.message}
     entries = found.manifest.get("entries") if found and is_dir_layout(found.manifest) else None
     return {"step": found.step if found else None, "error": None, "entries": entries,
-            "moved": moved[0].summary() if moved else None}
+            "moved": moved[0].summary() if moved else None, "refused": refused}
 
 
 def main(argv: list[str] | None = None) -> int:

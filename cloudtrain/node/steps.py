@@ -96,6 +96,11 @@ def stray_files(before: set[str], env: dict[str, str], src: Path) -> list[str]:
     return [line]
 
 
+# what the restore had to say at the end of the node's run (a job that restored nothing it could use never reads a
+# plain "succeeded"); the bootstrap's process is one node's, so this list is that node's
+RESTORE_WARNINGS: list[str] = []
+
+
 def restore_checkpoint(env: dict[str, str], cwd: Path, earlier: Path | None = None) -> str | None:
     """Bring the newest complete checkpoint into CLOUDTRAIN_CHECKPOINT_DIR before any worker starts, and tell the
     workers which step that is (``env[CLOUDTRAIN_RESTORED_STEP]``). Files of it that an earlier run left on this
@@ -117,7 +122,11 @@ def restore_checkpoint(env: dict[str, str], cwd: Path, earlier: Path | None = No
     step, took = report["step"], time.monotonic() - started
     env[contract.RESTORED_STEP] = "none" if step is None else str(step)
     moved = f"; {report['moved']}" if report.get("moved") else ""  # one line per restore, with what it moved
-    if step is None:
+    if step is None and report.get("refused"):  # the job trains from scratch: its status says so at the end
+        refused = report["refused"]
+        RESTORE_WARNINGS.append(f"nothing under {uri} could be restored ({len(refused)} checkpoint(s) refused: "
+                                f"{refused[0]}): this run started from scratch")
+    elif step is None:
         log(f"checkpoint: none yet under {uri}")
     elif report.get("entries"):  # a snapshot of the script's own layout, back under the names it wrote
         log(f"checkpoint: restored {', '.join(map(str, report['entries']))} into {_local(env, cwd)} from "
@@ -300,7 +309,9 @@ def finish_checkpoint_sync(syncer: Any, env: dict[str, str], cwd: Path) -> str |
 
 
 def unpublished_checkpoints(syncer: Any) -> list[str]:
-    return syncer.unpublished() if syncer is not None else []
+    """What the end of the node's run says of its checkpoints: a restore that found nothing it could use, files not
+    published (torn, still being written), a folder the script never wrote."""
+    return [*RESTORE_WARNINGS, *(syncer.unpublished() if syncer is not None else [])]
 
 
 def _why(exc: Exception) -> str:
