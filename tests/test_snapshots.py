@@ -353,3 +353,17 @@ def test_a_torn_step_folder_of_the_default_layout_is_never_published(tmp_path: P
     assert sync.finish() is None
     assert [step for step, _ in published(uri)] == [5]
     assert any("step-10" in line and "state.pt is incomplete" in line for line in sync.unpublished())
+
+
+def test_accelerates_checkpoint_i_is_published_as_checkpoint_i(tmp_path: Path) -> None:
+    """Issue 37.10: Accelerate's automatic naming starts at checkpoint_0; in an empty store it was published as
+    step 1, so checkpoint_1 became step 2, against docs/checkpoints.md (N is the script's own step)."""
+    root, uri = tmp_path / "proj", store(tmp_path)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=3, quiet=0.0)
+    for i in (0, 1):
+        save(root / "checkpoints" / f"checkpoint_{i}" / "model.pt", float(i))
+        assert snap.poll(final=True) == i
+    assert [step for step, _ in published(uri)] == [0, 1]
+    plain = checkpoint_snapshots.Snapshotter(tmp_path / "plain", store(tmp_path / "s2"), keep=2, quiet=0.0)
+    save(tmp_path / "plain" / "ckpt.pt", 1.0)
+    assert plain.poll(final=True) == 1  # a name with no step of its own: the next number, from 1 as before
