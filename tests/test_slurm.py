@@ -417,3 +417,21 @@ def test_a_job_submitted_over_ssh_to_the_login_host(slurm: SlurmCluster, sshd: S
     checks = json.loads(cli("doctor", "-p", "slurm", "-o", "json", check=False).stdout)
     found = {c["name"]: c["status"] for c in checks if c["area"] == "slurm"}
     assert found == {"login": "ok", "partition": "ok", "staging": "warn"}, checks  # no staging set: a placeholder
+
+
+def test_a_job_record_of_another_shape_on_the_shared_filesystem_is_no_traceback(cli: Cli, tmp_path: Path) -> None:
+    """Issue 38.9's sibling: status (and so every watcher) reads a job folder's job.json from the cluster's shared
+    filesystem; one another version or a hand left in another shape read as a ValueError traceback. Its values of
+    the wrong type are read as not there."""
+    (cli.project / "quick.py").write_text("print('done')\n")
+    cli("submit", "quick.py", "--provider", "slurm", "--nodes", "1", "--procs-per-node", "1",
+        "--set", f"providers.slurm.staging={cli.staging}", "--set", f"providers.slurm.python={sys.executable}",
+        "--set", f"providers.slurm.partition={PARTITION}", "--checkpoint-uri", (tmp_path / "ckpt").as_uri(), "--detach")
+    [record] = cli.staging.glob("jobs/*/job.json")
+    handle = f"slurm://{record.parent.name}"
+    record.write_text(json.dumps({"max_restarts": "tomorrow", "checkpoint_uri": 7, "output_uri": ["x"]}))
+    for command in (["status", handle], ["wait", handle, "--recover"], ["watch", handle, "--poll", "0.2"]):
+        done = cli(*command, check=False)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    status = cli.status(handle)
+    assert status["state"] == "succeeded" and status["max_restarts"] == 0 and status["checkpoint_uri"] is None

@@ -182,3 +182,19 @@ def test_a_lease_too_far_ahead_is_taken_over_and_the_preempted_job_resubmitted_o
     final = done[0].final
     assert final is not None and final.state is JobState.SUCCEEDED and len(vertex.jobs) == 2
     assert any("further ahead than a lease lasts" in line and "not trusted" in line for line in said), said
+
+
+def test_a_recovery_file_of_another_shape_in_the_home_is_named_never_a_traceback(
+        project: Path, ct_home: Path, tmp_path: Path) -> None:
+    """The same check for this home's copy (status, wait --recover and watch read it): another version's or a
+    hand-edited one is refused by name, exit 2, with the fix."""
+    handle = _ended_local_job(project, ct_home, tmp_path / "store")
+    kept = ct_home / "recovery" / "edited.json"
+    kept.parent.mkdir(exist_ok=True)
+    kept.write_text(json.dumps({"root": handle, "max_restarts": 0, "chain": [handle, "local://later-1"],
+                                "history": [1, 2]}))
+    for command in (["status", handle], ["wait", handle, "--recover"], ["watch", handle]):
+        done = subprocess.run([sys.executable, "-m", "cloudtrain", *command], cwd=project, env=cli_env(ct_home),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert f"{kept} is not a job chain's recovery state" in done.stderr and "history is [1, 2]" in done.stderr

@@ -177,7 +177,7 @@ class SlurmProvider(Provider):
         native, code = job.get("JobState", ""), job.get("ExitCode", "0:0")
         state, message = job_state(native, code)
         restarts = int(job.get("Restarts", "0") or 0)
-        record = SharedFiles(slurm).read_json(f"{job.get('WorkDir', '')}/job.json")
+        record = _recorded(SharedFiles(slurm).read_json(f"{job.get('WorkDir', '')}/job.json"))
         if state is JobState.PENDING and restarts:
             message = f"requeued (run {restarts + 1}): resumes from its newest checkpoint"
         reason = job.get("Reason", "None")
@@ -190,7 +190,7 @@ class SlurmProvider(Provider):
         return JobStatus(handle=handle, name=handle.job_id, state=state, message=message,
                          created_at=_epoch(job.get("SubmitTime")), started_at=_epoch(job.get("StartTime")),
                          ended_at=_epoch(job.get("EndTime")) if state.terminal else None, details=details,
-                         restarts=restarts, max_restarts=int(record.get("max_restarts") or 0),
+                         restarts=restarts, max_restarts=record.get("max_restarts") or 0,
                          output_uri=record.get("output_uri"), checkpoint_uri=record.get("checkpoint_uri"))
 
     def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]:
@@ -250,6 +250,15 @@ def _machine(spec: JobSpec, options: SlurmOptions) -> Machine:
     shown = ", ".join(a for a in asked if a)
     return Machine(provider="slurm", instance_type=where + (f" ({shown})" if shown else ""),
                    gpu=spec.accelerator_model, gpus=spec.gpus_per_node, vcpus=options.cpus_per_node or 0)
+
+
+def _recorded(record: dict[str, Any]) -> dict[str, Any]:
+    """What a job folder's job.json says that status may use: it lies on the cluster's shared filesystem, where
+    another version or a hand may have left another shape; a value of the wrong type is read as not there (no
+    restarts asked for, no checkpoint or output URI), never as a traceback in a watcher."""
+    fits = {"max_restarts": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+            "checkpoint_uri": lambda v: isinstance(v, str), "output_uri": lambda v: isinstance(v, str)}
+    return {key: record[key] for key, fit in fits.items() if fit(record.get(key))}
 
 
 def _environment(options: SlurmOptions) -> str:
