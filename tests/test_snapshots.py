@@ -329,7 +329,7 @@ def test_retention_leaves_no_empty_folder_of_a_deep_layout_in_a_file_store(tmp_p
         save(root / "checkpoints" / f"checkpoint_{i}" / "model.pt", float(i))
         assert snap.poll(final=True) is not None
     steps = sorted(p.name for p in (tmp_path / "store").iterdir())
-    assert steps == [checkpoint_store.step_dir(2), checkpoint_store.step_dir(3)], steps  # step 1: gone whole
+    assert steps == [checkpoint_store.step_dir(1), checkpoint_store.step_dir(2)], steps  # step 0: gone whole
 
 
 def test_a_torn_step_folder_of_the_default_layout_is_never_published(tmp_path: Path,
@@ -367,3 +367,23 @@ def test_accelerates_checkpoint_i_is_published_as_checkpoint_i(tmp_path: Path) -
     plain = checkpoint_snapshots.Snapshotter(tmp_path / "plain", store(tmp_path / "s2"), keep=2, quiet=0.0)
     save(tmp_path / "plain" / "ckpt.pt", 1.0)
     assert plain.poll(final=True) == 1  # a name with no step of its own: the next number, from 1 as before
+
+
+def test_every_ranks_file_of_a_save_is_taken_never_the_highest_ranks_alone(tmp_path: Path) -> None:
+    """Sibling of 37.1 (never a subset): a per-rank save at the top of the folder (FSDP's sharded torch.save per
+    rank as model_rank_<r>.pt) read as a numbered family, so only
+    the highest rank's file was published and a restart's rank 0 found nothing to load. Every rank's file is taken;
+    a generation number beside the rank's (step100_rank0.pt) still picks the newest save of each rank."""
+    root, uri = tmp_path / "ckpt", store(tmp_path)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=3, quiet=0.0, world_size=2)
+    for rank in (0, 1):
+        save(root / f"model_rank_{rank}.pt", float(rank))
+    assert snap.poll(final=True) == 1
+    assert published(uri)[-1][1] == ["model_rank_0.pt", "model_rank_1.pt"]
+    steps = tmp_path / "steps"
+    by_step = checkpoint_snapshots.Snapshotter(steps, store(tmp_path / "s1"), keep=3, quiet=0.0, world_size=2)
+    for rank in (0, 1):
+        save(steps / f"step100_rank{rank}.pt", 1.0)
+        save(steps / f"step200_rank{rank}.pt", 2.0)
+    assert by_step.poll(final=True) == 200
+    assert published(store(tmp_path / "s1"))[-1][1] == ["step200_rank0.pt", "step200_rank1.pt"]

@@ -19,6 +19,7 @@ from cloudtrain.node.checkpoint_manifest import step_of
 
 _SHARD = re.compile(r"\d+-of-\d+")  # model-00001-of-00004.safetensors: parts of one thing, not a family
 _NUMBER = re.compile(r"\d+")
+_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)  # model_rank_1.pt, mp_rank_00_model_states.pt
 _TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".swp", ".lock", "~")
 _DCP_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
 # files torch.save and its kin write (never empty when whole): an empty one is a save that wrote nothing
@@ -160,11 +161,20 @@ def broken(root: Path, rels: Iterable[str]) -> str | None:
 
 def family(name: str) -> tuple[str, tuple[int, ...]] | None:
     """(the name with its numbers blanked, the numbers) for a name that is one of a numbered series; None for a
-    name without numbers, or one whose numbers count parts of one whole (``-00001-of-00004``)."""
-    numbers = _NUMBER.findall(name)
-    if not numbers or _SHARD.search(name):
+    name without numbers, or one whose numbers count parts of one whole (``-00001-of-00004``, a DCP shard
+    ``__<rank>_<i>.distcp``). A rank's number (``model_rank_1.pt``, ``mp_rank_00_model_states.pt``) is part of the
+    name, not a generation: each rank's file of a save is taken, never only the highest rank's."""
+    if _SHARD.search(name) or _DCP_SHARD.match(name):
         return None
-    return _NUMBER.sub("#", name), tuple(int(n) for n in numbers)
+    ranks = {m.span(1) for m in _RANK.finditer(name)}
+    numbers = [m for m in _NUMBER.finditer(name) if m.span() not in ranks]
+    if not numbers:
+        return None
+    blanked, last = [], 0
+    for m in numbers:
+        blanked += [name[last:m.start()], "#"]
+        last = m.end()
+    return "".join(blanked) + name[last:], tuple(int(m.group(0)) for m in numbers)
 
 
 def entry_of(rel: str, containers: frozenset = frozenset()) -> str:
