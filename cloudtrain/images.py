@@ -9,8 +9,10 @@ an image whose Python is older than the bootstrap supports is refused at plan ti
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -66,6 +68,22 @@ def this_machine() -> Runtime:
     python = f"{sys.version_info[0]}.{sys.version_info[1]}"
     return Runtime(image="this machine's Python and torch", torch=torch, python=python, source=THIS_MACHINE,
                    pinned=True)
+
+
+def this_python() -> str:
+    """This interpreter as a plan names it: the first of its usual names in its own folder (python, python3,
+    python3.X) that is this very file, so `python -m cloudtrain` and the `cloudtrain` script (whose #! may say
+    python3) plan the same command. Never resolved out of its folder: a virtualenv's python links to the base
+    interpreter, and only the path inside the virtualenv loads its packages."""
+    exe = sys.executable
+    folder, name = os.path.split(exe)
+    suffix = os.path.splitext(name)[1] if name.lower().endswith(".exe") else ""
+    for candidate in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
+        path = os.path.join(folder, candidate + suffix)
+        with contextlib.suppress(OSError):
+            if path == exe or os.path.samefile(path, exe):
+                return path
+    return exe
 
 
 def torch_note(provider: str, runtime: Runtime | None, spec: JobSpec) -> str | None:

@@ -70,7 +70,9 @@ _SPEC_FILE = re.compile(rf"^(?:script|module):.*^(?:{_SPEC_KEYS}):|^(?:{_SPEC_KE
 _SPEC_PROBE_BYTES = 256 * 1024
 # A plan saved with `plan -o json > plan.json` (what `submit --plan` reads), or `-o yaml`: not source either.
 # Packaged, it would change the bundle's digest, so the saved plan would be refused as stale the moment it was written.
-_SAVED_PLAN = re.compile(r'^\{\s*"provider":\s*"[^"]*",\s*"job_id":\s*"')
+# A plan for a provider list (`plan -p aws,gcp -o json`) starts with its first leg: provider, region, plan.
+_SAVED_PLAN = re.compile(r'^\{\s*(?:"provider":\s*"[^"]*",\s*"job_id":\s*"|"legs":\s*\[\s*\{\s*"provider":\s*"[^"]*",'
+                         r'\s*"region":)')
 _SAVED_YAML_PLAN = re.compile(r"^provider: \S+\njob_id: \S+\ncreated_at: ")
 SPEC_FILE_WHY = "a cloudtrain spec file or saved plan: nodes get its settings through the request"
 
@@ -183,6 +185,13 @@ def is_spec_file(path: Path) -> bool:
     return bool(_SPEC_FILE.search(head) or _SAVED_YAML_PLAN.search(head))
 
 
+def _empty(path: Path) -> bool:
+    try:
+        return path.stat().st_size == 0
+    except OSError:
+        return False
+
+
 def _stdout_file() -> tuple[int, int] | None:
     """(device, inode) of the regular file standard output is redirected to, if it is one: `plan -o json >
     plan.json` in the project creates the (empty) file before the plan is made, and it must not be packaged."""
@@ -275,6 +284,8 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
             return "omit", f"downloaded outputs; delete {rel}/{DOWNLOAD_MARKER} to package it"
         if being_written and not is_dir and _same_file(path, being_written):
             return "omit", "the file this command's output goes to (`plan -o json > plan.json`)"
+        if check_secrets and not is_dir and name.lower().endswith(".json") and _empty(path):
+            return "omit", "empty, so not JSON: a plan still being saved (`plan -o json | tee plan.json`)"
         if check_secrets and not is_dir and is_spec_file(path):
             return "omit", SPEC_FILE_WHY
         return None

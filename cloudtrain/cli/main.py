@@ -45,31 +45,29 @@ def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
         return cmd_plan(args, script_args)
     from cloudtrain.cli.render import emit
     from cloudtrain.providers import get_provider
-    from cloudtrain.sdk import plan_job
 
     if args.saved_plan:
         from cloudtrain.cli.jobargs import env_pairs, refuse_job_flags_with_saved_plan
-        from cloudtrain.saved_plan import check_replanned, check_same_source, read_saved_plan, saved_spec
-        from cloudtrain.staging import saved_job_id
+        from cloudtrain.saved_plan import read_document, replanned, saved_plan_of
 
         refuse_job_flags_with_saved_plan(args, script_args)
-        saved = read_saved_plan(args.saved_plan)
+        document = read_document(args.saved_plan)
+        if isinstance(document, dict) and "legs" in document:  # saved for a provider list: submitted as one
+            from cloudtrain.cli.placement import submit_saved_legs
+
+            return submit_saved_legs(args, document)
+        saved = saved_plan_of(document, args.saved_plan)
         if args.provider not in (None, saved.provider):
             raise UserError(f"{args.saved_plan!r} is a plan for {saved.provider}, not {args.provider}",
                             field="--provider", remedy="leave --provider out, or plan again for that provider")
-        spec, spec_file = saved_spec(saved, env_pairs(args.env)), args.saved_plan
         provider = get_provider(saved.provider)
-        with saved_job_id(saved.job_id):
-            plan = plan_job(spec, provider, spec_file=spec_file)
-        with plan:
-            check_same_source(saved, plan.package)
-            check_replanned(saved, plan.to_dict())  # what runs is what the file shows
+        with replanned(saved, env_pairs(args.env), provider) as plan:  # what runs is what the file shows
             if args.dry_run:
                 from cloudtrain.cli.render import plan_text
 
                 print(plan_text(plan, colour())) if args.output == "text" else emit(plan.to_dict(), args.output)
                 return 0
-            handle = provider.submit(plan)
+            handle, spec = provider.submit(plan), plan.spec
     else:
         from cloudtrain.cli.jobargs import spec_from_args
 

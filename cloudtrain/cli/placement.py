@@ -63,36 +63,118 @@ def legs(args: argparse.Namespace, spec: Any) -> list[Any]:
 
 
 def plan_legs_text(args: argparse.Namespace, spec: Any, spec_file: str | None, legs: list[Any], colour: bool) -> int:
-    from cloudtrain.cli.render import emit, plan_text
     from cloudtrain.fallback import plan_legs
 
     with plan_legs(spec, legs, spec_file) as plans:
-        if args.output != "text":
-            emit({"legs": [{**leg.to_dict(), "plan": plan.to_dict()} for leg, plan in zip(legs, plans, strict=True)]},
-                 args.output)
-            return 0
-        for n, (leg, plan) in enumerate(zip(legs, plans, strict=True), 1):
-            print(f"{'-' * 8} leg {n}/{len(legs)}: {leg.label()}"
-                  + (" (tried first)" if n == 1 else " (if the ones before refuse or lose capacity)"))
-            print(plan_text(plan, colour))
-            print()
+        return show_legs(args, legs, plans, colour)
+
+
+def show_legs(args: argparse.Namespace, legs: list[Any], plans: list[Any], colour: bool) -> int:
+    """Each leg's plan, in order: as text, or one document sealed as a whole (`submit --plan` refuses legs
+    reordered or edited since, and reads each leg's plan as a plan of its own)."""
+    from cloudtrain.cli.render import emit, plan_text
+    from cloudtrain.plan_seal import SEAL, seal_parts
+
+    if args.output != "text":
+        document = {"legs": [{**leg.to_dict(), "plan": plan.to_dict()} for leg, plan in zip(legs, plans, strict=True)]}
+        emit({**document, SEAL: seal_parts(document)}, args.output)
+        return 0
+    for n, (leg, plan) in enumerate(zip(legs, plans, strict=True), 1):
+        print(f"{'-' * 8} leg {n}/{len(legs)}: {leg.label()}"
+              + (" (tried first)" if n == 1 else " (if the ones before refuse or lose capacity)"))
+        print(plan_text(plan, colour))
+        print()
     return 0
 
 
 def submit_legs(args: argparse.Namespace, spec: Any, spec_file: str | None, legs: list[Any]) -> int:
-    from pathlib import Path as _Path
-
     from cloudtrain.fallback import plan_legs, submit_first
-    from cloudtrain.recovery import start_chain
 
     with plan_legs(spec, legs, spec_file):  # every leg plans, and has its settings, before anything is sent
         pass
-    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    provider, handle, leg, refused = submit_first(spec, legs, spec_file, log=say)
-    kept = spec.model_dump(mode="json", exclude_unset=True) | {"source_dir": str(_Path(spec.source_dir).resolve())}
+    provider, handle, leg, refused = submit_first(spec, legs, spec_file, log=_say)
+    return _chained(args, provider, handle, legs, leg, refused, spec, spec.model_dump(mode="json", exclude_unset=True))
+
+
+def submit_saved_legs(args: argparse.Namespace, document: dict[str, Any]) -> int:
+    """`submit --plan` of a plan saved for a provider list (`plan -p local,slurm -o json`): every leg's plan made
+    again and checked as the file shows it, then submitted as `submit -p local,slurm` would (the first leg that
+    takes it; its chain recorded for recovery and moves). Submitted again, the same file is the same job."""
+    from contextlib import ExitStack
+
+    from cloudtrain.cli.jobargs import env_pairs
+    from cloudtrain.errors import CloudtrainError, UserError
+    from cloudtrain.fallback import Leg, Refused, try_legs
+    from cloudtrain.handles import JobHandle
+    from cloudtrain.providers import get_provider
+    from cloudtrain.saved_plan import common_spec, replanned, saved_legs_of
+
+    found = saved_legs_of(document, args.saved_plan)
+    legs = [Leg(**leg) for leg, _ in found]
+    names = ",".join(dict.fromkeys(leg.provider for leg in legs))
+    if args.provider not in (None, names):
+        raise UserError(f"{args.saved_plan!r} is a plan for the provider list {names}, not {args.provider}",
+                        field="--provider", remedy="leave --provider out, or plan again for that list")
+    env = env_pairs(args.env)
+    with ExitStack() as stack:
+        plans = {leg: stack.enter_context(replanned(saved, env, leg.provider)) for leg, (_, saved) in zip(
+            legs, found, strict=True)}
+        if args.dry_run:
+            return show_legs(args, legs, list(plans.values()), colour=False)
+        kept = common_spec([plan.spec.model_dump(mode="json", exclude_unset=True) for plan in plans.values()])
+        by_id = {plan.job_id: plan for plan in plans.values()}
+        if (state := _chain_holding(set(by_id))) is not None:  # submitted before: that job, never a second one
+            newest = JobHandle.parse(state.chain[-1])
+            provider = get_provider(newest.provider)
+            if len(state.chain) == 1 and newest.job_id in by_id:  # starts it where nothing did (a submit killed)
+                provider.submit(by_id[newest.job_id])
+            return submitted(args, provider, newest, f" on {legs[state.leg].label()}", by_id.get(
+                newest.job_id, plans[legs[0]]).spec, state=state)
+
+        def attempt(leg: Leg) -> tuple[Any, Any]:
+            provider = get_provider(leg.provider)
+            try:
+                return provider, provider.submit(plans[leg])
+            except CloudtrainError as exc:
+                raise Refused(provider, exc) from exc
+
+        provider, handle, leg, refused = try_legs(legs, attempt, log=_say)
+        return _chained(args, provider, handle, legs, leg, refused, plans[legs[leg]].spec, kept)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _chained(args: argparse.Namespace, provider: Any, handle: Any, legs: list[Any], leg: int, refused: list[str],
+             spec: Any, kept: dict[str, Any]) -> int:
+    """A job submitted on leg ``leg`` of ``legs``: its chain recorded with the spec later legs plan from."""
+    from pathlib import Path as _Path
+
+    from cloudtrain.recovery import start_chain
+
+    kept = kept | {"source_dir": str(_Path(spec.source_dir).resolve())}
     state = start_chain(handle, legs=[leg.to_dict() for leg in legs], leg=leg, spec=kept, refused=refused,
                         max_restarts=spec.max_restarts, max_recovery=spec.max_recovery)
     return submitted(args, provider, handle, f" on {legs[leg].label()}", spec, state=state)
+
+
+def _chain_holding(job_ids: set[str]) -> Any:
+    """The recovery chain whose first submission is one of ``job_ids`` (a saved plan's legs), if this home has it."""
+    import contextlib
+    import json
+
+    from cloudtrain import recovery
+    from cloudtrain.errors import CloudtrainError
+    from cloudtrain.handles import JobHandle
+
+    folder = recovery.state_dir()
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError, CloudtrainError):
+            root = JobHandle.parse(json.loads(path.read_text())["root"])
+            if root.job_id in job_ids:
+                return recovery.load(root)
+    return None
 
 
 def submitted(args: argparse.Namespace, provider: Any, handle: Any, where: str, spec: Any, state: Any = None) -> int:

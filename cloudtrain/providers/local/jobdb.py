@@ -32,13 +32,16 @@ CREATE TABLE IF NOT EXISTS jobs (
     supervisor_start INTEGER,
     nodes TEXT NOT NULL DEFAULT '[]',
     plan TEXT NOT NULL DEFAULT '{}',
-    lost_at REAL
+    lost_at REAL,
+    submitter_pid INTEGER,
+    submitter_start INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at);
 """
 _JSON_COLUMNS = {"nodes", "plan"}
 _T = TypeVar("_T")
-_ADDED_COLUMNS = {"lost_at": "REAL"}  # columns newer than the first schema: added to an older database on open
+# columns newer than the first schema: added to an older database on open
+_ADDED_COLUMNS = {"lost_at": "REAL", "submitter_pid": "INTEGER", "submitter_start": "INTEGER"}
 
 
 @dataclass
@@ -59,6 +62,9 @@ class JobRecord:
     nodes: list[dict[str, Any]] = field(default_factory=list)  # per node: rank, pid, pgid, start, log, exit_code ...
     plan: dict[str, Any] = field(default_factory=dict)  # the plan as submitted (node commands included)
     lost_at: float | None = None  # when status first found the supervisor gone while nodes still ran
+    # the process that recorded the job and starts its supervisor: while it lives, a job without one is being started
+    submitter_pid: int | None = None
+    submitter_start: int | None = None
 
 
 _COLUMNS = [f.name for f in fields(JobRecord)]
@@ -157,14 +163,23 @@ class JobDB:
 
     def update(self, job_id: str, *, only_if_state: tuple[str, ...] = (), **changes: Any) -> bool:
         """Update fields; with ``only_if_state`` the change applies only while the job is in one of those states."""
-        assignments = ", ".join(f"{k} = ?" for k in changes)
+        return self.update_where(job_id, {"state": only_if_state} if only_if_state else {}, **changes)
+
+    def update_where(self, job_id: str, where: dict[str, Any], **changes: Any) -> bool:
+        """Update fields only while the record holds ``where`` (column -> value; a tuple: one of those values; None:
+        unset), in one statement: a claim two processes may race for. Never queued (SteadyDB): its answer counts."""
         values = [json.dumps(v) if k in _JSON_COLUMNS else v for k, v in changes.items()]
-        sql = f"UPDATE jobs SET {assignments} WHERE id = ?"
-        params = [*values, job_id]
-        if only_if_state:
-            sql += f" AND state IN ({', '.join('?' * len(only_if_state))})"
-            params += list(only_if_state)
-        return self._run(lambda conn: conn.execute(sql, params).rowcount == 1)
+        tests, params = [], []
+        for column, value in where.items():
+            if isinstance(value, tuple):
+                tests.append(f"{column} IN ({', '.join('?' * len(value))})")
+                params += list(value)
+            else:
+                tests.append(f"{column} IS ?")
+                params.append(json.dumps(value) if column in _JSON_COLUMNS and value is not None else value)
+        sql = (f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in changes)} WHERE id = ?"
+               + "".join(f" AND {t}" for t in tests))
+        return self._run(lambda conn: conn.execute(sql, [*values, job_id, *params]).rowcount == 1)
 
     def list(self, limit: int = 50) -> list[JobRecord]:
         rows = self._run(lambda conn: conn.execute(

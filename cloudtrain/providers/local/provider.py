@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 _ACTIVE = ("pending", "running", "stopping")
 PORT_AT_SUBMIT = 0  # in a plan's node variables: the rendezvous port, which submit chooses
 START_TIMEOUT = 120.0  # seconds a submitted job may wait for a supervisor before it is declared never started
+CLAIM_SECONDS = 10.0  # after its submitter ended: how long its supervisor may take to claim the job
 LOST_MARGIN = 30.0  # beyond the grace period: how long nodes may take to stop after their supervisor is gone
 
 
@@ -70,7 +71,7 @@ class LocalProvider(Provider):
         """Pure: the rendezvous port is chosen at submit (the plan shows where), nothing is written or bound."""
         # what only planning needs (the spec's models, packaging) is imported here: status, logs, list and cancel, a
         # CLI call each, never load it
-        from cloudtrain.images import this_machine
+        from cloudtrain.images import this_machine, this_python
         from cloudtrain.node_commands import bootstrap_args, job_env, node_command
         from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
         from cloudtrain.staging import bundle_prefix, default_output_uri, new_job_id
@@ -107,7 +108,7 @@ class LocalProvider(Provider):
                                         contract=contract.node_path(), nproc=nproc,
                                         status_file=str(job_dir / f"node-{rank}.status.json"))
                    for rank in range(spec.nodes)}
-        nodes = [_shown_port(node_command(rank, sys.executable, bootstrap_path, args_of[rank], envs[rank],
+        nodes = [_shown_port(node_command(rank, this_python(), bootstrap_path, args_of[rank], envs[rank],
                                           {**module.planned(spec.nodes, rank, job_id, ""), **envs[rank]}, module,
                                           job_id)) for rank in range(spec.nodes)]
         procs = nodes[0].nproc_per_node
@@ -138,7 +139,8 @@ class LocalProvider(Provider):
         from cloudtrain.staging import stage_bundle
 
         handle = self.handle(plan.job_id)
-        if self.db.get(plan.job_id) is not None:
+        found = self.db.get(plan.job_id)
+        if found is not None and not self._take_over(found):
             return handle  # the same plan submitted twice is one job
         stage_bundle(plan.package, plan.staging["prefix"])
         job_dir = Path(plan.request["job_dir"])
@@ -159,10 +161,13 @@ class LocalProvider(Provider):
         # The record on disk is the redacted plan; the real environment reaches the supervisor through a pipe.
         recorded = plan.to_dict()
         recorded["request"]["rendezvous"] = naming(recorded["request"]["rendezvous"], port)
+        me = os.getpid()
         record = JobRecord(id=plan.job_id, name=str(plan.spec.name), state="pending", job_dir=str(job_dir),
-                           grace_period=float(plan.request["grace_period"]), plan=recorded)
+                           grace_period=float(plan.request["grace_period"]), plan=recorded, submitter_pid=me,
+                           submitter_start=start_ticks(me))
         try:
-            inserted = self.db.insert(record)
+            inserted = self.db.insert(record) if found is None else \
+                self.db.update_where(plan.job_id, {"submitter_pid": me}, plan=recorded)
         except HomeError:  # not recorded (locked, full, read-only): nothing of the job stays
             self._unmake(plan.job_id, job_dir, created)
             raise
@@ -171,6 +176,27 @@ class LocalProvider(Provider):
         self._start_supervisor(plan.job_id, job_dir, {"env": node_env, "contract": contract_name,
                                                       "argv": {str(n.rank): n.argv for n in plan.nodes}})
         return handle
+
+    def _take_over(self, found: JobRecord) -> bool:
+        """Whether this submit starts a job the same plan recorded before that nothing started or will start: its
+        submitter was killed between recording it and starting its supervisor (or the supervisor died before any
+        node ran). Claimed in one statement, so of two such submits one starts it (and a supervisor the killed
+        submitter left, which claims only for its own submitter, stands aside); while the first submitter lives,
+        it is left to start it."""
+        settled = self._reconcile(found)
+        me = os.getpid()
+        mine = {"submitter_pid": me, "submitter_start": start_ticks(me), "created_at": time.time()}
+        if settled.state == "pending" and settled.supervisor_pid is None and settled.submitter_pid is not None \
+                and not is_alive(settled.submitter_pid, settled.submitter_start):
+            return self.db.update_where(settled.id, {"state": "pending", "supervisor_pid": None, "submitter_pid":
+                                                     settled.submitter_pid, "submitter_start": settled.submitter_start},
+                                        **mine)
+        if settled.state != "failed" or settled.started_at is not None or settled.cancel_requested \
+                or any(n.get("pid") for n in settled.nodes):
+            return False
+        return self.db.update_where(settled.id, {"state": "failed", "started_at": None, "cancel_requested": 0},
+                                    state="pending", message="", ended_at=None, supervisor_pid=None,
+                                    supervisor_start=None, lost_at=None, nodes=[], **mine)
 
     def _unmake(self, job_id: str, job_dir: Path, created: bool) -> None:
         """Remove the folder a failed submit made, unless the same plan submitted elsewhere recorded the job."""
@@ -191,7 +217,8 @@ class LocalProvider(Provider):
         try:
             with open(job_dir / "supervisor.log", "ab") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "cloudtrain.providers.local.supervisor", job_id],
+                    [sys.executable, "-m", "cloudtrain.providers.local.supervisor", job_id,
+                     f"{os.getpid()}:{start_ticks(os.getpid()) or ''}"],
                     env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True, close_fds=True,
                 )
@@ -226,8 +253,9 @@ class LocalProvider(Provider):
         if record.state not in _ACTIVE:
             return record
         if record.supervisor_pid is None:
-            if time.time() - record.created_at < START_TIMEOUT:
-                return record  # the submitter is starting it
+            wait = START_TIMEOUT if record.submitter_pid is None else CLAIM_SECONDS  # a record of an older version
+            if is_alive(record.submitter_pid, record.submitter_start) or time.time() - record.created_at < wait:
+                return record  # the submitter is starting it, or the supervisor it started is claiming it
         elif is_alive(record.supervisor_pid, record.supervisor_start):
             return record
         fresh = self.db.get(record.id)  # it may have finished, or recorded its pid, between our two reads

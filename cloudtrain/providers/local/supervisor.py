@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain import contract
+from cloudtrain.errors import HomeError
 from cloudtrain.home import cloudtrain_home
 from cloudtrain.node.diagnosis import PORT_IN_USE
 from cloudtrain.node.durations import format_duration
@@ -38,8 +39,10 @@ _ACTIVE = ("pending", "running", "stopping")
 
 class Supervisor:
     def __init__(self, db: JobDB, job_id: str, node_env: dict[str, dict[str, str]] | None = None,
-                 node_argv: dict[str, list[str]] | None = None, contract_name: str = "local") -> None:
+                 node_argv: dict[str, list[str]] | None = None, contract_name: str = "local",
+                 submitter: tuple[int, int | None] | None = None) -> None:
         self.db = db
+        self.submitter = submitter  # (pid, start ticks) of the submit that started us: we run its claim only
         self.job_id = job_id
         self.node_env = node_env or {}  # unredacted, from the submitter's pipe; never written to disk
         # the nodes' command lines as planned: the record's are masked for display (a secret value that also
@@ -87,6 +90,14 @@ class Supervisor:
                           "tag": tag})
         return nodes
 
+    def _claim(self, ours: dict[str, Any], **changes: Any) -> bool:
+        """A change to the pending job made only while the record is still our submitter's (``ours``); one the
+        database cannot take now is queued as any other (SteadyDB) and counts as made."""
+        try:
+            return self.db.update_where(self.job_id, {"state": ("pending",), **ours}, **changes)
+        except HomeError:
+            return self.db.update(self.job_id, only_if_state=("pending",), **changes)
+
     def _await(self, proc: subprocess.Popen[bytes]) -> None:
         proc.wait()  # holds the Popen's wait lock: poll() in watch() reads None until this has reaped the node
         self.exited.set()
@@ -99,18 +110,23 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, self.request_stop)
         # Claim the job (the submitter may have died before recording our pid); a job cancelled or ended before we
-        # got here stays as it is.
+        # got here stays as it is, and one another submit of the same plan took over (ours was killed before it
+        # handed us the nodes' environment) is that submit's supervisor's to run.
+        ours = {"submitter_pid": self.submitter[0], "submitter_start": self.submitter[1]} if self.submitter else {}
+        if ours and (record.submitter_pid, record.submitter_start) != self.submitter:
+            return 0
+        if not record.cancel_requested and any(str(n["rank"]) not in self.node_env for n in record.plan["nodes"]):
+            self._claim(ours, state="failed", ended_at=time.time(),
+                        message="the submitting process ended before handing over the nodes' environment; submit again")
+            return 1
         me = os.getpid()
-        if record.cancel_requested or not self.db.update(self.job_id, supervisor_pid=me, supervisor_start=start_ticks(
-                me), only_if_state=("pending",)):
+        if record.cancel_requested or not self._claim(ours, supervisor_pid=me, supervisor_start=start_ticks(me)):
+            fresh = self.db.get(self.job_id)
+            if ours and fresh and (fresh.submitter_pid, fresh.submitter_start) != self.submitter:
+                return 0
             self.db.update(self.job_id, state="cancelled", ended_at=time.time(), message="cancelled before start",
                            only_if_state=_ACTIVE)
             return 0
-        if any(str(n["rank"]) not in self.node_env for n in record.plan["nodes"]):
-            self.db.update(self.job_id, state="failed", ended_at=time.time(), only_if_state=_ACTIVE,
-                           message="the submitting process ended before handing over the nodes' environment; "
-                                   "submit again")
-            return 1
         max_restarts = int(record.plan.get("request", {}).get("max_restarts", 0))
         max_runtime = record.plan.get("spec", {}).get("max_runtime")
         started = time.monotonic()
@@ -226,9 +242,13 @@ class Supervisor:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m cloudtrain.providers.local.supervisor JOB_ID", file=sys.stderr)
+    if len(args) not in (1, 2):
+        print("usage: python -m cloudtrain.providers.local.supervisor JOB_ID [SUBMITTER_PID:START]", file=sys.stderr)
         return 2
+    submitter = None
+    if len(args) == 2:  # the submit that started us, as the record names it
+        pid, _, ticks = args[1].partition(":")
+        submitter = (int(pid), int(ticks) if ticks else None)
     home = cloudtrain_home()
     # a full disk or a long-held lock does not kill the supervisor: see steady_db
     db = SteadyDB(home / "jobs.db", reserve=home / "jobs" / args[0] / RESERVE_NAME)
@@ -238,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         handed = {}
     try:
         return Supervisor(db, args[0], handed.get("env", {}), handed.get("argv", {}),
-                          handed.get("contract", "local")).run()
+                          handed.get("contract", "local"), submitter).run()
     finally:
         db.settle()
 
