@@ -387,3 +387,22 @@ def test_every_ranks_file_of_a_save_is_taken_never_the_highest_ranks_alone(tmp_p
         save(steps / f"step200_rank{rank}.pt", 2.0)
     assert by_step.poll(final=True) == 200
     assert published(store(tmp_path / "s1"))[-1][1] == ["step200_rank0.pt", "step200_rank1.pt"]
+
+
+def test_a_family_saved_more_often_than_the_quiet_period_is_still_published(tmp_path: Path) -> None:
+    """Found with plain DCP on 2 nodes saving every 1.6 s: the newest step-<N> folder was never quiet for the 2 s
+    quiet period, so nothing was published while the job ran (40 steps, then step-40 at the end). The member before
+    the one being written, once settled, is published meanwhile."""
+    import time
+
+    root, uri = tmp_path / "ckpt", store(tmp_path)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=3, quiet=0.5)
+    for step in (4, 8):  # a folder of two files: only the quiet period says a save of it is over
+        save(root / f"step-{step}" / "model.pt", float(step))
+        (root / f"step-{step}" / "meta.json").write_text("{}")
+        if step == 4:
+            assert snap.poll() is None  # just written
+            time.sleep(0.6)
+    assert snap.poll() == 4  # step-8 is being written: step-4 has settled
+    time.sleep(0.6)
+    assert snap.poll() == 8

@@ -210,6 +210,9 @@ class Snapshotter:
             found = family(entry)
             if found and found[0] in taken:
                 continue  # an older member of a family whose newer one is taken
+            if not final and entry in previous and now - self.changed_at.get(entry, -self.quiet) < self.quiet:
+                continue  # being written, or just written: the member before it, once settled, stands in (a
+                # script that saves more often than the quiet period still gets its checkpoints published)
             why, vouched, unknown = self._unit_state(entry, by_entry[entry], files)
             if final and not why and entry in previous:
                 # no quiet period can tell any more: a save of files each whole on its own (Accelerate's model,
