@@ -435,3 +435,21 @@ def test_a_job_record_of_another_shape_on_the_shared_filesystem_is_no_traceback(
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     status = cli.status(handle)
     assert status["state"] == "succeeded" and status["max_restarts"] == 0 and status["checkpoint_uri"] is None
+
+
+@pytest.mark.slow
+def test_a_job_that_published_nothing_never_reads_a_plain_succeeded(cli: Cli) -> None:
+    """Issue 37's rule on Slurm: the nodes' end-of-run warnings (here: --checkpoint-dir ckpts for a script that
+    saves into ckpt, so nothing was published) reach the job's status. Before: a plain `succeeded` (the words were
+    in the node logs only); now each node writes its status file into the job's folder and status names the first
+    warning."""
+    (cli.project / "saves_elsewhere.py").write_text(
+        "import os, torch\nos.makedirs('ckpt', exist_ok=True)\ntorch.save({'w': 1}, 'ckpt/model.pt')\n")
+    submit = [*cli.submit("ddp", "--procs-per-node", "1", "--checkpoint-uri",
+                          (cli.project.parent / "store").as_uri(), "--checkpoint-dir", "ckpts")]
+    submit[1] = "saves_elsewhere.py"
+    done = cli(*submit)
+    handle = next(word for word in (done.stdout + done.stderr).split() if word.startswith("slurm://"))
+    status = cli.status(handle)
+    assert status["state"] == "succeeded" and "ckpts" in status["message"], status
+    assert "nothing was published" in status["message"] or "is empty" in status["message"], status["message"]

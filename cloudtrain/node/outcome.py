@@ -55,3 +55,13 @@ def conclude(status: dict[str, object], code: int, stopped: bool, watch: Any, cl
     _log(f"node {cluster.node_rank} {outcome}{f': {stopped_by}' if stopped_by else ''} (torchrun exit {code}) "
          f"after {took}")
     return {"succeeded": 0, "preempted": EXIT_PREEMPTED, "stopped": EXIT_PREEMPTED}.get(outcome, EXIT_FAILED)
+
+
+def warned_message(nodes: list[dict[str, Any]]) -> str:
+    """The first thing a node warned of at its end (checkpoints not published, nothing restored, files a restart
+    loses: its status file's ``warnings``), so a job that succeeded with them never reads a plain "succeeded"; ''
+    where none did. Nodes as ``{"rank": N, "warnings": [...]}``."""
+    warned = [f"node {n.get('rank')}: {line}" for n in nodes for line in n.get("warnings") or []
+              if isinstance(line, str)]
+    more = f" (and {len(warned) - 1} more warning(s))" if len(warned) > 1 else ""
+    return f"{warned[0]}{more}" if warned else ""

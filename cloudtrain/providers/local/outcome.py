@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.node.durations import format_duration
+from cloudtrain.node.outcome import warned_message
 from cloudtrain.node.rank_report import alone_text
 
 # Why the supervisor stopped the nodes; a node that saw our SIGTERM reports "preempted" (the first of these) or
@@ -60,14 +61,6 @@ def final_state(nodes: list[dict[str, Any]], *, cancelled: bool, stop: str | Non
     if any(n.get("outcome") == "preempted" for n in nodes):
         return "preempted", f"preempted (SIGTERM) after {attempt} restart(s)"
     return "succeeded", "; ".join(filter(None, [hollow_message(nodes), warned_message(nodes)]))
-
-
-def warned_message(nodes: list[dict[str, Any]]) -> str:
-    """The first thing a node warned of at its end (checkpoints not published, nothing restored, files a restart
-    loses), so a job that succeeded with them never reads a plain "succeeded"; '' where none did."""
-    warned = [f"node {n['rank']}: {line}" for n in nodes for line in n.get("warnings") or []]
-    more = f" (and {len(warned) - 1} more warning(s))" if len(warned) > 1 else ""
-    return f"{warned[0]}{more}" if warned else ""
 
 
 def hollow_message(nodes: list[dict[str, Any]]) -> str:

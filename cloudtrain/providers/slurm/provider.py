@@ -23,6 +23,7 @@ from cloudtrain.config import lookup, placeholder_note, with_defaults
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.formatting import Summary
 from cloudtrain.handles import JobHandle
+from cloudtrain.node.outcome import warned_message
 from cloudtrain.node_commands import bootstrap_args, job_env
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.plan import Plan
@@ -79,7 +80,7 @@ class SlurmProvider(Provider):
         bootstrap = str(storage.local_path(storage.join(prefix, BOOTSTRAP_NAME)))
         args = bootstrap_args(spec, bundle=storage.join(prefix, BUNDLE_NAME), digest=package.digest,
                               workdir=rq.WORKDIR, job_id=job_id, contract=PROVIDER.node_path(),
-                              nproc=self.processes(spec, spec.gpus_per_node))
+                              nproc=self.processes(spec, spec.gpus_per_node), status_file=rq.STATUS_FILE)
         env = job_env(spec)
         nodes = self.node_commands(spec, job_id=job_id, python=options.python, bootstrap=bootstrap, args=args,
                                    env=env)
@@ -180,6 +181,8 @@ class SlurmProvider(Provider):
         record = _recorded(SharedFiles(slurm).read_json(f"{job.get('WorkDir', '')}/job.json"))
         if state is JobState.PENDING and restarts:
             message = f"requeued (run {restarts + 1}): resumes from its newest checkpoint"
+        if state is JobState.SUCCEEDED and job.get("WorkDir"):  # what the nodes warned of at their end
+            message = "; ".join(filter(None, [message, _warned(slurm, job["WorkDir"], record.get("nodes", 1))]))
         reason = job.get("Reason", "None")
         if not state.terminal and reason not in ("None", "", "(null)"):
             message += f" ({reason})"
@@ -257,8 +260,16 @@ def _recorded(record: dict[str, Any]) -> dict[str, Any]:
     another version or a hand may have left another shape; a value of the wrong type is read as not there (no
     restarts asked for, no checkpoint or output URI), never as a traceback in a watcher."""
     fits = {"max_restarts": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+            "nodes": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 4096,
             "checkpoint_uri": lambda v: isinstance(v, str), "output_uri": lambda v: isinstance(v, str)}
     return {key: record[key] for key, fit in fits.items() if fit(record.get(key))}
+
+
+def _warned(slurm: clients.Commands, job_dir: str, nodes: int) -> str:
+    """The first warning the job's nodes wrote into their status files (node-<N>.status.json, in the job's folder)."""
+    shared = SharedFiles(slurm)
+    return warned_message([{"rank": rank, "warnings": shared.read_json(f"{job_dir}/node-{rank}.status.json")
+                            .get("warnings")} for rank in range(nodes)])
 
 
 def _environment(options: SlurmOptions) -> str:

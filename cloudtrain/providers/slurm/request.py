@@ -20,6 +20,7 @@ from cloudtrain.providers.slurm.options import SlurmOptions
 from cloudtrain.spec import JobSpec
 
 WORKDIR = "node-${SLURM_NODEID}"  # each node's bootstrap folder, in the job's folder (expanded on the node)
+STATUS_FILE = "${PWD}/node-${SLURM_NODEID}.status.json"  # what each node says at its end (warnings), for status
 STOPPED_MARK = "node-${SLURM_NODEID}.stopped"  # a node that stopped when asked to (node_command), this run
 COMMENT = "cloudtrain"  # --comment: how `list` tells cloudtrain's jobs from the others
 
@@ -100,7 +101,7 @@ def node_command(argv: list[str]) -> str:
     process of the step, so it is there to read the bootstrap's exit code. A node that failed says so in the job's
     stop-reason file (``CLOUDTRAIN_STOP_REASON_FILE``) before srun sees its exit: the peers srun then stops end
     "stopped: node N failed", not "preempted", as they do under the local supervisor."""
-    words = [f'"{a}"' if a == WORKDIR else shlex.quote(a) for a in argv]
+    words = [f'"{a}"' if a in (WORKDIR, STATUS_FILE) else shlex.quote(a) for a in argv]
     reason = f'"${contract.STOP_REASON_FILE}"'
     return (f"trap : TERM; {' '.join(words)}; code=$?; "
             f'if [ "$code" -eq {contract.EXIT_PREEMPTED} ]; then : > "{STOPPED_MARK}"; exit 0; fi; '
@@ -129,7 +130,7 @@ def batch_script(spec: JobSpec, options: SlurmOptions, job_id: str, layout: Layo
         'not started again" >&2',
         "  exit 1",
         "fi",
-        "rm -f node-*.stopped stop-reason  # marks of an earlier run of a requeued job",
+        "rm -f node-*.stopped node-*.status.json* stop-reason  # what an earlier run of a requeued job left",
         *setup,
         f"set -a; . {shlex.quote(layout.env_file)}; set +a",
         f"export {contract.STOP_REASON_FILE}={shlex.quote(layout.stop_reason)}",
