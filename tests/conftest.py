@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,12 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.testing.fixtures import ddp_project, stop_every_job  # shipped for plugins' tests too
+from cloudtrain.testing.fixtures import ct_home, ddp_project, stop_every_job  # noqa: F401 - shipped for plugins' tests too
+from tests import leaks
 
 REPO = Path(__file__).resolve().parents[1]
 
 # A developer's own ~/.config/cloudtrain profile must not leak into what the tests plan (subprocesses inherit this).
-os.environ["CLOUDTRAIN_CONFIG"] = str(Path(tempfile.mkdtemp(prefix="ct-config-")) / "config.yaml")
+# Each pytest process (xdist's workers too) makes one such folder and removes it when it ends (sessionfinish below;
+# atexit where no session ran).
+PROFILE_DIR = Path(tempfile.mkdtemp(prefix=f"ct-config-{leaks.SESSION}-"))
+atexit.register(shutil.rmtree, PROFILE_DIR, True)
+os.environ["CLOUDTRAIN_CONFIG"] = str(PROFILE_DIR / "config.yaml")
 os.environ.pop("CLOUDTRAIN_PROFILE", None)
 # Plugins installed on this machine stay out of cloudtrain's own tests (tests/plugins.py lets a test's own back in).
 os.environ["CLOUDTRAIN_PLUGINS"] = "none"
@@ -29,15 +36,6 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
-@pytest.fixture
-def ct_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """An isolated cloudtrain home (job database, local store, logs) for one test."""
-    home = tmp_path / "ct-home"
-    monkeypatch.setenv("CLOUDTRAIN_HOME", str(home))
-    yield home
-    stop_every_job(home)
-
-
 def cli_env(home: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["CLOUDTRAIN_HOME"] = str(home)
@@ -46,7 +44,7 @@ def cli_env(home: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def cli(ct_home: Path, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+def cli(ct_home: Path, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:  # noqa: F811
     """Run ``cloudtrain`` as a separate process, the way a user does."""
 
     def run(*args: str, cwd: Path | None = None, timeout: float = 240,
@@ -135,6 +133,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="only the tests that start no process (the edit-test loop: nox -s quick)")
 
 
+LEAKS_BEFORE = pytest.StashKey[tuple[set[str], set[str]]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the xdist controller, or a run without xdist: before any test runs
+        config.stash[LEAKS_BEFORE] = leaks.snapshot()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """This process's profile folder goes; then (the controller only, after every worker ended) the run fails where
+    it left new files in the working tree or the temp folder (tests/leaks.py)."""
+    shutil.rmtree(PROFILE_DIR, ignore_errors=True)
+    before = session.config.stash.get(LEAKS_BEFORE, None)
+    if before is None:
+        return
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    basetemp = factory.getbasetemp() if factory is not None and factory._basetemp is not None else None
+    left = leaks.left_behind(before, basetemp)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (f"the test run left {len(left)} new file(s) behind (a test's data belongs under its tmp_path):\n  "
+                   + "\n  ".join(left))
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        else:
+            sys.stderr.write(message + "\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def starts_processes(item: pytest.Item) -> bool:
     return (item.path.name in RUNS_PROCESSES or _short_id(item.nodeid).startswith(STARTS_ONE)
             or bool(STARTS_PROCESSES & set(getattr(item, "fixturenames", ()))))
@@ -179,8 +207,10 @@ BACKENDS = ["file", "s3", "gs", "az"]
 
 
 @pytest.fixture(params=BACKENDS)
-def store_root(request: pytest.FixtureRequest, emulators, tmp_path_factory: pytest.TempPathFactory) -> str:  # noqa: F811
-    """A fresh prefix on each storage backend: file://, S3 (moto), GCS (gcp-storage-emulator), Azure (Azurite)."""
+def store_root(request: pytest.FixtureRequest, emulators, tmp_path_factory: pytest.TempPathFactory,  # noqa: F811
+               monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh prefix on each storage backend: file://, S3 (moto), GCS (gcp-storage-emulator), Azure (Azurite); the
+    emulator's client settings hold for this test only."""
     tmp = tmp_path_factory.getbasetemp()
-    ensure(request.param, emulators, tmp)
+    ensure(request.param, emulators, tmp, monkeypatch)
     return root_uri(request.param, tmp)

@@ -134,20 +134,29 @@ def emulators(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Em
             emulator.stop()
 
 
-def ensure(scheme: str, emulators: dict[str, Emulator | str], tmp: Path) -> None:
-    if scheme == "file" or scheme in emulators:
-        if isinstance(emulators.get(scheme), str):
-            unavailable(str(emulators[scheme]))
+def ensure(scheme: str, emulators: dict[str, Emulator | str], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The emulator for ``scheme`` running (started once per session) and its client settings in the environment of
+    this test (and every job it starts) only: ``monkeypatch`` undoes them when the test ends."""
+    if scheme == "file":
         return
-    try:
-        emulator = STARTERS[scheme](tmp)
-    except (RuntimeError, OSError) as exc:
-        emulators[scheme] = f"{scheme} emulator: {exc}"
-        unavailable(str(emulators[scheme]))
+    if scheme not in emulators:
+        try:
+            emulators[scheme] = STARTERS[scheme](tmp)
+        except (RuntimeError, OSError) as exc:
+            emulators[scheme] = f"{scheme} emulator: {exc}"
+        else:
+            _set_env(emulators[scheme], monkeypatch)  # type: ignore[arg-type]
+            create_bucket(scheme)
+    emulator = emulators[scheme]
+    if isinstance(emulator, str):
+        unavailable(emulator)
         return
-    emulators[scheme] = emulator
-    os.environ.update(emulator.env)  # the test process and every job it starts reach the emulator
-    create_bucket(scheme)
+    _set_env(emulator, monkeypatch)
+
+
+def _set_env(emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in emulator.env.items():
+        monkeypatch.setenv(key, value)
 
 
 def root_uri(scheme: str, tmp: Path) -> str:

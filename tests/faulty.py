@@ -97,7 +97,7 @@ def faulty(request: pytest.FixtureRequest, emulators: dict[str, Emulator | str],
     """The emulator for ``request.param`` behind a fresh FaultProxy; the client env points at the proxy."""
     scheme = request.param
     tmp = tmp_path_factory.getbasetemp()
-    ensure(scheme, emulators, tmp)
+    ensure(scheme, emulators, tmp, monkeypatch)
     emulator = emulators[scheme]
     assert isinstance(emulator, Emulator)
     proxy = FaultProxy(emulator.port, flavor=scheme, plan=PLAN).start()

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import leaks
+
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel", "sacct")
 NODES = {"n1": 17001, "n2": 17002}  # slurmd ports, as the issue sets them (a free one where taken)
 PARTITION = "debug"
@@ -222,7 +224,7 @@ def _user(name: str) -> pwd.struct_passwd | None:
 
 @contextlib.contextmanager
 def running_cluster() -> Iterator[SlurmCluster]:
-    root = Path(tempfile.mkdtemp(prefix="ct-slurm-"))
+    root = Path(tempfile.mkdtemp(prefix=f"ct-slurm-{leaks.SESSION}-"))
     root.chmod(0o755)  # munged (another user) reaches its socket's folder inside
     cluster = SlurmCluster(root)
     try:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cloudtrain.testing.fixtures import stop_every_job
 from tests.soak_job import (
     REPO,
     SOAK_TRAINER,
@@ -333,20 +334,15 @@ def run_soak(root: Path, config: SoakConfig) -> SoakReport:
         return soak.run()
     finally:
         for home in (root / "baseline" / "home", root / "soak" / "home"):
-            stop_every_job(home)
+            end_home(home)
 
 
-def stop_every_job(home: Path) -> None:
-    from cloudtrain.procs import kill_tagged
-
-    for pid in home_processes(home):  # supervisors first would race their restarts: kill everything we started
+def end_home(home: Path) -> None:
+    """Supervisors first would race their restarts: every process started for ``home`` is killed, then the shipped
+    stop_every_job ends what the job records still name."""
+    for pid in home_processes(home):
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             continue
-    if (home / "jobs.db").exists():
-        from cloudtrain.providers.local.provider import LocalProvider
-
-        for record in LocalProvider(home).db.list(1000):
-            for node in record.nodes:
-                kill_tagged(node.get("tag"))
+    stop_every_job(home)

@@ -153,7 +153,7 @@ def test_status_mapping(primary: str, secondary: str, state: JobState) -> None:
 @pytest.fixture
 def aws(emulators, tmp_path_factory: pytest.TempPathFactory,
         monkeypatch: pytest.MonkeyPatch) -> Iterator[SageMakerFront]:
-    ensure("s3", emulators, tmp_path_factory.getbasetemp())
+    ensure("s3", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
     moto = emulators["s3"]
     front = SageMakerFront(moto.port)  # type: ignore[union-attr]
     for key, value in {"AWS_ENDPOINT_URL_SAGEMAKER": front.url, "AWS_REGION": "us-east-1",

@@ -165,7 +165,7 @@ def test_status_mapping(status: str, error: str, state: JobState) -> None:
 @pytest.fixture
 def azure(emulators, tmp_path_factory: pytest.TempPathFactory,
           monkeypatch: pytest.MonkeyPatch) -> Iterator[AzureMLFake]:
-    ensure("az", emulators, tmp_path_factory.getbasetemp())
+    ensure("az", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
     fake = AzureMLFake(emulators["az"].port)  # type: ignore[union-attr]
     monkeypatch.setenv("CLOUDTRAIN_AZURE_ENDPOINT", fake.url)
     monkeypatch.setenv("CLOUDTRAIN_AZURE_POLL", "0.2")

@@ -79,8 +79,8 @@ def test_bad_fallback_lists_exit_2_naming_the_fix(project: Path, ct_home: Path,
 @pytest.fixture
 def clouds(emulators, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
            tmp_path: Path) -> Iterator[tuple[SageMakerFront, VertexFake]]:
-    ensure("s3", emulators, tmp_path_factory.getbasetemp())
-    ensure("gs", emulators, tmp_path_factory.getbasetemp())
+    ensure("s3", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
+    ensure("gs", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
     front = SageMakerFront(emulators["s3"].port)  # type: ignore[union-attr]
     vertex = VertexFake()
     for key, value in {"AWS_ENDPOINT_URL_SAGEMAKER": front.url, "AWS_REGION": "us-east-1",
@@ -203,7 +203,8 @@ def test_goodput_replay_runs_the_real_decision_code_and_fallback_wins() -> None:
 
 @pytest.mark.slow
 def test_a_checkpoint_from_an_s3_leg_resumes_bitwise_on_a_gcs_leg(emulators, tmp_path: Path,
-                                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
+                                                                    tmp_path_factory: pytest.TempPathFactory,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Real jobs (local provider, emulating SageMaker then Vertex nodes): the first leg checkpoints to moto's S3 and
     is preempted; its newest verified checkpoint is carried to the GCS emulator as a move does; the second leg
     resumes there and ends bitwise equal to an uninterrupted run."""
@@ -214,8 +215,8 @@ def test_a_checkpoint_from_an_s3_leg_resumes_bitwise_on_a_gcs_leg(emulators, tmp
     from tests.conftest import REPO, stop_every_job
     from tests.test_resume import ARGS, SLOW, Cloudtrain, assert_bitwise_equal, final_weights
 
-    ensure("s3", emulators, tmp_path_factory.getbasetemp())
-    ensure("gs", emulators, tmp_path_factory.getbasetemp())
+    ensure("s3", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
+    ensure("gs", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
     ct = Cloudtrain(tmp_path / "home", tmp_path)
     (tmp_path / "train_ddp.py").write_text((REPO / "entrypoints" / "train_ddp.py").read_text())
     script = str(tmp_path / "train_ddp.py")

@@ -184,13 +184,14 @@ def test_restore_survives_a_read_cut_short(faulty: Faulty, what: Callable[[Reque
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_fault_kind_reaches_a_client_that_does_not_retry(kind: str, emulators: dict[str, Emulator | str],
-                                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+                                                               tmp_path_factory: pytest.TempPathFactory,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The proxy's faults are real failures, not something an HTTP stack shrugs off; and it relays cleanly."""
     import boto3
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError, ClientError
 
-    ensure("s3", emulators, tmp_path_factory.getbasetemp())
+    ensure("s3", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
     emulator = emulators["s3"]
     assert isinstance(emulator, Emulator)
     proxy = FaultProxy(emulator.port, flavor="s3", plan=FaultPlan(rate=0.0)).start()

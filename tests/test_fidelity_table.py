@@ -242,7 +242,7 @@ def test_azureml_request_vs_command_job(project: Path) -> None:
 
 def test_vertex_request_vs_custom_job_from_local_script(project: Path, emulators, tmp_path_factory,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    ensure("gs", emulators, tmp_path_factory.getbasetemp())
+    ensure("gs", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
     (project / "train_ddp.py").rename(project / "train.py")
     ours = planned("gcp", project)["customJob"]
     fake = VertexFake()

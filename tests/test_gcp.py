@@ -235,7 +235,7 @@ def test_planning_imports_no_google_sdk(project: Path) -> None:
 @pytest.fixture
 def vertex(emulators, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
            tmp_path: Path) -> Iterator[VertexFake]:
-    ensure("gs", emulators, tmp_path_factory.getbasetemp())
+    ensure("gs", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
     fake = VertexFake()
     for key, value in {"CLOUDTRAIN_VERTEX_ENDPOINT": fake.url, "CLOUDTRAIN_GCP_LOGGING_ENDPOINT": fake.url,
                        "CLOUDTRAIN_GCP_PROJECT": "test-project", "CLOUDTRAIN_GCP_REGION": "us-central1",

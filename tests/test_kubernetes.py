@@ -419,7 +419,7 @@ def test_node_fetch_joins_the_configmap_parts_and_refuses_a_corrupt_one(kube: Fa
 
 
 def test_node_fetch_from_s3_staging(kube: FakeKube, tmp_path: Path, ct_home: Path, emulators: Any,
-                                    tmp_path_factory: pytest.TempPathFactory) -> None:
+                                    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """providers.kubernetes.staging s3://: submit stages the bundle under the plan's prefix (moto), the TrainJob's
     node command fetches it from there (the image's boto3: this venv has fsspec without s3fs, like the PyTorch image),
     and an image with neither says what to install."""
@@ -428,7 +428,7 @@ def test_node_fetch_from_s3_staging(kube: FakeKube, tmp_path: Path, ct_home: Pat
     from cloudtrain.providers.kubernetes import request as rq
     from tests.emulators import BUCKET, ensure, root_uri
 
-    ensure("s3", emulators, tmp_path_factory.getbasetemp())
+    ensure("s3", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
     staging = root_uri("s3", tmp_path)
     p = provider()
     spec = Job(script="hello.py", source_dir=str(hello_project(tmp_path)),

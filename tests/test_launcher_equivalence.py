@@ -37,10 +37,11 @@ sys.path[:0] = [drivers, os.path.join(drivers, "distributed_drivers"), os.path.j
 import environment, torchrun_driver
 from common import utils
 clean, found = dict(os.environ, TRAINING_JOB_NAME="job"), []  # SageMaker sets it in every container
+spool = tempfile.TemporaryDirectory()  # removed at exit (a folder a case was left in the temp dir)
 for case in cases:
     os.environ.clear()
     os.environ.update(clean)
-    env_file = os.path.join(tempfile.mkdtemp(), "sm_training.env")
+    env_file = os.path.join(spool.name, "sm_training.env")
     environment.set_env(case["resource_config"], {}, {}, output_file=env_file)
     for line in open(env_file):
         key, _, value = line[len("export "):].rstrip("\n").partition("=")

@@ -31,7 +31,7 @@ MIXED = ("http_503", "http_429", "slow", "http_500", "reset_before")
 @pytest.fixture
 def vertex(emulators, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
            tmp_path: Path) -> Iterator[tuple[VertexFake, FaultProxy]]:
-    ensure("gs", emulators, tmp_path_factory.getbasetemp())
+    ensure("gs", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
     fake = VertexFake()
     proxy = FaultProxy(int(fake.url.rsplit(":", 1)[1]), "gs", FaultPlan(rate=0.0, delay=0.6)).start()
     for key, value in {"CLOUDTRAIN_VERTEX_ENDPOINT": f"http://127.0.0.1:{proxy.port}",
