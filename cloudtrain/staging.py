@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Any
 
 from cloudtrain import storage
 from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
@@ -52,8 +53,10 @@ def stage_bundle(package: Package, prefix: str, progress: bool = True) -> bool:
 
         sweep_abandoned_parts(storage.local_path(prefix).parent)
     if storage.exists(manifest_uri):
+        STAGED.update(bytes=0, seconds=0.0, at=time.time(), reused=True)
         return False
     total = package.bootstrap.stat().st_size + package.bundle_bytes
+    started = time.monotonic()
     pieces = [storage.join(prefix, BOOTSTRAP_NAME), storage.join(prefix, BUNDLE_NAME)]
     try:
         with Progress(f"staging {prefix}", total=total, enabled=progress) as bar:
@@ -71,7 +74,12 @@ def stage_bundle(package: Package, prefix: str, progress: bool = True) -> bool:
         raise os_problem(exc, storage.local_path(prefix), "stage the bundle",
                          elsewhere="point providers.local.store_uri (or CLOUDTRAIN_HOME) at a writable folder on a "
                                    "disk with room") from None
+    STAGED.update(bytes=total, seconds=round(time.monotonic() - started, 3), at=time.time(), reused=False)
     return True
+
+
+# The newest staging of this process (bytes, seconds, when it ended): `Provider.submit` puts it in the job's timeline.
+STAGED: dict[str, Any] = {}
 
 
 def lineage_id(spec: JobSpec) -> str:

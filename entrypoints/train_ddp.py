@@ -19,6 +19,7 @@ from cloudtrain.runtime import (
     get_logger,
     init_distributed,
     make_loader,
+    report_step,
     save_final_model,
     seed_everything,
     shutdown,
@@ -60,6 +61,7 @@ def main() -> None:
     log.info(f"training: world_size={ctx.world_size} backend={ctx.backend} device={ctx.device} start_step={step}")
     loss_fn = nn.MSELoss()
     loss = None  # the last step's; a run resumed at an epoch's end takes no step in that epoch (or at all)
+    total = args.epochs * -(-sampler.per_rank // args.batch_size)  # steps in the whole run
     for epoch in range(sampler.epoch, args.epochs):
         sampler.set_epoch(epoch)
         first_step = step
@@ -75,6 +77,7 @@ def main() -> None:
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             ckpt.step(step)
+            report_step(step, total)  # progress, steps/s and ETA in `cloudtrain status`
         if loss is not None and step > first_step:  # an epoch whose steps all ran before a resume: nothing to say
             log.info(f"epoch {epoch} step {step} loss {loss.item():.6f}")
     ckpt.close()  # saves the last step too: a run shorter than the checkpoint interval leaves one to resume from

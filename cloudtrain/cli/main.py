@@ -89,19 +89,31 @@ def _provider_for(handle_text: str) -> tuple[Any, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from cloudtrain import metrics
     from cloudtrain.cli.render import emit, status_text
     from cloudtrain.recovery import load
     from cloudtrain.submitted import with_restart_point
 
+    if args.output == "openmetrics":  # every job this home has a timeline for, or the one named
+        sys.stdout.write(metrics.exposition(metrics.job_figures(args.handle)))
+        return 0
+    if args.handle is None:
+        raise UserError("status needs a job handle (only `status -o openmetrics` shows every job)",
+                        remedy="`cloudtrain list` shows the known jobs")
     provider, handle = _provider_for(args.handle)
     status = with_restart_point(provider.describe(handle))
     chain = load(handle)
     if chain is not None and (chain.legs or chain.restarts):  # where each leg ran and why it moved
         status.recovery = {"chain": chain.chain, "restarts": chain.restarts, "history": chain.history}
+    found = metrics.story(provider, handle, status)
+    if args.output == "json":
+        sys.stdout.write(metrics.json_text({**status.to_dict(), **found}))
+        return 0
     if args.output != "text":
-        emit(status.to_dict(), args.output)
+        emit({**status.to_dict(), **found}, args.output)
         return 0
     print(status_text(status, colour()))
+    print("\n".join(metrics.status_lines(found)))
     if status.recovery:
         from cloudtrain.fallback import lineage_text
 

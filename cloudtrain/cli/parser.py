@@ -222,12 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "(new or empty), with a README naming the command that submits "
                                                       "them")
 
-    for name, text in (("status", "show a job's state"), ("cancel", "stop a job (idempotent)"),
+    for name, text in (("status", "show a job's state, progress and goodput"), ("cancel", "stop a job (idempotent)"),
                        ("preempt", "local jobs: send a rehearsed spot interruption (SIGTERM to every node)")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("handle", help="a job handle, e.g. local://train-ddp-20260101-120000-ab12")
+        p.add_argument("handle", help="a job handle, e.g. local://train-ddp-20260101-120000-ab12",
+                       nargs="?" if name == "status" else None)
         _profile_flag(p)
-        _output_flag(p)
+        _output_flag(p, choices=[*OUTPUTS, "openmetrics"] if name == "status" else None)
     logs = sub.add_parser("logs", help="print a job's logs")
     logs.add_argument("handle")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")

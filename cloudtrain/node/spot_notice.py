@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cloudtrain import contract
+from cloudtrain.node import events
 
 EVERY = 5.0  # seconds between polls: what AWS recommends for instance-action
 TIMEOUT = 2.0  # seconds per request: the endpoints are link-local, an answer takes milliseconds
@@ -179,6 +180,7 @@ class NoticeWatch:
             signalled = f" (and sent {signal.Signals(self.signum).name} to {len(pids)} worker(s))"
         until = f", reclaim {notice['action']} at {notice['at']}" if notice.get("at") else ""
         log(f"spot notice from {self.platform} at {utc(seen)}{until}: asked the workers for a checkpoint{signalled}")
+        events.emit("spot_notice", platform=self.platform, action=notice.get("action"), at=notice.get("at"))
 
 
 def enabled(node_contract: Any, env: dict[str, str]) -> str | None:

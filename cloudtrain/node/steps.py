@@ -11,6 +11,7 @@ between "capacity is back" and "training again" (issue 19.3/19.5). The workers l
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain import contract
+from cloudtrain.node import events
 
 
 def log(message: str) -> None:
@@ -120,6 +122,10 @@ def restore_checkpoint(env: dict[str, str], cwd: Path, earlier: Path | None = No
     if report["error"]:
         return f"restoring checkpoints from {uri} failed: {report['error']}"
     step, took = report["step"], time.monotonic() - started
+    if step is not None:
+        size = _folder_bytes(_local(env, cwd))
+        events.emit("restored", step=step, bytes=size, seconds=round(took, 3),
+                    gbps=round(size / took / 1e9, 3) if took > 0 else None)
     env[contract.RESTORED_STEP] = "none" if step is None else str(step)
     moved = f"; {report['moved']}" if report.get("moved") else ""  # one line per restore, with what it moved
     if step is None and report.get("refused"):  # the job trains from scratch: its status says so at the end
@@ -134,6 +140,16 @@ def restore_checkpoint(env: dict[str, str], cwd: Path, earlier: Path | None = No
     else:
         log(f"checkpoint: resuming from step {step} ({took:.1f}s{moved})")
     return None
+
+
+def _folder_bytes(folder: Path) -> int:
+    """The bytes a restore put in the node's checkpoint folder (for the timeline's GB/s)."""
+    total = 0
+    for root, _dirs, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(root, name)).st_size
+    return total
 
 
 class PlainSync:

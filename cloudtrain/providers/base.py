@@ -189,14 +189,27 @@ class Provider(ABC):
                             remedy=f"set {setting} in the spec (or --set {setting}=...)"
                                    + (f", or {variables[0]}" if variables else "")
                                    + f", or `cloudtrain config set {setting.removeprefix('providers.')} ...`")
+        from cloudtrain import staging, timeline
+
+        submitted_at = time.time()
+        staging.STAGED.clear()
         handle = self._submit(plan)
         from cloudtrain.cost import remember
 
         remember(str(handle), plan)  # its rate and max_cost: what `cloudtrain cost` and the budget watcher price
+        timeline.record(str(handle), "submitted", submitted_at, handle=str(handle), provider=self.name,
+                        nodes=plan.spec.nodes)
+        if staging.STAGED:
+            staged = dict(staging.STAGED)
+            timeline.record(str(handle), "staged", staged.pop("at"), **staged)
         return handle
 
     def describe(self, handle: JobHandle) -> JobStatus:
-        return self._describe(self._own(handle))
+        status = self._describe(self._own(handle))
+        from cloudtrain import timeline
+
+        timeline.observe(status)  # a new platform state, a restart, the end: into the job's timeline
+        return status
 
     def logs(self, handle: JobHandle, follow: bool = False) -> Iterator[str]:
         return self._logs(self._own(handle), follow)

@@ -6,7 +6,7 @@
     sampler = ResumableSampler(len(data), ctx.rank, ctx.world_size, seed=0)
     ckpt = Checkpointer(model, opt, sampler=sampler)       # URI, interval, retention from the job spec
     step = ckpt.restore()
-    ... after each optimizer step: step += 1; sampler.advance(batch); ckpt.step(step)
+    ... after each optimizer step: step += 1; sampler.advance(batch); ckpt.step(step); report_step(step, total)
 """
 
 from typing import TYPE_CHECKING
@@ -19,10 +19,11 @@ if TYPE_CHECKING:  # torch-heavy modules load on first use
     from cloudtrain.runtime.data import ResumableSampler, make_loader
     from cloudtrain.runtime.logs import get_logger
     from cloudtrain.runtime.model import wrap_model
+    from cloudtrain.runtime.report import report_step
     from cloudtrain.runtime.rng import seed_everything
 
 __all__ = ["Checkpointer", "DistContext", "Preempted", "ResumableSampler", "get_logger", "init_distributed",
-           "make_loader", "save_final_model", "seed_everything", "shutdown", "wrap_model"]
+           "make_loader", "report_step", "save_final_model", "seed_everything", "shutdown", "wrap_model"]
 
 __getattr__ = lazy_exports(__name__, {
     "Checkpointer": "cloudtrain.runtime.checkpointer",
@@ -33,4 +34,5 @@ __getattr__ = lazy_exports(__name__, {
     "get_logger": "cloudtrain.runtime.logs",
     "seed_everything": "cloudtrain.runtime.rng",
     "wrap_model": "cloudtrain.runtime.model",
+    "report_step": "cloudtrain.runtime.report",
 })

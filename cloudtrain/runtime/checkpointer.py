@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from cloudtrain import contract, storage
 from cloudtrain.errors import CloudtrainError
-from cloudtrain.node import checkpoint_store
+from cloudtrain.node import checkpoint_store, events
 from cloudtrain.runtime.data import ResumableSampler
 from cloudtrain.runtime.logs import get_logger
 from cloudtrain.runtime.rng import rng_state, set_rng_state
@@ -162,6 +162,7 @@ class Checkpointer:
             self.local_dir.mkdir(parents=True, exist_ok=True)
             (self.local_dir / checkpoint_store.RUNTIME_MARKER).touch()
         self.blocked_seconds: list[float] = []  # training time lost per save (staging), for benchmarks
+        self._saved_at = time.monotonic()  # when the newest save stopped blocking training
         self.last_saved_step: int | None = None
         self._last_step: int | None = None  # the newest step seen by step()/save(): what close() saves
         self._stager: HostStager | None = None
@@ -189,6 +190,8 @@ class Checkpointer:
         if self._restored_at is not None:  # the last phase between a preemption and training again
             self.log.info(f"training again: step {step}, {time.monotonic() - self._restored_at:.1f}s after the "
                           "restore")
+            if self.rank == 0:
+                events.emit("training_again", step=step, after_restore_s=round(time.monotonic() - self._restored_at, 3))
             self._restored_at = None
         due_time = self.rank == 0 and self.every_seconds is not None and \
             time.monotonic() - self._last_save >= self.every_seconds
@@ -237,6 +240,7 @@ class Checkpointer:
                 dcp.save(state, storage_writer=writer, process_group=self.save_group)
             write = None
         self.blocked_seconds.append(time.perf_counter() - started)
+        self._saved_at = time.monotonic()  # the publish time in the timeline counts from here
         self._last_save = time.monotonic()
         self._inflight = threading.Thread(target=self._finish, args=(write, step, folder), daemon=True,
                                           name=f"cloudtrain-checkpoint-{step}")
@@ -299,6 +303,9 @@ class Checkpointer:
                 files = [f for g in gathered for f in g["files"]]
                 checkpoint_store.publish(remote, step, files, world_size=self.world_size, log=self.log.warning)
                 self.log.info(f"checkpoint step {step} published to {remote}")
+                events.emit("checkpoint", step=step, bytes=sum(int(f.get("size") or 0) for f in files),
+                            blocked_s=round(self.blocked_seconds[-1], 3) if self.blocked_seconds else None,
+                            publish_s=round(time.monotonic() - self._saved_at, 3))
             except BaseException as exc:
                 verdict[0] = [f"rank 0: {_reason(exc)}"]
         dist.broadcast_object_list(verdict, src=0, group=self.save_group)  # rank 0's publish: news to the others

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cloudtrain import contract
+from cloudtrain import contract, timeline
 from cloudtrain.errors import HomeError
 from cloudtrain.home import cloudtrain_home
 from cloudtrain.node.diagnosis import PORT_IN_USE
@@ -135,6 +135,7 @@ class Supervisor:
         self.clock = LogClock(Path(record.job_dir), [n["rank"] for n in record.plan["nodes"]])
         while True:
             nodes = self.start_nodes(record, attempt, why)
+            timeline.record(f"local://{self.job_id}", "node_started", attempt=attempt, nodes=len(nodes))
             self.db.update(self.job_id, state="running", nodes=nodes, attempt=attempt,
                            message=f"restart {attempt} of {max_restarts}" if attempt else "",
                            only_if_state=_ACTIVE)
@@ -149,6 +150,8 @@ class Supervisor:
             if self.stop == outcome.MAX_RUNTIME and budget.get("runtime_cap") == max_runtime:
                 message = (f"budget USD {budget['max_cost']:.2f} spent: {message} (the max_runtime max_cost buys, "
                            "which holds when no watcher stops the job first)")
+            if state == "preempted":
+                timeline.record(f"local://{self.job_id}", "preempted", attempt=attempt, message=message[:200])
             if state == "preempted" and attempt < max_restarts:  # managed-spot emulation: the same job again,
                 attempt += 1  # resuming from its checkpoints
                 why = f"restart {attempt} after preemption"

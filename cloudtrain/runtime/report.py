@@ -1,0 +1,18 @@
+"""``report_step(step, total=None)``: the one line a training script adds so `cloudtrain status` shows its progress
+(step, steps/s, ETA) and goodput. Cheap to call after every step: it prints an event (cloudtrain/node/events.py) at
+most every couple of seconds, from rank 0 only."""
+
+from __future__ import annotations
+
+from cloudtrain.node.events import StepReporter
+
+_reporter: StepReporter | None = None
+
+
+def report_step(step: int, total: int | None = None) -> None:
+    """Tell cloudtrain the step just finished (``total``: the steps the run will take, where known: status then
+    shows an ETA)."""
+    global _reporter
+    if _reporter is None:
+        _reporter = StepReporter()
+    _reporter.report(step, total)
