@@ -133,7 +133,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="only the tests that start no process (the edit-test loop: nox -s quick)")
 
 
-LEAKS_BEFORE = pytest.StashKey[tuple[set[str], set[str]]]()
+LEAKS_BEFORE: pytest.StashKey[tuple[set[str], set[str]]] = pytest.StashKey()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import socket
 import subprocess
 import sys
 import tarfile
@@ -15,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-STANDINS = Path(__file__).resolve().parent / "standins"  # a torchrun for interpreters no torch wheel exists for
+from tests.emulators import free_port
+from tests.node_support import REPO, make_bundle, node_env
 
 
 def _load_bootstrap():  # a module loaded from its file
@@ -141,36 +139,6 @@ if rank == 0:
         print("bootstrap children %d %s" % (len(children), [c[:80] for c in children]), flush=True)
 print("rank %d of %s on Python %s" % (rank, os.environ["WORLD_SIZE"], sys.version_info[:2]), flush=True)
 '''
-
-
-def make_bundle(folder: Path, script: str) -> Path:
-    """A bundle laid out as cloudtrain's packaging lays it out (lib/cloudtrain, lib/sitecustomize.py, src/),
-    from this checkout's own files: what a node of any provider unpacks."""
-    bundle = folder / "bundle.tar.gz"
-    source = folder / "train.py"
-    source.write_text(script)
-    package = REPO / "cloudtrain"
-    with tarfile.open(bundle, "w:gz") as tar:
-        for path in sorted(package.rglob("*.py")):
-            tar.add(path, arcname="lib/cloudtrain/" + path.relative_to(package).as_posix())
-        tar.add(package / "data" / "sitecustomize.py", arcname="lib/sitecustomize.py")
-        tar.add(source, arcname="src/train.py")
-    return bundle
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def node_env(tmp_path: Path, **extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLOUDTRAIN_", "SM_", "AZUREML_", "CLUSTER_SPEC"))}
-    env.update(CLOUDTRAIN_NNODES="1", CLOUDTRAIN_NODE_RANK="0", CLOUDTRAIN_MASTER_PORT=str(free_port()),
-               CUDA_VISIBLE_DEVICES="", **extra)
-    if importlib.util.find_spec("torch") is None:  # see tests/standins/torch/__init__.py
-        env["PYTHONPATH"] = str(STANDINS)
-    return env
 
 
 def test_a_node_restores_runs_and_publishes_on_this_python(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 from cloudtrain.node import checkpoint_snapshots, checkpoint_store
 from cloudtrain.procs import kill_tagged
 from tests.conftest import SCRIPTS, stop_every_job, wait_for
-from tests.test_resume import Cloudtrain
+from tests.support import Cloudtrain
 
 pytestmark = pytest.mark.slow
 BYO = SCRIPTS / "byo"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SCRIPTS, stop_every_job, wait_for
-from tests.test_resume import Cloudtrain
+from tests.support import Cloudtrain
 
 
 @pytest.fixture

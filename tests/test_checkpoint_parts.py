@@ -15,7 +15,7 @@ import torch
 from cloudtrain.node import checkpoint_parts, checkpoint_snapshots, checkpoint_store
 from cloudtrain.node.checkpoint_parts import PARTS, NodeParts, PartSync
 from tests.conftest import SCRIPTS, stop_every_job, wait_for
-from tests.test_resume import Cloudtrain
+from tests.support import Cloudtrain
 
 
 def save(path: Path, value: float) -> None:

@@ -213,7 +213,7 @@ def test_a_checkpoint_from_an_s3_leg_resumes_bitwise_on_a_gcs_leg(emulators, tmp
     import torch
 
     from tests.conftest import REPO, stop_every_job
-    from tests.test_resume import ARGS, SLOW, Cloudtrain, assert_bitwise_equal, final_weights
+    from tests.support import ARGS, SLOW, Cloudtrain, assert_bitwise_equal, final_weights
 
     ensure("s3", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
     ensure("gs", emulators, tmp_path_factory.getbasetemp(), monkeypatch)

@@ -64,7 +64,7 @@ dist.destroy_process_group()
 
 
 def run_scenario(tmp_path: Path, **env: str) -> tuple[dict, str]:
-    from tests.test_bootstrap import free_port
+    from tests.emulators import free_port
 
     result = subprocess.run([sys.executable, "-c", SCENARIO, str(tmp_path)], capture_output=True, text=True,
                             timeout=180, env={**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
@@ -129,7 +129,7 @@ ckpt = Checkpointer(model, torch.optim.AdamW(model.parameters()), uri=(root / "s
 ckpt.save(3, block=True)  # a new process, the same step: the folder holds the published files
 ckpt.close(save=False)
 '''
-    from tests.test_bootstrap import free_port
+    from tests.emulators import free_port
 
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",

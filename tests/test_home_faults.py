@@ -296,7 +296,7 @@ def test_checkpoints_that_fill_the_disk_fail_the_node_with_the_folder_and_the_fi
 
 def _run_bootstrap(tmp_path: Path, workdir: Path, status: Path, script: str = "print('trained', flush=True)\n",
                    **env: str) -> subprocess.CompletedProcess[str]:
-    from tests.test_bootstrap import REPO, make_bundle, node_env
+    from tests.node_support import REPO, make_bundle, node_env
 
     bundle = make_bundle(tmp_path, script)
     return subprocess.run([sys.executable, str(REPO / "entrypoints" / "bootstrap.py"), "--bundle", str(bundle),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import stop_every_job
-from tests.test_resume import Cloudtrain
+from tests.support import Cloudtrain
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from cloudtrain.node import checkpoint_store
-from tests.test_bootstrap import REPO, make_bundle, node_env
+from tests.node_support import REPO, make_bundle, node_env
 
 TRAIN = '''
 import os, sys

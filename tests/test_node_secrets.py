@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import stop_every_job
-from tests.test_resume import Cloudtrain
+from tests.support import Cloudtrain
 
 pytestmark = pytest.mark.slow
 TOKEN = "s3cr3t-t0ken-4f9a"

@@ -294,7 +294,7 @@ def test_a_name_that_is_not_utf8_is_refused_alike_by_plan_and_submit(tmp_path: P
     """Issue 38.17: caf\\xe9.txt (Latin-1, from an old archive) in the source ended `submit` in UnicodeEncodeError:
     the plan's seal and the job's record hold names as UTF-8 text. plan and submit (one planning path) refuse it
     alike, naming the file as \\xNN and the fix, and record nothing; left out with .cloudtrainignore, the job runs."""
-    from tests.test_resume import Cloudtrain
+    from tests.support import Cloudtrain
 
     proj = tmp_path / "proj"
     (proj / "data").mkdir(parents=True)
@@ -320,7 +320,7 @@ def test_names_that_are_not_utf8_outside_the_package_are_shown_escaped(tmp_path:
     pl\\xe9.json` in the project, then `submit --plan`) whose names are not UTF-8 are named as \\xNN in the plan, not
     a UnicodeEncodeError."""
     from tests.conftest import cli_env
-    from tests.test_resume import Cloudtrain
+    from tests.support import Cloudtrain
 
     proj = tmp_path / "proj"
     proj.mkdir()

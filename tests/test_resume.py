@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import re
 import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,36 +14,12 @@ from cloudtrain import storage
 from cloudtrain.node import checkpoint_store
 from cloudtrain.procs import kill_tagged, signal_group
 from cloudtrain.providers.local.provider import LocalProvider
-from tests.conftest import REPO, SCRIPTS, cli_env, stop_every_job, wait_for
+from tests.conftest import REPO, SCRIPTS, stop_every_job, wait_for
+from tests.support import ARGS, SLOW, Cloudtrain, assert_bitwise_equal, final_weights
 
 pytestmark = pytest.mark.slow
 TRAINERS = {"ddp": "train_ddp.py", "fsdp": "train_fsdp.py"}
-ARGS = ["--", "--epochs", "2", "--checkpoint-every", "8"]
 STEPS = {"ddp": 64, "fsdp": 32}  # with ARGS, 2 ranks: 2048 / 1024 samples in batches of 32 per rank, two epochs
-# interrupted runs only: time to interrupt them mid-way (it changes no arithmetic). FSDP's run is 32 steps: at 0.15 s
-# a step, a loaded machine published step 16 less than 2.4 s before step 32 and the kill came after the end
-SLOW = {"ddp": ["--step-sleep", "0.15"], "fsdp": ["--step-sleep", "0.3"]}
-
-
-class Cloudtrain:
-    """The CLI as a user runs it, bound to one cloudtrain home."""
-
-    def __init__(self, home: Path, cwd: Path) -> None:
-        self.home, self.cwd = home, cwd
-
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=self.cwd, env=cli_env(self.home),
-                                capture_output=True, text=True, timeout=300)
-        if check:
-            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        return result
-
-    def logs(self, handle: str) -> str:
-        return self("logs", handle).stdout
-
-    def status(self, handle: str) -> dict:
-        return json.loads(self("status", handle, "-o", "json").stdout)
-
 
 @pytest.fixture(autouse=True)
 def _no_stray_jobs(tmp_path: Path) -> Iterator[None]:
@@ -67,10 +40,6 @@ def node_log(home: Path, handle: str) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def final_weights(output_uri: str) -> dict[str, torch.Tensor]:
-    return torch.load(Path(output_uri.removeprefix("file://")) / "model.pt", weights_only=True)
-
-
 @pytest.fixture(scope="module")
 def baselines(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, torch.Tensor]]:
     """One uninterrupted run per trainer, made the first time a test asks for it and shared by every later one.
@@ -89,12 +58,6 @@ def baselines(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[
         return runs[trainer]
 
     return baseline
-
-
-def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), f"{key} differs"
 
 
 # Every backend once and each trainer on several (not the full 2 x 4 product: each case is a ~40 s multi-process
