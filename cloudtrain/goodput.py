@@ -25,7 +25,8 @@ def _legs(events: list[dict[str, Any]], status: Any) -> list[tuple[float, float,
             starts.setdefault(e.get("attempt"), e["t"])
     begin = sorted(starts.values())
     if not begin:
-        begin = [e["t"] for e in events if e["e"] == "state" and e.get("state") == "running"][:1]
+        begin = [e["t"] for e in events if e["e"] == "state" and e.get("state") == "running"]  # each a new start
+        begin = _seen_late(begin, events, status.started_at)
     if not begin and status.started_at:
         begin = [float(status.started_at)]
     end_of_job = next((e["t"] for e in reversed(events) if e["e"] == "ended"), None) or status.ended_at or (
@@ -37,6 +38,20 @@ def _legs(events: list[dict[str, Any]], status: Any) -> list[tuple[float, float,
         last = i + 1 == len(begin)
         legs.append((start, max(start, stop), [e for e in events if start <= e["t"] and (last or e["t"] < until)]))
     return legs
+
+
+def _seen_late(begin: list[float], events: list[dict[str, Any]], started_at: float | None) -> list[float]:
+    """A platform's move to running is recorded when a status call sees it, which may be after its nodes' first
+    events: each start is moved back to the first node event since the start before it (and the first to the
+    platform's own start time, where it says one)."""
+    moved: list[float] = []
+    for i, start in enumerate(begin):
+        floor = moved[-1] if moved else float("-inf")
+        early = [e["t"] for e in events if "node" in e and floor < e["t"] < start]
+        if i == 0 and started_at:
+            early.append(float(started_at))
+        moved.append(min([start, *early]))
+    return moved
 
 
 def summarise(events: list[dict[str, Any]], status: Any, rate: Any = None) -> dict[str, Any]:
@@ -97,7 +112,9 @@ def summarise(events: list[dict[str, Any]], status: Any, rate: Any = None) -> di
                             **{k: round(v, 3) for k, v in losses.items()},
                             "other": round(other, 3) if other is not None else None},
                "steps_redone": redone_steps, "legs": len(legs),
-               "preemptions": len({e.get("attempt") for e in events if e["e"] == "preempted"}),
+               # the local supervisor's per attempt, or the platform's states as status saw them (not both)
+               "preemptions": max(len({e.get("attempt") for e in events if e["e"] == "preempted"}), sum(
+                   1 for e in events if e["e"] in ("ended", "state") and e.get("state") == "preempted")),
                "checkpoints": len(checkpoints),
                "checkpoint_age_s": round(time.time() - checkpoints[-1]["t"], 1) if checkpoints else None,
                **_cost(rate, paid, kept)}

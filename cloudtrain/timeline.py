@@ -80,18 +80,19 @@ def own_events(handle: str) -> tuple[list[dict[str, Any]], int]:
 
 
 def node_events(lines: Any) -> tuple[list[dict[str, Any]], int]:
-    """The events in log lines (``[node1] ... cloudtrain-event {...}``), each tagged with its node where the line
-    names one; and how many were cut short. All parsed as one JSON document where none is cut short (a job's logs
-    may hold 10,000 of them: status stays quick), line by line otherwise."""
+    """The events in log lines (``[node1] ... cloudtrain-event {...}``), each tagged with the node the line names
+    (local and Slurm: its rank; elsewhere the platform's name for it, ``workerpool0-0``); and how many were cut
+    short. All parsed as one JSON document where none is cut short (a job's logs may hold 10,000 of them: status
+    stays quick), line by line otherwise."""
     parts: list[str] = []
-    nodes: list[int | None] = []
+    nodes: list[int | str | None] = []
     for text_line in lines:
         at = text_line.find(PREFIX)
         if at < 0:
             continue
         parts.append(text_line[at + len(PREFIX):])
-        tag = _NODE.match(text_line) if text_line.startswith("[node") else None
-        nodes.append(int(tag.group(1)) if tag else None)
+        tag = _NODE.match(text_line) if text_line.startswith("[") else None  # [node1], [workerpool0-0], [algo-1]
+        nodes.append(None if tag is None else int(tag.group(2)) if tag.group(2) else tag.group(1))
     try:
         parsed: list[Any] = json.loads("[" + ",".join(parts) + "]")
     except ValueError:
@@ -110,7 +111,7 @@ def node_events(lines: Any) -> tuple[list[dict[str, Any]], int]:
     return found, missing
 
 
-_NODE = re.compile(r"\[node(\d+)\]")
+_NODE = re.compile(r"\[((?:node(\d+))|[^\]\s]+)\]")
 
 
 def read(provider: Any, handle: Any) -> dict[str, Any]:

@@ -5,6 +5,9 @@ Real local jobs (the reference DDP trainer, a rehearsed preemption) through the 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from subprocess import CompletedProcess
@@ -13,6 +16,8 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from tests.conftest import status_json, wait_for
+from tests.test_gcp import vertex  # noqa: F401 - the fake Vertex AI service, as a fixture
+from tests.vertex_fake import VertexFake
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +32,6 @@ def families(text: str) -> dict[str, list]:
 def preempted_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cli, str, Path]]:
     """One job for the module: trains, is preempted (`cloudtrain preempt`) after its first checkpoints, restarts
     from its newest checkpoint and succeeds."""
-    import subprocess
-    import sys
-
     from cloudtrain.testing.fixtures import ddp_project, stop_every_job
     from tests.conftest import cli_env
 
@@ -146,3 +148,41 @@ def test_node_events_parse(tmp_path: Path) -> None:
     found, missing = node_events([f"[node1] [default0]:{good}", "[node0] plain", "[node0] cloudtrain-event {\"e\"",
                                   'cloudtrain-event ["e", 1]', json.dumps({"e": "x"})])
     assert [(e["e"], e["node"], e["step"]) for e in found] == [("restored", 1, 5)] and missing == 2
+
+
+def test_a_vertex_job_has_a_timeline_from_its_states_and_logs(vertex: VertexFake, project: Path,  # noqa: F811
+                                                               ct_home: Path) -> None:
+    """A cloud: the client's events (submitted, staged, the platform's states, the end) and the nodes' events out
+    of the logs status fetches (Cloud Logging through the fake), each named by its replica."""
+    from cloudtrain.handles import JobHandle
+    from cloudtrain.node.events import line
+    from tests.conftest import cli_env
+
+    def cli(*args: str) -> CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=project, env=cli_env(ct_home),
+                              capture_output=True, text=True, timeout=120)
+
+    out = cli("submit", "train_ddp.py", "--provider", "gcp", "--nodes", "2", "--gpus", "L4:1", "--spot", "--detach")
+    assert out.returncode == 0, out.stderr
+    handle = out.stdout.strip()
+    job_id = JobHandle.parse(handle).job_id
+    assert [e["e"] for e in status_json(cli, handle)["timeline"]["events"]] == ["submitted", "staged", "state"]
+    vertex.set_state(job_id, "JOB_STATE_RUNNING")
+    vertex.write_log(job_id, "workerpool0-0", [line("restored", step=40, bytes=2_000_000, seconds=0.5, gbps=0.004),
+                                                line("step", step=41, total=100), "step 41 loss 2.30"])
+    time.sleep(0.2)
+    vertex.write_log(job_id, "workerpool0-0", [line("checkpoint", step=50, bytes=10, blocked_s=0.1, publish_s=0.3),
+                                                line("step", step=60, total=100)])
+    found = status_json(cli, handle)
+    events = found["timeline"]["events"]
+    assert [e["e"] for e in events if "node" in e] == ["restored", "step", "checkpoint", "step"]
+    assert {e["node"] for e in events if "node" in e} == {"workerpool0-0"}
+    assert ("state", "running") in [(e["e"], e.get("state")) for e in events]
+    assert found["progress"]["step"] == 60 and found["progress"]["total"] == 100
+    assert found["progress"]["steps_per_s"] > 0 and found["progress"]["eta_s"] is not None
+    vertex.set_state(job_id, "JOB_STATE_SUCCEEDED")
+    found = status_json(cli, handle)
+    assert "ended" in [e["e"] for e in found["timeline"]["events"]]
+    assert found["goodput"]["legs"] == 1 and found["goodput"]["paid_s"] > 0
+    metrics = families(cli("status", handle, "-o", "openmetrics").stdout)
+    assert [s.value for s in metrics["cloudtrain_job_step"]] == [60]
