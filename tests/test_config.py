@@ -5,7 +5,6 @@ spec file > environment > profile > the platform's own config > built-in default
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,12 +14,11 @@ import pytest
 import yaml
 
 from cloudtrain import config, registry
-from cloudtrain.cli.main import main
 from cloudtrain.cli.render import settings_text
 from cloudtrain.errors import UserError
 from cloudtrain.providers.aws.request import PLACEHOLDER_ROLE
 from cloudtrain.sdk import Job
-from tests.conftest import REPO
+from tests.support import isolated_config, run_main, write_config
 
 CLI = Callable[..., subprocess.CompletedProcess[str]]
 ARN = "arn:aws:iam::123456789012:role/{}"
@@ -31,39 +29,6 @@ def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An empty config file path, no provider settings in the environment, no AWS/gcloud config of this machine,
     and a project folder as the working directory."""
     yield from isolated_config(tmp_path, monkeypatch)
-
-
-def isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """The `cfg` fixture's work (other test modules' fixtures use it too)."""
-    path = tmp_path / "config.yaml"
-    monkeypatch.setenv("CLOUDTRAIN_CONFIG", str(path))
-    for provider in registry.BUILTIN:
-        for names_of_key in registry.declaration(provider).env.values():
-            for name in names_of_key:
-                monkeypatch.delenv(name, raising=False)
-    for name in ("CLOUDTRAIN_PROFILE", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "CLOUDTRAIN_AWS_BUCKET"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws" / "config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws" / "credentials"))
-    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    shutil.copy(REPO / "entrypoints" / "train_ddp.py", proj / "train_ddp.py")
-    monkeypatch.chdir(proj)
-    config.use_profile(None)
-    yield path
-    config.use_profile(None)  # main(["--profile", ...]) and use_profile() pick a profile for the whole process
-
-
-def write_config(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-
-
-def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def shown(capsys: pytest.CaptureFixture[str], provider: str, *args: str) -> dict[str, tuple[Any, str]]:

@@ -16,10 +16,8 @@ import yaml
 from cloudtrain.providers.aws.validate import request_errors
 from cloudtrain.registry import declaration
 from tests.conftest import REPO
+from tests.support import SETTINGS
 
-SETTINGS = {"AWS_REGION": "eu-west-1", "CLOUDTRAIN_AWS_ROLE": "arn:aws:iam::123456789012:role/cloudtrain",
-            "CLOUDTRAIN_AWS_BUCKET": "my-bucket", "CLOUDTRAIN_GCP_PROJECT": "my-project",
-            "CLOUDTRAIN_GCP_BUCKET": "my-bucket", "CLOUDTRAIN_GCP_REGION": "europe-west4"}
 AZURE = ["--set", "providers.azure.subscription_id=00000000-0000-0000-0000-000000000001", "--set",
          "providers.azure.resource_group=rg", "--set", "providers.azure.workspace=ws"]
 

@@ -3,36 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
-
-HEAVY = ("torch", "boto3", "botocore", "sagemaker", "azure", "google", "pydantic", "yaml")
-
-
-_DUMP = ("import atexit, sys\n"
-         "atexit.register(lambda: sys.stderr.write('\\nMODULES ' + ' '.join(sorted(sys.modules)) + '\\n'))\n")
-
-
-def imported_modules(code: str, cwd: Path = REPO, env: dict[str, str] | None = None, at_exit: bool = False) -> set[str]:
-    """Every module a fresh interpreter imports to run ``code``, as ``-X importtime`` lists them; ``at_exit``: every
-    module in sys.modules as it exits (importtime leaves out some imported through importlib, and lists no parent
-    package that importlib.util.find_spec imports)."""
-    argv = [sys.executable, "-c", _DUMP + code] if at_exit else [sys.executable, "-X", "importtime", "-c", code]
-    result = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env, timeout=60)
-    assert result.returncode == 0, result.stderr[-2000:]
-    names = set()
-    for line in result.stderr.splitlines():
-        if at_exit and line.startswith("MODULES "):
-            names.update(line.split()[1:])
-        elif line.startswith("import time:") and "|" in line:
-            names.add(line.rsplit("|", 1)[1].strip())
-    assert "cloudtrain" in names  # the probe itself works
-    return names
+from tests.support import HEAVY, imported_modules
 
 
 def test_cli_import_pulls_in_nothing_heavy() -> None:

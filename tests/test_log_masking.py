@@ -21,7 +21,7 @@ from cloudtrain.node.log_masking import Masker
 from cloudtrain.node.secret_values import MASK, env_secrets
 from cloudtrain.packaging import build_package
 from tests.conftest import SCRIPTS
-from tests.test_packaging_secrets import aws_key_id, rand
+from tests.support import aws_key_id, rand
 
 
 def test_masker_masks_registered_values_and_known_formats() -> None:

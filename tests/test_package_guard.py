@@ -22,7 +22,7 @@ import pytest
 
 from cloudtrain.packaging import EXPORT_MARKER
 from tests.conftest import REPO, cli_env
-from tests.test_export import SETTINGS
+from tests.support import SETTINGS
 
 FIFO_TIMEOUT = 60  # a command that opened a FIFO would wait for a writer forever
 

@@ -13,18 +13,7 @@ import pytest
 from cloudtrain.errors import PackagingError
 from cloudtrain.node_commands import bootstrap_module
 from cloudtrain.packaging import PackageLimits, build_package
-
-
-def make_tree(root: Path) -> Path:
-    (root / "pkg").mkdir(parents=True)
-    (root / "train.py").write_text("print('hi')\n")
-    (root / "pkg" / "model.py").write_text("X = 1\n")
-    (root / ".git").mkdir()
-    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
-    (root / "__pycache__").mkdir()
-    (root / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0")
-    (root / ".env.example").write_text("TOKEN=\n")
-    return root
+from tests.support import make_tree
 
 
 def test_bundle_is_deterministic_across_mtimes(tmp_path: Path) -> None:

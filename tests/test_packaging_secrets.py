@@ -5,8 +5,6 @@ Credential-shaped test values are assembled at run time, so this file itself hol
 
 from __future__ import annotations
 
-import random
-import string
 import tarfile
 from pathlib import Path
 
@@ -14,23 +12,11 @@ import pytest
 
 from cloudtrain.errors import PackagingError
 from cloudtrain.packaging import DOWNLOAD_MARKER, PackageLimits, build_package
-from tests.test_packaging import make_tree
-
-_ALNUM = string.ascii_letters + string.digits
-_HEX = "0123456789abcdef"
-
-
-def rand(n: int, alphabet: str = _ALNUM, seed: int = 7) -> str:
-    rng = random.Random(seed * 1000 + n)
-    return "".join(rng.choice(alphabet) for _ in range(n))
-
-
-def aws_key_id() -> str:
-    return "AK" + "IA" + rand(16, string.ascii_uppercase + "234567")
+from tests.support import ALNUM, HEX, aws_key_id, make_tree, rand
 
 
 def pem_block(indent: str = "") -> str:
-    lines = ["-----BEGIN " + "RSA PRIVATE KEY-----", *(rand(64, _ALNUM + "+/", seed=i) for i in range(3)),
+    lines = ["-----BEGIN " + "RSA PRIVATE KEY-----", *(rand(64, ALNUM + "+/", seed=i) for i in range(3)),
              "-----END RSA PRIVATE KEY-----"]
     return "".join(f"{indent}{line}\n" for line in lines)
 
@@ -39,39 +25,39 @@ def pem_block(indent: str = "") -> str:
 # it turns up in.
 CONTENT_CASES = [
     ("config.py", f'AWS_ACCESS_KEY_ID = "{aws_key_id()}"\n', 1, "aws-access-key-id"),
-    ("settings.ini", f"[aws]\naws_secret_access_key = {rand(40, _ALNUM + '/+')}\n", 2, "aws-secret-access-key"),
+    ("settings.ini", f"[aws]\naws_secret_access_key = {rand(40, ALNUM + '/+')}\n", 2, "aws-secret-access-key"),
     ("download.py", f'token = "{"h" + "f_" + rand(34)}"\n', 1, "huggingface-token"),
     ("ci.py", f'GH = "{"gh" + "p_" + rand(36)}"\n', 1, "github-token"),
     ("llm.py", f'client = OpenAI(api_key="{"sk" + "-proj-" + rand(48)}")\n', 1, "openai-anthropic-key"),
     ("deploy/notes.txt", "the key:\n" + pem_block(), 2, "private-key"),
     ("gcp.json", '{\n  "type": "service' + '_account",\n  "project_id": "p"\n}\n', 2, "gcp-service-account-key"),
     ("storage.py", 'CONN = "DefaultEndpointsProtocol=https;AccountName=a;Account'
-     + f'Key={rand(86, _ALNUM + "+/")}==;"\n', 1, "azure-connection-string"),
+     + f'Key={rand(86, ALNUM + "+/")}==;"\n', 1, "azure-connection-string"),
     # issue 28.3: the credential files ML people keep, under any name, found by what they hold
     ("old/my-gcloud-creds.json", '{\n  "client_id": "764086051850-x.apps.googleusercontent.com",\n  "refresh_token": '
-     f'"1//0g{rand(90, _ALNUM + "_-")}",\n  "type": "authorized_user"\n}}\n', 3, "oauth-refresh-token"),
+     f'"1//0g{rand(90, ALNUM + "_-")}",\n  "type": "authorized_user"\n}}\n', 3, "oauth-refresh-token"),
     ("adc.json", '{"account": "", "client_id": "7.apps.googleusercontent.com", "type": "authorized' + '_user"}\n',
      1, "gcloud-user-credentials"),
-    ("data/kaggle_token.json", '{"username":"ana","key":"' + rand(32, _HEX) + '"}', 1, "kaggle-api-key"),
-    ("dot_netrc", f"machine api.wandb.ai\n  login user\n  password {rand(40, _HEX)}\n", 3, "netrc-password"),
+    ("data/kaggle_token.json", '{"username":"ana","key":"' + rand(32, HEX) + '"}', 1, "kaggle-api-key"),
+    ("dot_netrc", f"machine api.wandb.ai\n  login user\n  password {rand(40, HEX)}\n", 3, "netrc-password"),
     ("auth.txt", f"machine urs.earthdata.nasa.gov login ana password {rand(14)}\n", 1, "netrc-password"),
     ("release/pypirc.ini", f"[pypi]\nusername = ana\npassword = {rand(18)}\n", 3, "ini-password"),
-    ("upload.cfg", f"[pypi]\nusername = __token__\npassword = pypi-Ag{'E'}{rand(80, _ALNUM + '_-')}\n", 3,
+    ("upload.cfg", f"[pypi]\nusername = __token__\npassword = pypi-Ag{'E'}{rand(80, ALNUM + '_-')}\n", 3,
      "ini-password"),
     ("web/npmrc.txt", f"//registry.npmjs.org/:_authToken=npm_{rand(36)}\n", 1, "npm-token"),
     ("docker.json", '{"auths": {"https://index.docker.io/v1/": {"au' + f'th": "{rand(28)}="}}}}}}\n', 1,
      "docker-auth"),
     ("azure_cache.json", '{"RefreshToken": {"k": {"credential_type": "Refresh' + 'Token", "secret": "x"}}}\n', 1,
      "oauth-refresh-token"),
-    ("cluster.yaml", f"users:\n- name: u\n  user:\n    client-key-data: {rand(120, _ALNUM + '+/')}==\n", 4,
+    ("cluster.yaml", f"users:\n- name: u\n  user:\n    client-key-data: {rand(120, ALNUM + '+/')}==\n", 4,
      "kubeconfig-key"),
-    ("wandb_setup.py", 'os.environ["WANDB_API' + f'_KEY"] = "{rand(40, _HEX)}"\n', 1, "secret-assignment"),
-    ("notebook.py", f'import wandb\nwandb.login(key="{rand(40, _HEX)}")\n', 2, "wandb-api-key"),
+    ("wandb_setup.py", 'os.environ["WANDB_API' + f'_KEY"] = "{rand(40, HEX)}"\n', 1, "secret-assignment"),
+    ("notebook.py", f'import wandb\nwandb.login(key="{rand(40, HEX)}")\n', 2, "wandb-api-key"),
     ("prod.settings", f"DEBUG=0\nOPENAI_API_KEY={rand(48)}\n", 2, "secret-assignment"),
     ("client_secret_1234.json", '{"installed": {"client_id": "1.apps.googleusercontent.com", "client_' + 'secret": '
      f'"GOCSPX-{rand(28)}"}}}}\n', 1, "oauth-client-secret"),
     ("git-creds.txt", f"https://ana:{rand(40)}@github.com\n", 1, "git-credentials"),
-    ("databricks.cfg", f"[DEFAULT]\nhost = https://x.cloud.databricks.com\ntoken = dap{'i'}{rand(32, _HEX)}\n", 3,
+    ("databricks.cfg", f"[DEFAULT]\nhost = https://x.cloud.databricks.com\ntoken = dap{'i'}{rand(32, HEX)}\n", 3,
      "token-formats"),
     ("hf/token", "h" + "f_" + rand(34), 1, "huggingface-token"),
 ]

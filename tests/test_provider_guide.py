@@ -14,22 +14,8 @@ import pytest
 
 from cloudtrain import registry
 from cloudtrain.providers.base import TYPED, Capability, Provider
-from tests.conftest import REPO
 from tests.plugins import PLUGIN
-
-GUIDE = REPO / "docs" / "writing-a-provider.md"
-
-
-def section(heading: str) -> str:
-    text = GUIDE.read_text()
-    start = text.index(f"\n## {heading}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start:end if end > 0 else len(text)]
-
-
-def block(heading: str, lang: str = "python", index: int = 0) -> str:
-    """The ``index``-th fenced ``lang`` block of a section."""
-    return re.findall(rf"```{lang}\n(.*?)```", section(heading), re.S)[index]
+from tests.support import block, section
 
 
 def table(heading: str, index: int = 0) -> list[list[str]]:

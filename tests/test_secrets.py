@@ -201,7 +201,7 @@ def test_urls_with_credentials_are_masked_in_the_local_plan_as_in_the_clouds(cli
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The password of user:password@ was masked already; a token standing for the user part, and a token in the
     query string (a webhook, a presigned URL), were printed in clear by every plan, the local one included."""
-    from tests.test_export import SETTINGS
+    from tests.support import SETTINGS
 
     (tmp_path / "train.py").write_text("print(1)\n")
     flags = [arg for name, (url, _) in URL_SECRETS.items() for arg in ("--env", f"{name}={url}")]

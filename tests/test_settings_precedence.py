@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from cloudtrain import config, doctor
-from tests.test_config import isolated_config, run_main, write_config
+from tests.support import isolated_config, run_main, write_config
 
 ARN = "arn:aws:iam::123456789012:role/{}"
 

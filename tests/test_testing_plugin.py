@@ -15,8 +15,7 @@ import tomllib
 
 from tests.conftest import REPO
 from tests.plugins import PLUGIN
-from tests.test_import_cost import HEAVY, imported_modules
-from tests.test_provider_guide import block
+from tests.support import HEAVY, block, imported_modules
 
 PLUGIN_TESTS = block("The conformance suite")  # the guide's example, as a plugin package writes it
 
