@@ -4,6 +4,7 @@ Real local jobs (the reference DDP trainer, a rehearsed preemption) through the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -15,9 +16,14 @@ from subprocess import CompletedProcess
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
+from tests.azureml_fake import AzureMLFake
 from tests.conftest import status_json, wait_for
-from tests.test_gcp import vertex  # noqa: F401 - the fake Vertex AI service, as a fixture
 from tests.vertex_fake import VertexFake
+
+with contextlib.suppress(ImportError):  # the clouds' fakes, where their test modules define them (else conftest)
+    from tests.test_azure import azure  # noqa: F401
+with contextlib.suppress(ImportError):
+    from tests.test_gcp import vertex  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -150,7 +156,7 @@ def test_node_events_parse(tmp_path: Path) -> None:
     assert [(e["e"], e["node"], e["step"]) for e in found] == [("restored", 1, 5)] and missing == 2
 
 
-def test_a_vertex_job_has_a_timeline_from_its_states_and_logs(vertex: VertexFake, project: Path,  # noqa: F811
+def test_a_vertex_job_has_a_timeline_from_its_states_and_logs(vertex: VertexFake, project: Path,
                                                                ct_home: Path) -> None:
     """A cloud: the client's events (submitted, staged, the platform's states, the end) and the nodes' events out
     of the logs status fetches (Cloud Logging through the fake), each named by its replica."""
@@ -186,3 +192,39 @@ def test_a_vertex_job_has_a_timeline_from_its_states_and_logs(vertex: VertexFake
     assert found["goodput"]["legs"] == 1 and found["goodput"]["paid_s"] > 0
     metrics = families(cli("status", handle, "-o", "openmetrics").stdout)
     assert [s.value for s in metrics["cloudtrain_job_step"]] == [60]
+
+
+def test_an_azure_ml_job_has_a_timeline_from_its_states_and_logs(azure: AzureMLFake, project: Path,
+                                                                 ct_home: Path) -> None:
+    """Azure ML: the client's events and the nodes' events out of the user logs status fetches ([node 0] ...)."""
+    import yaml
+
+    from cloudtrain.handles import JobHandle
+    from cloudtrain.node.events import line
+    from tests.conftest import cli_env
+
+    workspace = {"subscription_id": "sub-1", "resource_group": "rg-1", "workspace": "ws-1"}
+    (project / "cloudtrain.yaml").write_text(yaml.safe_dump({"script": "train_ddp.py", "nodes": 2, "spot": True,
+                                                             "accelerator": "A100:1",
+                                                             "providers": {"azure": workspace}}))
+
+    def cli(*args: str) -> CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=project, env=cli_env(ct_home),
+                              capture_output=True, text=True, timeout=120)
+
+    out = cli("submit", "--provider", "azure", "--detach")
+    assert out.returncode == 0, out.stderr
+    handle = out.stdout.strip()
+    name = JobHandle.parse(handle).job_id
+    azure.set_status(name, "Running")
+    azure.write_log(name, 0, "\n".join([line("restored", step=40, bytes=2_000_000, seconds=0.5, gbps=0.004),
+                                         line("step", step=41, total=100), "step 41 loss 2.30", ""]))
+    azure.write_log(name, 1, line("spot_notice", platform="azure", action="Preempt") + "\n")
+    azure.write_log(name, 0, 'cloudtrain-event {"e":"checkpoint","t":17')  # the node was killed mid-line
+    found = status_json(cli, handle)
+    events = found["timeline"]["events"]
+    assert [e["e"] for e in events][:2] == ["submitted", "staged"]
+    assert ("state", "running") in [(e["e"], e.get("state")) for e in events]
+    assert sorted((e["e"], e["node"]) for e in events if "node" in e) == [("restored", 0), ("spot_notice", 1),
+                                                                           ("step", 0)]
+    assert found["progress"]["step"] == 41 and found["timeline"]["missing"] == 1

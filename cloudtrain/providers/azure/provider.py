@@ -9,6 +9,7 @@ import builtins
 import io
 import logging
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +28,7 @@ from cloudtrain.providers.azure.status import job_state
 from cloudtrain.providers.azure.workspace import CAPACITY, azure_errors, ml_client, workspace_of
 from cloudtrain.providers.base import Capability, JobStatus, Provider
 from cloudtrain.spec import JobSpec
-from cloudtrain.staging import new_job_id
+from cloudtrain.staging import STAGED, new_job_id
 
 # azure-ai-ml logs "experimental field/class" for queue_settings (spot) on every plan; cloudtrain chose the field
 # knowingly, and a plan's stderr should hold what the user must act on
@@ -126,8 +127,12 @@ class AzureMLProvider(Provider):
 
         def create() -> JobHandle:
             entity = load_validated(plan.request["job"], str(plan.package.staging_folder()))
+            started = time.monotonic()
             with azure_errors(f"creating Azure ML job {plan.job_id}"):
                 ml.jobs.create_or_update(entity)  # uploads the code folder unless its content hash is known
+            # the timeline's staged event: the code's upload is part of the create
+            STAGED.update(bytes=plan.package.bundle_bytes, seconds=round(time.monotonic() - started, 3),
+                          at=time.time(), with_create=True)
             return handle
 
         from azure.core.exceptions import ServiceRequestError, ServiceResponseError
