@@ -228,3 +228,24 @@ def test_an_azure_ml_job_has_a_timeline_from_its_states_and_logs(azure: AzureMLF
     assert sorted((e["e"], e["node"]) for e in events if "node" in e) == [("restored", 0), ("spot_notice", 1),
                                                                            ("step", 0)]
     assert found["progress"]["step"] == 41 and found["timeline"]["missing"] == 1
+
+
+def test_events_are_masked_and_a_plain_script_reports_its_step(cli: Cli, ct_home: Path, tmp_path: Path) -> None:
+    """A node event holding a secret value reaches status masked, as every log line does; report_step works from a
+    plain script (no Checkpointer)."""
+    secret = "wandb-timeline-" + "7f3a9c2e5b1d4f6a8c0e2b4d6f8a1c3e"
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "plain.py").write_text("import os\nfrom cloudtrain.node.events import emit\n"
+                                   "from cloudtrain.runtime import report_step\n"
+                                   "emit('note', value=os.environ['WANDB_API_KEY'])\nreport_step(3, total=5)\n")
+    out = cli("submit", str(proj / "plain.py"), "--env", f"WANDB_API_KEY={secret}")
+    assert out.returncode == 0, out.stderr
+    handle = next(w for w in (out.stdout + out.stderr).split() if w.startswith("local://"))
+    shown = cli("status", handle, "-o", "json")
+    assert shown.returncode == 0 and secret not in shown.stdout
+    found = json.loads(shown.stdout)
+    note = next(e for e in found["timeline"]["events"] if e["e"] == "note")
+    assert "****" in note["value"]
+    assert found["progress"]["step"] == 3 and found["progress"]["total"] == 5
+    assert all(secret not in p.read_text() for p in (ct_home / "events").iterdir())
