@@ -91,7 +91,7 @@ def node_events(lines: Any) -> tuple[list[dict[str, Any]], int]:
         if at < 0:
             continue
         parts.append(text_line[at + len(PREFIX):])
-        tag = _NODE.match(text_line) if text_line.startswith("[") else None  # [node1], [node 1], [workerpool0-0]
+        tag = _NODE.match(text_line) if text_line.startswith("[") else None  # [node1], [node 1], [node-1], [algo-1]
         nodes.append(None if tag is None else int(tag.group(2)) if tag.group(2) else tag.group(1))
     try:
         parsed: list[Any] = json.loads("[" + ",".join(parts) + "]")
@@ -111,7 +111,7 @@ def node_events(lines: Any) -> tuple[list[dict[str, Any]], int]:
     return found, missing
 
 
-_NODE = re.compile(r"\[(node ?(\d+)|[^\]\s]+)\]")
+_NODE = re.compile(r"\[(node[ -]?(\d+)|[^\]\s]+)\]")
 
 
 def read(provider: Any, handle: Any) -> dict[str, Any]:

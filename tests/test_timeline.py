@@ -152,8 +152,12 @@ def test_node_events_parse(tmp_path: Path) -> None:
 
     good = line("restored", step=5, bytes=10, seconds=0.5)
     found, missing = node_events([f"[node1] [default0]:{good}", "[node0] plain", "[node0] cloudtrain-event {\"e\"",
-                                  'cloudtrain-event ["e", 1]', json.dumps({"e": "x"})])
-    assert [(e["e"], e["node"], e["step"]) for e in found] == [("restored", 1, 5)] and missing == 2
+                                  'cloudtrain-event ["e", 1]', json.dumps({"e": "x"}), f"[node 2] {good}",
+                                  f"[node-3] {good}", f"[algo-1] {good}", f"[workerpool1-0] {good}"])
+    assert [(e["e"], e["node"], e["step"]) for e in found] == [("restored", 1, 5), ("restored", 2, 5),
+                                                               ("restored", 3, 5), ("restored", "algo-1", 5),
+                                                               ("restored", "workerpool1-0", 5)]
+    assert missing == 2
 
 
 def test_a_vertex_job_has_a_timeline_from_its_states_and_logs(vertex: VertexFake, project: Path,
