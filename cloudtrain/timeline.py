@@ -157,11 +157,16 @@ def observe(status: Any) -> None:
 
 def known_handles() -> list[str]:
     """Every job this home has a timeline for (``status -o openmetrics`` without a handle), newest first."""
+    from cloudtrain.home_errors import os_problem
+
     folder = cloudtrain_home() / "events"
     try:
-        files = sorted(folder.glob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)
-    except OSError:
+        files = sorted((folder / n for n in os.listdir(folder) if n.endswith(".jsonl")),
+                       key=lambda p: p.stat().st_mtime, reverse=True)
+    except FileNotFoundError:
         return []
+    except OSError as exc:  # a home of another shape, or one this user cannot read: the user's to fix
+        raise os_problem(exc, folder, "read the jobs' timelines") from None
     handles = []
     for file in files:
         try:  # the submitted event names it: among the first lines (the supervisor may have written before it)

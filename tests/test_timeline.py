@@ -253,3 +253,11 @@ def test_events_are_masked_and_a_plain_script_reports_its_step(cli: Cli, ct_home
     assert "****" in note["value"]
     assert found["progress"]["step"] == 3 and found["progress"]["total"] == 5
     assert all(secret not in p.read_text() for p in (ct_home / "events").iterdir())
+
+
+def test_an_unreadable_events_folder_is_exit_2_with_the_fix(cli: Cli, ct_home: Path) -> None:
+    ct_home.mkdir(parents=True, exist_ok=True)
+    (ct_home / "events").write_text("not a folder")
+    out = cli("status", "-o", "openmetrics")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "events" in out.stderr and "fix:" in out.stderr
