@@ -27,7 +27,7 @@ def _legs(events: list[dict[str, Any]], status: Any) -> list[tuple[float, float,
     if not begin:
         begin = [e["t"] for e in events if e["e"] == "state" and e.get("state") == "running"]  # each a new start
         begin = _seen_late(begin, events, status.started_at)
-    if not begin and status.started_at:
+    if not begin and status.started_at is not None:
         begin = [float(status.started_at)]
     end_of_job = next((e["t"] for e in reversed(events) if e["e"] == "ended"), None) or status.ended_at or (
         None if status.state.terminal else time.time())
@@ -48,7 +48,7 @@ def _seen_late(begin: list[float], events: list[dict[str, Any]], started_at: flo
     for i, start in enumerate(begin):
         floor = moved[-1] if moved else float("-inf")
         early = [e["t"] for e in events if "node" in e and floor < e["t"] < start]
-        if i == 0 and started_at:
+        if i == 0 and started_at is not None:
             early.append(float(started_at))
         moved.append(min([start, *early]))
     return moved
@@ -95,7 +95,7 @@ def summarise(events: list[dict[str, Any]], status: Any, rate: Any = None) -> di
         losses["redone"] = redone_steps / pure
     waiting = None
     submitted = next((e["t"] for e in events if e["e"] == "submitted"), status.created_at)
-    if legs and submitted:
+    if legs and submitted is not None:
         waiting = max(0.0, legs[0][0] - float(submitted))
     other = max(0.0, paid - (kept or 0) - sum(losses.values())) if kept is not None else None
     checkpoints = [e for e in events if e["e"] == "checkpoint"]

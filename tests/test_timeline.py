@@ -261,3 +261,31 @@ def test_an_unreadable_events_folder_is_exit_2_with_the_fix(cli: Cli, ct_home: P
     out = cli("status", "-o", "openmetrics")
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert "events" in out.stderr and "fix:" in out.stderr
+
+
+def test_goodput_counts_the_steps_redone_after_a_restore() -> None:
+    """A node killed (no final save) at step 50 after a checkpoint at 40: the next leg restores 40 and trains 10
+    steps again. 10 steps/s; each leg's nodes take 2 s to train, the restore 1 s, each checkpoint blocks 0.5 s."""
+    from types import SimpleNamespace
+
+    from cloudtrain.goodput import summarise
+    from cloudtrain.providers.base import JobState
+
+    def ev(kind: str, t: float, **fields: object) -> dict:
+        return {"e": kind, "t": t, **fields}
+
+    events = [ev("submitted", 0), ev("node_started", 5, attempt=0), ev("step", 7, step=1, total=100),
+              ev("checkpoint", 10.9, step=40, blocked_s=0.5), ev("step", 12, step=50, total=100),
+              ev("preempted", 12, attempt=0), ev("node_started", 20, attempt=1),
+              ev("restored", 22, step=40, seconds=1.0), ev("training_again", 23, step=41),
+              ev("step", 29, step=100, total=100), ev("ended", 30, state="succeeded")]
+    status = SimpleNamespace(state=JobState.SUCCEEDED, started_at=5, ended_at=30, created_at=0)
+    g = summarise(events, status)["goodput"]
+    assert g["legs"] == 2 and g["paid_s"] == 17 and g["preemptions"] == 1 and g["steps_redone"] == 10
+    losses = g["losses_s"]
+    assert losses["waiting"] == 5 and losses["restore"] == 1 and losses["checkpoints"] == 0.5
+    assert losses["provisioning"] == 2 + 2  # node start to the first step; the second leg less its restore
+    rate = (49 + 59) / (5 + 6 - 0.5)  # steps over training time, less the time blocked on the checkpoint
+    assert losses["redone"] == pytest.approx(10 / rate, abs=1e-3)
+    assert g["kept_s"] == pytest.approx(100 / rate, abs=1e-3) and g["ratio"] == pytest.approx(100 / rate / 17,
+                                                                                                abs=1e-3)
