@@ -341,6 +341,12 @@ def _record(state: RecoveryState, new: JobHandle, leg: int, why: str) -> None:
     state.history.append({"handle": str(new), "provider": new.provider, "region": region, "why": why, "leg": leg})
     state.leg = leg
     save(state)
+    from cloudtrain import timeline  # the chain's story: in the first job's timeline, and the new job's own
+
+    kind = "moved" if why.startswith("moved") else "restarted"
+    timeline.record(state.root, kind, to=str(new), provider=new.provider, region=region, leg=leg, why=why[:200])
+    timeline.record(str(new), "submitted", handle=str(new), provider=new.provider, region=region, leg=leg,
+                    resubmission_of=state.chain[-2] if len(state.chain) > 1 else state.root)
 
 
 def wait_with_recovery(provider: Provider, handle: JobHandle, *, max_restarts: int | None = None,

@@ -289,3 +289,32 @@ def test_goodput_counts_the_steps_redone_after_a_restore() -> None:
     assert losses["redone"] == pytest.approx(10 / rate, abs=1e-3)
     assert g["kept_s"] == pytest.approx(100 / rate, abs=1e-3) and g["ratio"] == pytest.approx(100 / rate / 17,
                                                                                                 abs=1e-3)
+
+
+def test_recovery_restarts_are_in_the_first_jobs_timeline(vertex: VertexFake, project: Path,
+                                                          ct_home: Path) -> None:
+    """`wait --recover` resubmits a Vertex job preempted twice: the first job's timeline names each restart and the
+    job it made; each new job's timeline starts with its submission."""
+    from tests.conftest import cli_env
+
+    scripts = [["JOB_STATE_PENDING", "JOB_STATE_RUNNING", "PREEMPTED"]] * 2 + [
+        ["JOB_STATE_PENDING", "JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED"]]
+    vertex.scripts = [list(s) for s in scripts]
+    env = {**cli_env(ct_home), "CLOUDTRAIN_GCP_POLL": "0.01"}
+
+    def cli(*args: str) -> CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    root = cli("submit", "train_ddp.py", "--provider", "gcp", "--spot", "--max-restarts", "2", "--detach")
+    assert root.returncode == 0, root.stderr
+    handle = root.stdout.strip()
+    waited = cli("wait", handle, "--recover", "-o", "json")
+    assert waited.returncode == 0, waited.stderr
+    events = status_json(cli, handle)["timeline"]["events"]
+    restarts = [e for e in events if e["e"] == "restarted"]
+    assert [e["leg"] for e in restarts] == [0, 0] and all(e["to"].startswith("gcp://") for e in restarts)
+    assert "preempted" in [e.get("state") for e in events if e["e"] == "ended"]
+    last = status_json(cli, restarts[-1]["to"])["timeline"]["events"]
+    assert last[0]["e"] == "submitted" and last[0]["resubmission_of"] == restarts[0]["to"]
+    assert last[-1]["e"] == "ended" and last[-1]["state"] == "succeeded"
