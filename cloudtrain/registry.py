@@ -23,7 +23,6 @@ import importlib
 import importlib.util
 import json
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from functools import cache
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain import contract
+from cloudtrain.entry_points import Entry, scan
 from cloudtrain.errors import ProviderNotFound, ProviderNotInstalled
 
 if TYPE_CHECKING:
@@ -146,43 +146,10 @@ def _builtin_declaration(name: str) -> Declaration:
 PLUGINS_ENV = contract.PLUGINS  # unset: every installed plugin; "none": none; "a,b": only those
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One ``cloudtrain.providers`` entry point, and the distribution that registers it."""
-
-    name: str
-    value: str  # "module:attr"
-    distribution: str
-    where: str  # its .dist-info folder: changes there change the cache key
-
-
 def _scan(path: tuple[str, ...]) -> dict[str, Entry]:
-    """``cloudtrain.providers`` entry points read from the installed distributions' ``entry_points.txt`` on
-    ``path``, first distribution of a name first (as importlib.metadata orders them). Read directly: importing
-    importlib.metadata alone costs ~35 ms, this whole scan ~3 ms (tests/test_conformance.py checks both find the
-    same)."""
-    found: dict[str, Entry] = {}
-    seen: set[str] = set()
-    for folder in path:
-        try:
-            entries = sorted(os.scandir(folder or "."), key=lambda e: e.name)
-        except OSError:
-            continue
-        for entry in entries:
-            if not entry.name.endswith((".dist-info", ".egg-info")):
-                continue
-            distribution = entry.name.rsplit(".", 1)[0].split("-")[0]
-            dist = re.sub(r"[-_.]+", "_", distribution).lower()
-            if dist in seen:
-                continue
-            seen.add(dist)
-            try:
-                text = Path(entry.path, "entry_points.txt").read_text(encoding="utf-8")
-            except OSError:
-                continue
-            for name, value in _group(text, GROUP):
-                found.setdefault(name, Entry(name, value, distribution, entry.path))
-    return found
+    """``cloudtrain.providers`` entry points on ``path`` (tests/test_conformance.py checks importlib.metadata finds
+    the same)."""
+    return scan(path, GROUP)
 
 
 def _mtime(path: str) -> int:
@@ -223,19 +190,6 @@ def _entries() -> dict[str, Entry]:
 def _entry_points() -> dict[str, str]:
     """``cloudtrain.providers`` entry points in use: name -> "module:attr"."""
     return {name: entry.value for name, entry in _entries().items()}
-
-
-def _group(text: str, group: str) -> list[tuple[str, str]]:
-    """The ``name = value`` lines of one [group] of an entry_points.txt."""
-    lines, inside = [], False
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("["):
-            inside = line == f"[{group}]"
-        elif inside and "=" in line and not line.startswith(("#", ";")):
-            name, _, value = line.partition("=")
-            lines.append((name.strip(), value.strip()))
-    return lines
 
 
 def _from_entry(entry: Entry) -> Declaration:

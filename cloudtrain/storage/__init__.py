@@ -1,4 +1,7 @@
-"""A small object-storage layer over ``str`` URIs: file://, s3://, gs://, az:// (and abfs://).
+"""A small object-storage layer over ``str`` URIs: file://, s3://, gs://, az:// (and abfs://), and any scheme a
+store plugin registers in the ``cloudtrain.stores`` entry-point group (``r2 = mypkg:R2Store``: a class with the
+``Store`` methods below, made with no arguments; ``INSTALL``, a class attribute, says how to install what it needs;
+``cloudtrain.testing.stores.StoreConformance`` is the suite it passes).
 
 Native clients rather than fsspec: S3 uploads go through boto3's TransferManager (multipart, concurrent parts),
 which is the throughput baseline anyway, and we avoid the s3fs/aiobotocore botocore pin. Every write is atomic: an
@@ -20,7 +23,7 @@ from typing import Protocol, TypeVar
 from cloudtrain.errors import CloudtrainError, UserError
 from cloudtrain.storage.local import local_path
 
-__all__ = ["Store", "exists", "join", "local_path", "put_file", "read_bytes", "store_for", "with_retries",
+__all__ = ["Store", "exists", "join", "local_path", "put_file", "read_bytes", "schemes", "store_for", "with_retries",
            "write_bytes"]
 
 T = TypeVar("T")
@@ -54,23 +57,46 @@ _STORES: dict[str, tuple[str, str]] = {
 }
 
 
+STORE_GROUP = "cloudtrain.stores"  # a store plugin's entry points: scheme = "module:Class"
+
+
+def plugin_stores() -> dict[str, str]:
+    """The schemes store plugins add (never replacing a built-in one): scheme -> "module:Class"."""
+    import sys
+
+    from cloudtrain.entry_points import scan
+
+    return {name: entry.value for name, entry in scan(tuple(sys.path), STORE_GROUP).items() if name not in _STORES}
+
+
+def schemes() -> list[str]:
+    """Every scheme a URI may use here: the built-in ones, then the plugins'."""
+    return [*_STORES, *sorted(plugin_stores())]
+
+
 @lru_cache(maxsize=None)  # not functools.cache: nodes may run Python 3.8
 def _store(scheme: str) -> Store:
-    target, extra = _STORES[scheme]
+    target, extra = _STORES[scheme] if scheme in _STORES else (plugin_stores()[scheme], "")
     module, _, name = target.partition(":")
     try:
-        store: Store = getattr(importlib.import_module(module), name)()
+        kind = getattr(importlib.import_module(module), name)
+        store: Store = kind()
         return store
     except ImportError as exc:
-        raise UserError(f"{scheme}:// storage needs {exc.name}, which is not installed",
-                        remedy=f"pip install 'cloudtrain[{extra}]'") from None
+        hint = f"pip install 'cloudtrain[{extra}]'" if extra else \
+            f"install what the {scheme}:// store plugin ({target}) needs: {exc}"
+        raise UserError(f"{scheme}:// storage needs {exc.name}, which is not installed", remedy=hint) from None
+    except AttributeError:
+        raise UserError(f"the {scheme}:// store plugin names {target}, which does not exist",
+                        remedy=f"check the [{STORE_GROUP}] entry point of the package that provides it") from None
 
 
 def store_for(uri: str) -> Store:
     scheme = uri.split("://", 1)[0] if "://" in uri else "file"
-    if scheme not in _STORES:
+    if scheme not in _STORES and scheme not in plugin_stores():
         raise UserError(f"{uri!r}: the {scheme}:// store is not supported by this version of cloudtrain",
-                        remedy="use one of: " + ", ".join(f"{s}://" for s in _STORES))
+                        remedy="use one of: " + ", ".join(f"{s}://" for s in schemes())
+                        + f", or install a store plugin that registers {scheme} in [{STORE_GROUP}]")
     return _store(scheme)
 
 

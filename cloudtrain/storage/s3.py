@@ -14,7 +14,14 @@ from cloudtrain.storage.transfer import chunked, range_header, total_size
 
 
 class S3Store:
-    """boto3 with the standard credential chain; AWS_ENDPOINT_URL(_S3) points it at an emulator."""
+    """boto3 with the standard credential chain; AWS_ENDPOINT_URL(_S3) points it at an emulator. A store plugin for
+    another S3-compatible service subclasses it with its own ``scheme`` and ``client_options()`` (its endpoint)."""
+
+    scheme = "s3"
+
+    def client_options(self) -> dict[str, Any]:
+        """Extra arguments of ``boto3.client("s3", ...)``: none for AWS itself."""
+        return {}
 
     def __init__(self) -> None:
         import boto3
@@ -25,7 +32,7 @@ class S3Store:
         # over the same bytes: asked for only where cloudtrain has no sha256 (read_bytes). Connections: several
         # transfers at once, each in parts (cloudtrain.storage.transfer).
         self.client = boto3.client("s3", config=Config(response_checksum_validation="when_required",
-                                                       max_pool_connections=32))
+                                                       max_pool_connections=32), **self.client_options())
         self.transfer = TransferConfig(multipart_threshold=16 * 1024 * 1024, multipart_chunksize=16 * 1024 * 1024,
                                        max_concurrency=10)  # the SDK default: parts in flight, all files together
         self._manager: Any = None
@@ -95,7 +102,7 @@ class S3Store:
         key = key.rstrip("/") + "/" if key else ""
         out = []
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
-            out += [f"s3://{bucket}/{obj['Key']}" for obj in page.get("Contents", [])]
+            out += [f"{self.scheme}://{bucket}/{obj['Key']}" for obj in page.get("Contents", [])]
         return sorted(out)
 
     def delete(self, uris: builtins.list[str]) -> None:
@@ -109,5 +116,5 @@ class S3Store:
                                                    Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]]})
                 if reply.get("Errors"):  # a batch delete answers 200 even when keys failed: say so
                     first = reply["Errors"][0]
-                    raise OSError(f"deleting {len(reply['Errors'])} object(s) in s3://{bucket} failed: "
+                    raise OSError(f"deleting {len(reply['Errors'])} object(s) in {self.scheme}://{bucket} failed: "
                                   f"{first.get('Key')}: {first.get('Code')} {first.get('Message')}")

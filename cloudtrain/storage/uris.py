@@ -27,8 +27,15 @@ def check_uri(value: str) -> str:
     """``value`` if it is a usable storage URI, else ValueError saying what is wrong and what a good one looks like."""
     scheme = value.split("://", 1)[0] if "://" in value else ""
     if scheme not in SCHEMES:
-        raise ValueError(f"{value!r} is not a storage URI; use one of " + ", ".join(f"{s}://" for s in SCHEMES)
-                         + " (for a local folder: file:///absolute/path)")
+        from cloudtrain.storage import schemes
+
+        known = schemes() if scheme else list(SCHEMES)  # a store plugin's scheme: the plugin checks its own names
+        if scheme not in known:
+            raise ValueError(f"{value!r} is not a storage URI; use one of " + ", ".join(f"{s}://" for s in known)
+                             + " (for a local folder: file:///absolute/path)")
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in value) or "\\" in value or not urlsplit(value).netloc:
+            raise ValueError(f"{value!r} names no bucket, or holds control characters or backslashes")
+        return value
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in value) or "\\" in value:
         raise ValueError(f"{value!r} holds control characters or backslashes, which no store accepts in a URI")
     parts = urlsplit(value)

@@ -1,5 +1,6 @@
 """The provider conformance suite, shipped with cloudtrain so a provider's own package tests itself with it (no
-cloudtrain source checkout needed): every provider, built in or a plugin, passes the same tests.
+cloudtrain source checkout needed): every provider, built in or a plugin, passes the same tests; a store plugin's
+package does the same with ``StoreConformance`` (cloudtrain.testing.stores).
 
     from cloudtrain.testing import Harness, ProviderConformance
 
@@ -20,15 +21,17 @@ from typing import TYPE_CHECKING
 
 from cloudtrain._lazy import lazy_exports
 
-__all__ = ["Harness", "ProviderConformance", "ddp_project", "stop_every_job"]
+__all__ = ["Harness", "ProviderConformance", "StoreConformance", "ddp_project", "stop_every_job"]
 
 if TYPE_CHECKING:
     from cloudtrain.testing.conformance import Harness, ProviderConformance
     from cloudtrain.testing.fixtures import ddp_project, stop_every_job
+    from cloudtrain.testing.stores import StoreConformance
 
 __getattr__ = lazy_exports(__name__, {
     "Harness": "cloudtrain.testing.conformance",
     "ProviderConformance": "cloudtrain.testing.conformance",
+    "StoreConformance": "cloudtrain.testing.stores",
     "ddp_project": "cloudtrain.testing.fixtures",
     "stop_every_job": "cloudtrain.testing.fixtures",
 })
