@@ -200,6 +200,7 @@ def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
                                 "pinned in constraints/test.txt")
 
 
+from tests.clouds import aws, azure, kube, vertex  # noqa: E402,F401 - fixtures: each cloud's fake
 from tests.emulators import emulators, ensure, root_uri  # noqa: E402,F401 - fixtures
 from tests.faulty import faulty  # noqa: E402,F401 - fixture
 

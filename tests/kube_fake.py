@@ -14,7 +14,9 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import os
 import re
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +27,7 @@ from urllib.parse import parse_qs, urlparse
 import yaml
 
 from cloudtrain.providers.kubernetes import schema as vendored
+from cloudtrain.sdk import Job
 
 PLURALS = {"trainjobs": "TrainJob", "pytorchjobs": "PyTorchJob", "clustertrainingruntimes": "ClusterTrainingRuntime"}
 RUNTIME = Path(vendored.CRDS, "torch_distributed.yaml")
@@ -337,3 +340,76 @@ class FakeKube:
 
 
 NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+# -- what the Kubernetes tests share: a staged job, the provider, the pod as the kubelet runs it ---------------
+
+STAGED = {"providers": {"kubernetes": {"staging": "pvc://shared/cloudtrain", "namespace": "team"}}}
+
+
+def provider() -> Any:
+    from cloudtrain.providers.kubernetes.provider import KubernetesProvider
+
+    return KubernetesProvider(log_poll=0.2)
+
+
+def job(project: Path, **fields: Any) -> Job:
+    return Job(script="train_ddp.py", source_dir=str(project), **{**copy.deepcopy(STAGED), **fields})
+
+
+# -- plan -------------------------------------------------------------------------------------------------------------
+
+
+def node_run(body: dict[str, Any], root: Path, env: dict[str, str] | None = None,
+             python: list[str] | None = None, kube: FakeKube | None = None) -> Any:
+    """The TrainJob's node container as its pod would run it (trainer.command with trainer.env, a secretKeyRef read
+    from the Secret stored in ``kube`` as the kubelet does), on this machine: the pod's /cloudtrain emptyDir (and the
+    mounts under it) is ``root``; python3 is this interpreter."""
+    import base64
+    import subprocess
+
+    from cloudtrain.providers.kubernetes import request as rq
+
+    def here(value: str) -> str:
+        return value.replace(rq.ROOT + "/", f"{root}/")
+
+    root.mkdir(parents=True, exist_ok=True)  # the emptyDir
+    trainer = body["spec"]["trainer"]
+    command = list(trainer["command"])
+    assert command[:2] == [command[0], "-c"] and command[2] == rq.FETCH_SOURCE.read_text(encoding="utf-8")
+    exe = python or [sys.executable]
+    command = [*exe, "-c", command[2], *(here(a) if a != command[0] else sys.executable for a in command[3:])]
+    def value(entry: dict[str, Any]) -> str:
+        if "value" in entry:
+            return here(entry["value"])
+        ref = entry["valueFrom"]["secretKeyRef"]
+        assert kube is not None, f"{entry['name']} is read from Secret {ref['name']}: pass the cluster"
+        stored = kube.objects[("secrets", body["metadata"]["namespace"], ref["name"])]
+        return base64.b64decode(stored["data"][ref["key"]]).decode()
+
+    node_env = {e["name"]: value(e) for e in trainer["env"]}
+    # what the Trainer's torch plugin sets on node 0 (its service name redirected to this machine)
+    from cloudtrain.providers.kubernetes import node as contract_node
+    from tests.emulators import free_port
+
+    emulated, _ = contract_node.emulate(1, 0, free_port(), root / "node", body["metadata"]["name"])
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR") or k.startswith("AWS_")}
+    full = {**keep, **node_env, **emulated, "PET_NPROC_PER_NODE": "1", **(env or {})}
+    return subprocess.run(command, env=full, capture_output=True, text=True, timeout=240, cwd=root)
+
+
+def mount_configmaps(kube: FakeKube, namespace: str, names: list[str], folder: Path) -> None:
+    """The projected volume of the job's ConfigMaps as the kubelet writes it: every key a symlink into ..data, a
+    symlink to a timestamped folder holding the decoded values."""
+    import base64
+
+    stamped = folder / "..2026_01_01_00_00_00.000000001"
+    stamped.mkdir(parents=True)
+    (folder / "..data").symlink_to(stamped.name)
+    for name in names:
+        stored = kube.objects[("configmaps", namespace, name)]
+        files = {**{k: v.encode() for k, v in (stored.get("data") or {}).items()},
+                 **{k: base64.b64decode(v) for k, v in (stored.get("binaryData") or {}).items()}}
+        for key, value in files.items():
+            (stamped / key).write_bytes(value)
+            (folder / key).symlink_to(f"..data/{key}")

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
@@ -25,12 +24,11 @@ from cloudtrain.providers.aws.status import job_state
 from cloudtrain.providers.aws.validate import request_errors
 from cloudtrain.providers.base import JobState
 from cloudtrain.sdk import Job, Run, plan_job
+from tests.clouds import AWS_OFFLINE as OFFLINE
+from tests.clouds import write_node_log
 from tests.conftest import REPO, cli_env, wait_for
-from tests.emulators import BUCKET, ensure
+from tests.emulators import BUCKET
 from tests.sagemaker_front import SageMakerFront
-
-ROLE = "arn:aws:iam::123456789012:role/cloudtrain-tests"
-OFFLINE = {"AWS_REGION": "eu-west-1", "CLOUDTRAIN_AWS_ROLE": ROLE, "CLOUDTRAIN_AWS_BUCKET": "my-bucket"}
 
 
 @pytest.fixture
@@ -148,34 +146,6 @@ def test_status_mapping(primary: str, secondary: str, state: JobState) -> None:
 
 
 # -- against the emulated service --------------------------------------------------------------------
-
-
-@pytest.fixture
-def aws(emulators, tmp_path_factory: pytest.TempPathFactory,
-        monkeypatch: pytest.MonkeyPatch) -> Iterator[SageMakerFront]:
-    ensure("s3", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
-    moto = emulators["s3"]
-    front = SageMakerFront(moto.port)  # type: ignore[union-attr]
-    for key, value in {"AWS_ENDPOINT_URL_SAGEMAKER": front.url, "AWS_REGION": "us-east-1",
-                       "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS": f"http://127.0.0.1:{moto.port}",  # type: ignore[union-attr]
-                       "CLOUDTRAIN_AWS_ROLE": ROLE, "CLOUDTRAIN_AWS_BUCKET": BUCKET}.items():
-        monkeypatch.setenv(key, value)
-    logs = boto3.client("logs")
-    if LOG_GROUP not in [g["logGroupName"] for g in logs.describe_log_groups()["logGroups"]]:
-        logs.create_log_group(logGroupName=LOG_GROUP)
-    yield front
-    front.close()
-
-
-def write_node_log(job: str, host: str, lines: list[str]) -> None:
-    """What SageMaker does with a node's stdout: one CloudWatch stream per host."""
-    logs = boto3.client("logs")
-    stream = f"{job}/{host}-1700000000"
-    if not logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=stream)["logStreams"]:
-        logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
-    now = int(__import__("time").time() * 1000)
-    logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream,
-                        logEvents=[{"timestamp": now + i, "message": line} for i, line in enumerate(lines)])
 
 
 def test_cli_submit_status_logs_cancel_list(aws: SageMakerFront, project: Path, ct_home: Path) -> None:

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,27 +24,20 @@ from cloudtrain.providers.azure.status import job_state
 from cloudtrain.providers.base import JobState, JobStatus
 from cloudtrain.recovery import load as load_recovery
 from cloudtrain.sdk import Job, Run
+from tests.azure_sdk import assert_rest_body_is_the_sdks, sdk_rejects
 from tests.azureml_fake import PREEMPTED, AzureMLFake
-from tests.conftest import cli_env, ddp_project, wait_for
-from tests.emulators import BUCKET, ensure, free_port
-from tests.test_azure_schema import assert_rest_body_is_the_sdks, sdk_rejects
-
-WORKSPACE = {"subscription_id": "sub-1", "resource_group": "rg-1", "workspace": "ws-1"}
+from tests.clouds import WORKSPACE, azure_project, spec_file
+from tests.conftest import cli_env, wait_for
+from tests.emulators import BUCKET, free_port
 
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    proj = ddp_project(tmp_path)
-    (proj / "show_input.py").write_text(
-        "import os, torch.distributed as dist\n"
-        "dist.init_process_group('gloo')\n"
-        "print(f\"rank {dist.get_rank()}/{dist.get_world_size()} input={os.environ['CLOUDTRAIN_INPUT_TRAIN']}\","
-        " flush=True)\n"
-        "dist.destroy_process_group()\n")
-    return proj
+    return azure_project(tmp_path)
 
 
 # -- plans: offline, validated by the SDK's own schema ------------------------------------------------
+
 
 MATRIX = [
     # nodes, accelerator, compute cluster, strategy, spot, extra spec fields
@@ -160,25 +152,6 @@ def test_status_mapping(status: str, error: str, state: JobState) -> None:
 
 
 # -- against the fake workspace and Azurite ----------------------------------------------------------
-
-
-@pytest.fixture
-def azure(emulators, tmp_path_factory: pytest.TempPathFactory,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[AzureMLFake]:
-    ensure("az", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
-    fake = AzureMLFake(emulators["az"].port)  # type: ignore[union-attr]
-    monkeypatch.setenv("CLOUDTRAIN_AZURE_ENDPOINT", fake.url)
-    monkeypatch.setenv("CLOUDTRAIN_AZURE_POLL", "0.2")
-    yield fake
-    fake.close()
-
-
-def spec_file(project: Path, **extra: object) -> Path:
-    import yaml
-
-    spec = {"script": "train_ddp.py", "providers": {"azure": WORKSPACE}, **extra}
-    (project / "cloudtrain.yaml").write_text(yaml.safe_dump(spec))
-    return project / "cloudtrain.yaml"
 
 
 def test_cli_submit_status_logs_cancel_list(azure: AzureMLFake, project: Path, ct_home: Path) -> None:

@@ -5,7 +5,6 @@ and the REST body a plan shows is the one the SDK builds."""
 from __future__ import annotations
 
 import copy
-import json
 import os
 import subprocess
 import sys
@@ -24,26 +23,10 @@ from cloudtrain.providers.azure.derive_schema import derive
 from cloudtrain.providers.azure.provider import load_validated
 from cloudtrain.providers.azure.schema import check_job, job_errors, snapshot
 from cloudtrain.sdk import Job
+from tests.azure_sdk import assert_rest_body_is_the_sdks, sdk_rejects, sdk_rest_body
 from tests.conftest import REPO, ddp_project
 
 INPUT = "abfss://data@acct.dfs.core.windows.net/train/"
-
-
-def sdk_rest_body(entity: Any) -> dict[str, Any]:
-    """The body of PUT .../jobs/<name> as azure-ai-ml builds it from a loaded job (before it uploads the code)."""
-    job = entity._to_job() if hasattr(entity, "_to_job") else entity  # the command builder -> the job
-    model = job._to_rest_object()  # runs CommandJob._validate, the SDK's checks after the schema
-    data = model.as_dict() if hasattr(model, "as_dict") else model.serialize()
-    return dict(json.loads(json.dumps(data, default=str)))
-
-
-def sdk_rejects(job: dict[str, Any], code: Path) -> str | None:
-    """Why azure-ai-ml refuses this job (load_job on its YAML, then building the request), or None."""
-    try:
-        sdk_rest_body(load_validated(job, str(code)))
-    except Exception as exc:  # marshmallow's ValidationError (as SpecError), the SDK's ValidationException, ...
-        return str(exc) or type(exc).__name__
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -212,17 +195,6 @@ def test_timeouts_are_written_as_the_sdk_writes_them(seconds: int) -> None:
     from azure.ai.ml._utils.utils import to_iso_duration_format
 
     assert rest.iso_duration(seconds) == to_iso_duration_format(seconds)
-
-
-def assert_rest_body_is_the_sdks(job: dict[str, Any], code: Path) -> None:
-    """The body a plan shows is the one azure-ai-ml builds from the job (load_job, then its request)."""
-    expected = sdk_rest_body(load_validated(job, str(code)))
-    ours = rest.body(job)
-    expected["properties"]["codeId"] = job["code"]  # the SDK's is the folder it was given; submit uploads it
-    if isinstance(job["environment"], dict):  # registered at submit: the SDK's is an object's repr here
-        assert job["environment"]["image"] in ours["properties"]["environmentId"]
-        expected["properties"]["environmentId"] = ours["properties"]["environmentId"]
-    assert ours == expected
 
 
 def test_rest_body_is_the_sdks_own(jobs: dict[str, dict[str, Any]], code: Path) -> None:

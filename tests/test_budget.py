@@ -16,7 +16,6 @@ from cloudtrain.handles import JobHandle
 from cloudtrain.providers.base import JobState
 from cloudtrain.sdk import Job, budget_note, chain_of
 from tests.sagemaker_front import SageMakerFront
-from tests.test_aws import aws  # noqa: F401 - the SageMaker front fixture
 
 SLOW_TRAIN = ["--", "--epochs", "200", "--checkpoint-every", "4", "--step-sleep", "0.05"]
 
@@ -117,7 +116,7 @@ def test_wait_recover_stops_a_detached_local_job_at_its_budget(cli, project: Pat
     _stopped_with_final_checkpoint(cli, handle, 3.0)
 
 
-def test_the_watcher_stops_a_sagemaker_job_and_never_resubmits(aws: SageMakerFront,  # noqa: F811
+def test_the_watcher_stops_a_sagemaker_job_and_never_resubmits(aws: SageMakerFront,
                                                                project: Path, ct_home: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """StopTrainingJob (SIGTERM, then 120 s: the nodes save) once the budget is spent; nothing is created again."""

@@ -87,7 +87,7 @@ class AwsHarness(Harness):
         self.front.lose_next_create_reply = 2.5
 
     def play(self, handle: JobHandle, lines: list[str]) -> None:
-        from tests.test_aws import write_node_log
+        from tests.clouds import write_node_log
 
         write_node_log(handle.job_id, "algo-1", lines)
         self.front.set_status(handle.job_id, "Completed", "Completed")
@@ -206,13 +206,13 @@ class TestLocal(ProviderConformance):
 
 class TestAws(ProviderConformance):
     @pytest.fixture
-    def harness(self, aws: Any, ct_home: Path, tmp_path: Path) -> Harness:  # noqa: F811
+    def harness(self, aws: Any, ct_home: Path, tmp_path: Path) -> Harness:
         return AwsHarness(ddp_project(tmp_path), aws)
 
 
 class TestAzure(ProviderConformance):
     @pytest.fixture
-    def harness(self, azure: Any, ct_home: Path, tmp_path: Path,  # noqa: F811
+    def harness(self, azure: Any, ct_home: Path, tmp_path: Path,
                 monkeypatch: pytest.MonkeyPatch) -> Harness:
         project = ddp_project(tmp_path)
         # `list` finds the workspace where commands without a spec look: the project's cloudtrain.yaml
@@ -223,20 +223,16 @@ class TestAzure(ProviderConformance):
 
 class TestGcp(ProviderConformance):
     @pytest.fixture
-    def harness(self, vertex: Any, ct_home: Path, tmp_path: Path) -> Harness:  # noqa: F811
+    def harness(self, vertex: Any, ct_home: Path, tmp_path: Path) -> Harness:
         return GcpHarness(ddp_project(tmp_path), vertex)
 
 
 class TestKubernetes(ProviderConformance):
     @pytest.fixture
-    def harness(self, kube: Any, ct_home: Path, tmp_path: Path) -> Harness:  # noqa: F811
+    def harness(self, kube: Any, ct_home: Path, tmp_path: Path) -> Harness:
         return KubernetesHarness(ddp_project(tmp_path), kube)
 
 
-from tests.test_aws import aws  # noqa: E402,F401 - fixtures: each cloud's fake, as its own tests start it
-from tests.test_azure import azure  # noqa: E402,F401
-from tests.test_gcp import vertex  # noqa: E402,F401
-from tests.test_kubernetes import kube  # noqa: E402,F401
 
 # -- the plugin, wherever the registry reaches -------------------------------------------------------
 

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,12 +25,10 @@ from cloudtrain.providers.gcp.provider import VertexProvider
 from cloudtrain.providers.gcp.schema import derive, request_errors, snapshot
 from cloudtrain.providers.gcp.status import job_state
 from cloudtrain.sdk import Job, Run, plan_job
+from tests.clouds import GCP_OFFLINE as OFFLINE
 from tests.conftest import REPO, cli_env, wait_for
-from tests.emulators import BUCKET, ensure, free_port
+from tests.emulators import BUCKET, free_port
 from tests.vertex_fake import VertexFake
-
-OFFLINE = {"CLOUDTRAIN_GCP_PROJECT": "my-project", "CLOUDTRAIN_GCP_REGION": "europe-west4",
-           "CLOUDTRAIN_GCP_BUCKET": "my-bucket"}
 
 
 def cloudtrain_argv() -> list[str]:
@@ -230,19 +227,6 @@ def test_planning_imports_no_google_sdk(project: Path) -> None:
 
 
 # -- against the fake service and the GCS emulator ----------------------------------------------------
-
-
-@pytest.fixture
-def vertex(emulators, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
-           tmp_path: Path) -> Iterator[VertexFake]:
-    ensure("gs", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
-    fake = VertexFake()
-    for key, value in {"CLOUDTRAIN_VERTEX_ENDPOINT": fake.url, "CLOUDTRAIN_GCP_LOGGING_ENDPOINT": fake.url,
-                       "CLOUDTRAIN_GCP_PROJECT": "test-project", "CLOUDTRAIN_GCP_REGION": "us-central1",
-                       "CLOUDTRAIN_GCP_BUCKET": BUCKET, "CLOUDSDK_CONFIG": str(tmp_path / "no-gcloud")}.items():
-        monkeypatch.setenv(key, value)
-    yield fake
-    fake.close()
 
 
 def test_cli_submit_status_logs_cancel_list(vertex: VertexFake, project: Path, ct_home: Path) -> None:

@@ -15,8 +15,7 @@ import yaml
 from cloudtrain.errors import UserError
 from cloudtrain.sdk import Job, plan_job
 from tests.conftest import ddp_project
-from tests.kube_fake import FakeKube
-from tests.test_kubernetes import STAGED, job, kube, mount_configmaps, node_run, provider  # noqa: F401 - kube: a fixture
+from tests.kube_fake import STAGED, FakeKube, job, mount_configmaps, node_run, provider
 
 KEY, TOKEN = "wandb-0123456789abcdef0123", "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7"
 SHOW_SECRETS = ("import hashlib, os, sys\n"  # digests: the packager refuses a source file that holds a token
@@ -31,7 +30,7 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def test_secret_variables_reach_the_nodes_through_a_secret_the_job_owns(kube: FakeKube, tmp_path: Path,  # noqa: F811
+def test_secret_variables_reach_the_nodes_through_a_secret_the_job_owns(kube: FakeKube, tmp_path: Path,
                                                                         ct_home: Path) -> None:
     """Secret variables (by name, and a secret argument moved into the environment) go in a Secret the job's env
     reads through secretKeyRef: the TrainJob holds no value, the plan shows none, the Secret is owned by the job (the
@@ -76,7 +75,7 @@ def test_secret_variables_reach_the_nodes_through_a_secret_the_job_owns(kube: Fa
 
 
 def test_a_job_with_secrets_is_refused_before_anything_is_created_when_secrets_are_not_allowed(
-        kube: FakeKube, tmp_path: Path, ct_home: Path) -> None:  # noqa: F811
+        kube: FakeKube, tmp_path: Path, ct_home: Path) -> None:
     kube.denied.add("secrets")
     p = provider()
     with plan_job(job(ddp_project(tmp_path), env={"WANDB_API_KEY": KEY}).spec, p, progress=False) as plan, \
@@ -86,7 +85,7 @@ def test_a_job_with_secrets_is_refused_before_anything_is_created_when_secrets_a
     assert not [k for k in kube.objects if k[0] in ("trainjobs", "secrets", "configmaps")]
 
 
-def test_a_resubmission_keeps_pod_host_names_short_and_shares_the_secret(kube: FakeKube, tmp_path: Path,  # noqa: F811
+def test_a_resubmission_keeps_pod_host_names_short_and_shares_the_secret(kube: FakeKube, tmp_path: Path,
                                                                          ct_home: Path) -> None:
     """The restart name recovery asks for (<root>-rN) is shortened like a first name, so the pods' host names
     stay within 63, the same every time it is asked for (a retried resubmission finds its job); the copy reads

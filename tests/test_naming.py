@@ -20,8 +20,14 @@ from cloudtrain.providers.aws.validate import request_errors
 from cloudtrain.providers.gcp.request import user_labels
 from cloudtrain.recovery import restart_name
 from tests.azureml_fake import PREEMPTED, AzureMLFake
+from tests.clouds import azure_project, spec_file
 from tests.conftest import cli_env, wait_for
-from tests.test_azure import azure, project, spec_file  # noqa: F401 - fixtures
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return azure_project(tmp_path)
+
 
 keys = st.text(min_size=1, max_size=200).filter(lambda k: not k.lower().startswith("aws:"))
 tag_dicts = st.dictionaries(keys, st.text(max_size=300), max_size=8)
@@ -96,7 +102,7 @@ def test_shortened_keeps_the_stamp_the_restart_or_a_digest() -> None:
     assert other[0] != other[1] and all(len(n) == 30 and n.endswith("-r3") for n in other), other
 
 
-def test_two_jobs_of_one_long_name_are_each_resubmitted_on_azure_ml(azure: AzureMLFake, project: Path,  # noqa: F811
+def test_two_jobs_of_one_long_name_are_each_resubmitted_on_azure_ml(azure: AzureMLFake, project: Path,
                                                                       ct_home: Path) -> None:
     """38.11 as a user meets it: two spot jobs of one 40-character name, planned within the same ten seconds,
     both preempted, each recovered by `cloudtrain wait --recover`: the second's restart took the first's name, and

@@ -14,8 +14,10 @@ import pytest
 from cloudtrain import doctor, images, registry
 from cloudtrain.errors import SpecError
 from cloudtrain.spec import validate_spec
+from tests import plugins
 from tests.conftest import REPO
-from tests.test_conformance import toy_plugin  # noqa: F401  (the fixture)
+
+toy_plugin = plugins.toy_plugin  # a fixture
 
 # core modules that once named built-in providers in their logic; they must not again
 CORE = ["formatting.py", "doctor.py", "images.py", "spec.py", "spec_errors.py", "config.py"]
@@ -44,7 +46,7 @@ def test_core_logic_names_no_builtin_provider(module: str) -> None:
     assert hits == []
 
 
-def test_did_you_mean_a_plugins_field_and_name(toy_plugin: Path) -> None:  # noqa: F811
+def test_did_you_mean_a_plugins_field_and_name(toy_plugin: Path) -> None:
     with pytest.raises(SpecError, match=r"providers\.toy\.queu: unknown key; did you mean 'queue'\?"):
         validate_spec({"script": "t.py", "providers": {"toy": {"queu": "batch"}}})
     with pytest.raises(SpecError, match=r"providers\.tyo: unknown key; did you mean 'toy'\?"):

@@ -122,8 +122,8 @@ def test_cloud_requests_carry_secret_arguments_in_the_environment_only(
     command or argument list (the platforms show those in their consoles, and nodes in ps)."""
     from cloudtrain.cli.render import plan_text
     from cloudtrain.sdk import Job
-    from tests.test_aws import OFFLINE as AWS
-    from tests.test_gcp import OFFLINE as GCP
+    from tests.clouds import AWS_OFFLINE as AWS
+    from tests.clouds import GCP_OFFLINE as GCP
 
     for key, value in {**AWS, **GCP}.items():
         monkeypatch.setenv(key, value)

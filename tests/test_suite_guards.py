@@ -4,6 +4,7 @@ assert here)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -54,6 +55,19 @@ def test_every_module_is_small() -> None:
     big = {str(p.relative_to(REPO)): n for p in python_files()
            if (n := len(p.read_text(errors="replace").splitlines())) >= MAX_LINES}
     assert not big, f"modules of {MAX_LINES} lines or more (split them by purpose): {big}"
+
+
+def test_no_test_module_imports_another() -> None:
+    """Helpers and fixtures two test modules share live in support modules (tests/support.py, the fakes,
+    conftest.py), not in a test module another imports: a test module stays free to change."""
+    found = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            found += [f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in names  # type: ignore[attr-defined]
+                      if n.split(".")[:2][-1].startswith("test_") and n.startswith("tests.")]
+    assert not found, "\n".join(found)
 
 
 def test_the_plan_time_benchmark_prints_the_ratio_to_a_bare_interpreter() -> None:

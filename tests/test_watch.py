@@ -21,7 +21,6 @@ from cloudtrain.sdk import Job
 from cloudtrain.watch import Watched, watch
 from tests.conftest import cli_env
 from tests.emulators import BUCKET
-from tests.test_gcp import vertex  # noqa: F401  (the Vertex fake with its settings; a fixture)
 from tests.vertex_fake import VertexFake
 
 
@@ -31,7 +30,7 @@ def quick_lease(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_two_watchers_resubmit_once_and_a_restarted_one_picks_up_the_chain(
-        vertex: VertexFake, project: Path, ct_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        vertex: VertexFake, project: Path, ct_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ckpt = f"gs://{BUCKET}/watched-{uuid.uuid4().hex[:8]}"
     vertex.scripts = [["JOB_STATE_PENDING", "JOB_STATE_RUNNING", "PREEMPTED"],
                       ["JOB_STATE_PENDING", "JOB_STATE_RUNNING", *["JOB_STATE_RUNNING"] * 10, "JOB_STATE_SUCCEEDED"]]
@@ -167,7 +166,7 @@ def test_a_lease_from_a_clock_years_ahead_or_on_an_ended_chain_blocks_no_watcher
 
 
 def test_a_lease_too_far_ahead_is_taken_over_and_the_preempted_job_resubmitted_once(
-        vertex: VertexFake, project: Path, ct_home: Path) -> None:  # noqa: F811
+        vertex: VertexFake, project: Path, ct_home: Path) -> None:
     """The chain has not ended: the watcher whose clock ran ahead left its lease behind; another takes it over (said)
     and resubmits the preempted job, once."""
     ckpt = f"gs://{BUCKET}/ahead-{uuid.uuid4().hex[:8]}"
