@@ -133,7 +133,8 @@ def observe(status: Any) -> None:
     end. Compared with the last one seen (``<events file>.seen``), so repeated polls add nothing."""
     handle = str(status.handle)
     seen_file = path(handle).with_suffix(".seen")
-    now = f"{status.state.value}|{status.restarts or 0}|{status.message[:200]}"
+    platform = platform_state(status.details)
+    now = f"{status.state.value}|{status.restarts or 0}|{json.dumps(platform, sort_keys=True)}|{status.message[:200]}"
     try:
         before = seen_file.read_text(encoding="utf-8")
     except OSError:
@@ -145,14 +146,23 @@ def observe(status: Any) -> None:
     stamp = round(time.time(), 3)
     if (status.restarts or 0) > int(was_restarts or 0):
         events.append({"e": "restarted", "t": stamp, "restarts": status.restarts})
-    if status.state.value != was_state:
+    if status.state.value != was_state or (not status.state.terminal and before.split("|")[2:3] != now.split("|")[2:3]):
         kind = "ended" if status.state.terminal else "state"
         when = status.ended_at if status.state.terminal and status.ended_at else stamp
-        events.append({"e": kind, "t": round(when, 3), "state": status.state.value, "message": status.message[:200]})
+        events.append({"e": kind, "t": round(when, 3), "state": status.state.value, "message": status.message[:200],
+                       **({"platform": platform} if platform else {})})
     if events and not _append(path(handle), events):
         return
     with contextlib.suppress(OSError):
         seen_file.write_text(now, encoding="utf-8")
+
+
+def platform_state(details: dict[str, Any]) -> dict[str, str]:
+    """The platform's own words for where a job is (SageMaker's secondary status Starting/Downloading/Training/
+    Interrupted, Vertex's JOB_STATE_QUEUED, Slurm's PENDING (Resources), a Kubernetes condition and reason): a new
+    one is a new state event, even where cloudtrain's state (pending, running) stays the same."""
+    return {k: v for k, v in details.items() if isinstance(v, str) and len(v) < 200 and (
+        k.endswith(("_state", "_status")) or k in ("condition", "reason"))}
 
 
 def known_handles() -> list[str]:

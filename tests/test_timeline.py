@@ -17,6 +17,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from tests.azureml_fake import AzureMLFake
 from tests.conftest import status_json, wait_for
+from tests.sagemaker_front import SageMakerFront
 from tests.vertex_fake import VertexFake
 
 pytestmark = pytest.mark.slow
@@ -312,3 +313,32 @@ def test_recovery_restarts_are_in_the_first_jobs_timeline(vertex: VertexFake, pr
     last = status_json(cli, restarts[-1]["to"])["timeline"]["events"]
     assert last[0]["e"] == "submitted" and last[0]["resubmission_of"] == restarts[0]["to"]
     assert last[-1]["e"] == "ended" and last[-1]["state"] == "succeeded"
+
+
+def test_a_sagemaker_job_has_the_platforms_own_states_and_its_nodes_events(aws: SageMakerFront, project: Path,
+                                                                          ct_home: Path) -> None:
+    """SageMaker: each secondary status status sees (Starting, Training, Interrupted ...) is a state event even
+    while cloudtrain's state stays the same; the nodes' events come from CloudWatch, named by host."""
+    from cloudtrain.handles import JobHandle
+    from cloudtrain.node.events import line
+    from tests.clouds import write_node_log
+    from tests.conftest import cli_env
+
+    def cli(*args: str) -> CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=project, env=cli_env(ct_home),
+                              capture_output=True, text=True, timeout=120)
+
+    out = cli("submit", "train_ddp.py", "--provider", "aws", "--nodes", "2", "--gpus", "A10G:4", "--spot", "--detach")
+    assert out.returncode == 0, out.stderr
+    handle = out.stdout.strip()
+    job = JobHandle.parse(handle).job_id
+    assert status_json(cli, handle)["state"] == "pending"
+    aws.set_status(job, "InProgress", "Training")
+    write_node_log(job, "algo-1", [line("step", step=5, total=50), "step 5 loss 2.30"])
+    assert status_json(cli, handle)["state"] == "running"
+    aws.set_status(job, "InProgress", "Interrupted")
+    found = status_json(cli, handle)
+    said = [e["platform"]["secondary_status"] for e in found["timeline"]["events"] if e["e"] == "state"]
+    assert said == ["Starting", "Training", "Interrupted"]
+    assert [(e["e"], e["node"]) for e in found["timeline"]["events"] if "node" in e] == [("step", "algo-1")]
+    assert found["progress"]["step"] == 5
