@@ -13,4 +13,5 @@ REPO = Path(__file__).resolve().parents[1]
 def test_leaves_a_temp_folder_and_a_file_in_the_tree() -> None:
     name = os.environ["LEAK_NAME"]
     Path(tempfile.gettempdir(), f"cloudtrain-{name}").mkdir()
-    (REPO / f"{name}.json").write_text("{}")  # as tests/test_fallback.py's checkpoint folders landed at the root
+    (REPO / name / "model.pt").parent.mkdir()
+    (REPO / name / "model.pt").write_bytes(b"weights")  # as tests/test_fallback.py's checkpoint folders landed

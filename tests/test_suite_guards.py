@@ -21,17 +21,17 @@ MAX_LINES = 500
 def test_a_run_that_leaves_files_behind_fails_and_names_them(tmp_path: Path) -> None:
     name = f"leak-{uuid.uuid4().hex[:8]}"
     env = {k: v for k, v in os.environ.items() if k not in ("CLOUDTRAIN_TEST_SESSION", "PYTEST_XDIST_WORKER")}
-    temp, tree = Path(tempfile.gettempdir(), f"cloudtrain-{name}"), REPO / f"{name}.json"
+    temp, tree = Path(tempfile.gettempdir(), f"cloudtrain-{name}"), REPO / name
     try:
         run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                               f"--basetemp={tmp_path / 'base'}", "tests/leaky.py"], cwd=REPO,
                              env={**env, "LEAK_NAME": name}, capture_output=True, text=True, timeout=300)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
-        tree.unlink(missing_ok=True)
+        shutil.rmtree(tree, ignore_errors=True)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     assert "1 passed" in run.stdout and "left 2 new file(s) behind" in run.stdout, run.stdout[-3000:]
-    assert str(temp) in run.stdout and str(tree) in run.stdout, run.stdout[-3000:]
+    assert str(temp) in run.stdout and str(tree / "model.pt") in run.stdout, run.stdout[-3000:]
 
 
 def test_a_clean_run_passes_and_leaves_no_profile_folder(tmp_path: Path) -> None:
