@@ -29,7 +29,7 @@ def _legs(events: list[dict[str, Any]], status: Any) -> list[tuple[float, float,
         begin = _seen_late(begin, events, status.started_at)
     if not begin and status.started_at is not None:
         begin = [float(status.started_at)]
-    end_of_job = next((e["t"] for e in reversed(events) if e["e"] == "ended"), None) or status.ended_at or (
+    end_of_job = status.ended_at or next((e["t"] for e in reversed(events) if e["e"] == "ended"), None) or (
         None if status.state.terminal else time.time())
     legs = []
     for i, start in enumerate(begin):

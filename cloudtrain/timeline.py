@@ -147,10 +147,11 @@ def observe(status: Any) -> None:
     if (status.restarts or 0) > int(was_restarts or 0):
         events.append({"e": "restarted", "t": stamp, "restarts": status.restarts})
     if status.state.value != was_state or (not status.state.terminal and before.split("|")[2:3] != now.split("|")[2:3]):
-        kind = "ended" if status.state.terminal else "state"
-        when = status.ended_at if status.state.terminal and status.ended_at else stamp
-        events.append({"e": kind, "t": round(when, 3), "state": status.state.value, "message": status.message[:200],
-                       **({"platform": platform} if platform else {})})
+        # stamped when seen (a platform's clock, or its whole seconds, may put its own end time before events this
+        # machine stamped); the platform's end time is kept beside it, and goodput counts paid time until it
+        ended = {"ended_at": status.ended_at} if status.state.terminal and status.ended_at else {}
+        events.append({"e": "ended" if status.state.terminal else "state", "t": stamp, "state": status.state.value,
+                       "message": status.message[:200], **({"platform": platform} if platform else {}), **ended})
     if events and not _append(path(handle), events):
         return
     with contextlib.suppress(OSError):

@@ -17,6 +17,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from tests.azureml_fake import AzureMLFake
 from tests.conftest import status_json, wait_for
+from tests.kube_fake import FakeKube
 from tests.sagemaker_front import SageMakerFront
 from tests.vertex_fake import VertexFake
 
@@ -342,3 +343,30 @@ def test_a_sagemaker_job_has_the_platforms_own_states_and_its_nodes_events(aws: 
     assert said == ["Starting", "Training", "Interrupted"]
     assert [(e["e"], e["node"]) for e in found["timeline"]["events"] if "node" in e] == [("step", "algo-1")]
     assert found["progress"]["step"] == 5
+
+
+def test_a_kubernetes_job_has_its_conditions_and_its_pods_events(kube: FakeKube, tmp_path: Path,
+                                                                 ct_home: Path) -> None:
+    """Kubernetes: queued by Kueue, then a pod's events out of its log ([node-0]), then the disruption."""
+    from cloudtrain.metrics import story
+    from cloudtrain.node.events import line
+    from cloudtrain.sdk import plan_job
+    from cloudtrain.testing.fixtures import ddp_project
+    from tests.kube_fake import STAGED, job, provider
+
+    p = provider()
+    spec = job(ddp_project(tmp_path), providers={"kubernetes": {**STAGED["providers"]["kubernetes"],
+                                                                "queue": "gpus"}}).spec
+    with plan_job(spec, p, progress=False) as plan:
+        handle = p.submit(plan)
+    p.describe(handle)
+    kube.add_pod(handle.job_id, 0, log=line("restored", step=7, bytes=100, seconds=0.1, gbps=0.001) + "\n" +
+                 line("step", step=9) + "\n", disrupted=True)
+    kube.set_condition(handle.job_id, "Failed", "JobSetFailed")
+    status = p.describe(handle)
+    found = story(p, handle, status)
+    kinds = [e["e"] for e in found["timeline"]["events"]]
+    assert kinds[:3] == ["submitted", "staged", "state"] and kinds[-1] == "ended"
+    assert [(e["e"], e["node"]) for e in found["timeline"]["events"] if "node" in e] == [("restored", 0),
+                                                                                          ("step", 0)]
+    assert found["goodput"]["preemptions"] == 1 and found["progress"]["step"] == 9

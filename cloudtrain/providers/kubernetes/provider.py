@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import re
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -35,7 +36,7 @@ from cloudtrain.providers.kubernetes.options import KubernetesOptions
 from cloudtrain.providers.kubernetes.settings import platform_setting
 from cloudtrain.providers.kubernetes.status import job_state, native_of, status_fields
 from cloudtrain.spec import JobSpec
-from cloudtrain.staging import bundle_prefix, cloud_locations, lineage_id, new_job_id, stage_bundle
+from cloudtrain.staging import STAGED, bundle_prefix, cloud_locations, lineage_id, new_job_id, stage_bundle
 
 DEFAULT_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"  # torch-distributed's own (kubeflow/trainer v2.3.0)
 CONTAINER = {"TrainJob": "node", "PyTorchJob": "pytorch"}
@@ -136,7 +137,10 @@ class KubernetesProvider(Provider):
                             remedy="grant the Role in docs/providers/kubernetes.md (RBAC), or pass the job no "
                                    "secret variables")
         if request["configmaps"]:
+            started = time.monotonic()
             self._stage_parts(kube, plan)
+            STAGED.update(bytes=plan.package.bundle_bytes, seconds=round(time.monotonic() - started, 3),
+                          at=time.time(), configmaps=len(request["configmaps"]))  # the timeline's staged event
         else:
             stage_bundle(plan.package, plan.staging["prefix"])
         if request.get("secret"):
