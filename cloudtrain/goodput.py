@@ -21,8 +21,8 @@ STEP_KINDS = ("step", "checkpoint", "training_again", "restored")
 def _legs(events: list[dict[str, Any]], status: Any) -> list[tuple[float, float, list[dict[str, Any]]]]:
     starts: dict[Any, float] = {}
     for e in events:
-        if e["e"] == "node_started":
-            starts.setdefault(e.get("attempt"), e["t"])
+        if e["e"] == "node_started" and "attempt" in e:  # the local supervisor's (a node's own names its rank)
+            starts.setdefault(e["attempt"], e["t"])
     begin = sorted(starts.values())
     if not begin:
         begin = [e["t"] for e in events if e["e"] == "state" and e.get("state") == "running"]  # each a new start

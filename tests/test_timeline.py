@@ -15,11 +15,11 @@ from subprocess import CompletedProcess
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from tests.azureml_fake import AzureMLFake
 from tests.conftest import status_json, wait_for
-from tests.kube_fake import FakeKube
-from tests.sagemaker_front import SageMakerFront
-from tests.vertex_fake import VertexFake
+from tests.fakes.azureml import AzureMLFake
+from tests.fakes.kubernetes import FakeKube
+from tests.fakes.sagemaker import SageMakerFront
+from tests.fakes.vertex import VertexFake
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,8 @@ def test_timeline_tells_the_whole_story(preempted_job: tuple[Cli, str, Path]) ->
     order = [kinds.index("submitted"), kinds.index("preempted"), kinds.index("restored"),
              kinds.index("training_again"), kinds.index("ended")]
     assert order == sorted(order), kinds
-    assert [e["attempt"] for e in events if e["e"] == "node_started"] == [0, 1]
+    assert [e["attempt"] for e in events if e["e"] == "node_started" and "attempt" in e] == [0, 1]
+    assert [(e["rank"], e["node"]) for e in events if e["e"] == "node_started" and "node" in e] == [(0, 0), (0, 0)]
     saved = next(e for e in events if e["e"] == "checkpoint")
     assert saved["bytes"] > 0 and saved["blocked_s"] >= 0 and saved["publish_s"] >= 0 and saved["step"] % 10 == 0
     restored = next(e for e in events if e["e"] == "restored")
@@ -352,7 +353,7 @@ def test_a_kubernetes_job_has_its_conditions_and_its_pods_events(kube: FakeKube,
     from cloudtrain.node.events import line
     from cloudtrain.sdk import plan_job
     from cloudtrain.testing.fixtures import ddp_project
-    from tests.kube_fake import STAGED, job, provider
+    from tests.fakes.kubernetes import STAGED, job, provider
 
     p = provider()
     spec = job(ddp_project(tmp_path), providers={"kubernetes": {**STAGED["providers"]["kubernetes"],
