@@ -10,7 +10,8 @@ sleeps): ``recovery.drive`` (status polling with backoff, ``advance``: restart o
 ``max_recovery``), ``Provider.capacity_error`` (the base class's, on each fake provider's declared
 ``capacity_patterns``) and ``fallback.try_legs`` (a submit refused for capacity moves on). Fake providers answer
 from the trace: provisioning takes 6 minutes, a restore 3, a cross-cloud checkpoint copy 10; a reclaim loses the
-progress since the last 10-minute checkpoint.
+progress since the last checkpoint (every 10 minutes of training, or checkpoint.interval auto's choice), and each
+checkpoint blocks training for ``--checkpoint-cost`` seconds.
 
 Reported per policy (mean over seeds): goodput = useful training time / wall time (to the end of the job; a job
 that did not finish, its restarts spent, counts the whole day), cost (node-hours x list price from
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import random
 import statistics
@@ -36,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 DAY = 24 * 3600.0
 PROVISION, RESTORE, COPY, CKPT = 360.0, 180.0, 600.0, 600.0
+CKPT_COST = 30.0  # seconds training is blocked per checkpoint (--checkpoint-cost)
 # leg -> (reclaims per hour, capacity outages per hour, mean outage hours)
 LEGS = {("aws", "us-east-1"): (0.35, 0.10, 3.0), ("aws", "us-west-2"): (0.25, 0.06, 2.0),
         ("gcp", "us-central1"): (0.30, 0.08, 2.0), ("azure", "eastus"): (0.20, 0.05, 1.5)}
@@ -88,6 +91,16 @@ class World:
     cost: float = 0.0
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     prices: dict[str, float] = field(default_factory=dict)
+    interval: float = CKPT  # seconds of training between checkpoints
+    blocked: float = CKPT_COST  # seconds each checkpoint blocks training
+
+    def wall_for(self, training: float) -> float:
+        """Wall seconds that hold ``training`` seconds of steps, with a checkpoint after every interval of them."""
+        return training + self.blocked * math.floor(training / self.interval)
+
+    def kept(self, ran: float) -> float:
+        """Training seconds in the newest checkpoint after ``ran`` wall seconds: whole cycles only."""
+        return self.interval * math.floor(ran / (self.interval + self.blocked))
 
 
 def fake_providers(world: World) -> dict[str, Any]:
@@ -128,7 +141,7 @@ def fake_providers(world: World) -> dict[str, Any]:
             job["state"] = JobState.RUNNING
             start = job["begins"] + RESTORE
             reclaim = next((r for r in trace.reclaims if r > job["begins"]), DAY * 2)
-            done_at = start + (world.work - world.saved)
+            done_at = start + world.wall_for(world.work - world.saved)
             end = min(reclaim, done_at)
             if now < end:
                 return
@@ -139,7 +152,7 @@ def fake_providers(world: World) -> dict[str, Any]:
                 world.saved = world.work
                 job["state"], job["message"] = JobState.SUCCEEDED, "completed"
                 return
-            kept = ran - ran % CKPT  # progress since the last checkpoint is lost
+            kept = world.kept(ran)  # progress since the last checkpoint is lost
             world.saved += kept
             world.useful += kept
             gone = trace.out(end + 1) is not None
@@ -180,7 +193,7 @@ class FakeClock:
 
 
 def replay(seed: int, legs: list[tuple[str, str]], work_h: float, gpus: str, nodes: int,
-           max_restarts: int) -> dict[str, float]:
+           max_restarts: int, interval: float = CKPT, blocked: float = CKPT_COST) -> dict[str, float]:
     from cloudtrain.backoff import Backoff
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.fallback import Leg, Refused, try_legs
@@ -189,7 +202,8 @@ def replay(seed: int, legs: list[tuple[str, str]], work_h: float, gpus: str, nod
     rng = random.Random(seed)
     traces = {f"{p} {r}": make_trace(rng, *LEGS[(p, r)]) for p, r in LEGS}  # same day for every policy
     clock = FakeClock()
-    world = World(traces, work_h * 3600, clock, prices={f"{p} {r}": price(p, gpus, nodes)[0] for p, r in LEGS})
+    world = World(traces, work_h * 3600, clock, prices={f"{p} {r}": price(p, gpus, nodes)[0] for p, r in LEGS},
+                  interval=interval, blocked=blocked)
     fakes = fake_providers(world)
     order = [Leg(p, r) for p, r in legs]
     count = [0]
@@ -230,31 +244,47 @@ def replay(seed: int, legs: list[tuple[str, str]], work_h: float, gpus: str, nod
 
 
 def main() -> int:
+    from cloudtrain.checkpoint_interval import auto_interval
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--work", type=float, default=16.0, help="hours of training the job needs")
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--gpus", default="A100:8")
     parser.add_argument("--max-restarts", type=int, default=3, help="per leg")
+    parser.add_argument("--checkpoint-cost", type=float, default=CKPT_COST, help="seconds blocked per checkpoint")
     args = parser.parse_args()
     os.environ["CLOUDTRAIN_HOME"] = tempfile.mkdtemp(prefix="goodput-")  # recovery state of the replays
     everything = list(LEGS)
-    policies = {"baseline (aws us-east-1 only)": everything[:1], "fallback (4 legs)": everything}
+    # checkpoint.interval auto, as a job that ran before chooses it: its blocked time and its interruptions measured
+    # (the first leg's reclaim rate), and as a first run does (cloudtrain's assumptions)
+    measured = auto_interval(spot=True, nodes=args.nodes, max_runtime=int(DAY), cost=args.checkpoint_cost,
+                             between=3600 / LEGS[everything[0]][0]).seconds
+    assumed = auto_interval(spot=True, nodes=args.nodes, max_runtime=int(DAY), cost=args.checkpoint_cost).seconds
+    policies = {"baseline (aws us-east-1 only)": (everything[:1], CKPT), "fallback (4 legs)": (everything, CKPT),
+                f"fallback, auto {measured / 60:.1f}m measured": (everything, measured),
+                f"fallback, auto {assumed / 60:.1f}m assumed": (everything, assumed)}
     rows = {}
-    for name, legs in policies.items():
-        runs = [replay(seed, legs, args.work, args.gpus, args.nodes, args.max_restarts) for seed in range(args.seeds)]
+    for name, (legs, interval) in policies.items():
+        runs = [replay(seed, legs, args.work, args.gpus, args.nodes, args.max_restarts, interval,
+                       args.checkpoint_cost) for seed in range(args.seeds)]
         rows[name] = {k: statistics.fmean(r[k] for r in runs) for k in runs[0]}
     print(f"{args.seeds} seeded days, a job of {args.work:g} h on {args.nodes} x {args.gpus}, max_restarts "
-          f"{args.max_restarts} per leg")
-    print(f"{'policy':32} {'goodput':>8} {'finished':>9} {'hours':>6} {'cost $':>8} {'vs on-demand':>13} "
+          f"{args.max_restarts} per leg, {args.checkpoint_cost:g}s blocked per checkpoint, fixed interval "
+          f"{CKPT / 60:g}m unless auto")
+    print(f"{'policy':34} {'goodput':>8} {'finished':>9} {'hours':>6} {'cost $':>8} {'vs on-demand':>13} "
           f"{'legs':>5} {'resubmits':>10}")
     for name, r in rows.items():
-        print(f"{name:32} {r['goodput']:8.3f} {r['finished']:9.2f} {r['hours']:6.1f} {r['cost']:8.0f} "
+        print(f"{name:34} {r['goodput']:8.3f} {r['finished']:9.2f} {r['hours']:6.1f} {r['cost']:8.0f} "
               f"{r['cost_vs_on_demand']:13.2f} {r['legs']:5.2f} {r['resubmissions']:10.2f}")
-    base, fall = rows["baseline (aws us-east-1 only)"], rows["fallback (4 legs)"]
+    names = list(rows)
+    base, fall, auto = rows[names[0]], rows[names[1]], rows[names[2]]
     print(f"fallback / baseline: goodput x{fall['goodput'] / base['goodput']:.2f}, finished "
           f"{fall['finished']:.2f} vs {base['finished']:.2f}, cost x{fall['cost'] / base['cost']:.2f}, "
           f"cost vs on-demand {fall['cost_vs_on_demand']:.2f} vs {base['cost_vs_on_demand']:.2f}")
+    print(f"auto (measured) / fixed {CKPT / 60:g}m, both with fallback: goodput "
+          f"x{auto['goodput'] / fall['goodput']:.3f}, cost vs on-demand {auto['cost_vs_on_demand']:.3f} vs "
+          f"{fall['cost_vs_on_demand']:.3f}")
     return 0
 
 

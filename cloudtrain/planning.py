@@ -29,6 +29,7 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
 
     impl = get_provider(provider) if isinstance(provider, str) else provider
     spec = with_defaults(spec, impl.name)
+    spec, interval_note = _interval(spec)
     contract = impl.contract(spec)  # a plugin's node contract travels in the bundle's lib/ (cloudtrain's is there)
     lib = {} if contract.node_module().startswith("cloudtrain.") else {contract.node_path(): contract.node_file()}
     shared = package is not None and not lib
@@ -43,7 +44,7 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
         if budget and (cap := runtime_cap(plan)) is not None:
             plan = impl.plan(spec.model_copy(update={"max_runtime": cap}), package)
             plan.budget = {**budget, "runtime_cap": cap}
-        plan.notes += package.notes() + checkpoint_notes(plan.spec)
+        plan.notes += package.notes() + checkpoint_notes(plan.spec) + ([interval_note] if interval_note else [])
         if note := split_args_note(script_args(spec), spec.env):
             plan.notes.append(note)
     except BaseException:
@@ -52,6 +53,18 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
         raise
     plan.spec_file = shown_path(spec_file) if spec_file else None  # shown only: a name that is not UTF-8 as \xNN
     return plan
+
+
+def _interval(spec: JobSpec) -> tuple[JobSpec, str | None]:
+    """``checkpoint.interval: auto`` made a number of seconds for this job (the nodes get seconds), and the plan's
+    note saying what was chosen and why."""
+    from cloudtrain.checkpoint_interval import AUTO, auto_interval
+
+    if spec.checkpoint.interval != AUTO:
+        return spec, None
+    chosen = auto_interval(spot=spec.spot, nodes=spec.nodes, max_runtime=spec.max_runtime)
+    checkpoint = spec.checkpoint.model_copy(update={"interval": chosen.seconds})
+    return spec.model_copy(update={"checkpoint": checkpoint}), chosen.note()
 
 
 def _package(spec: JobSpec, source: Path, progress: bool, lib: dict[str, Path]) -> Package:

@@ -20,7 +20,17 @@ from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, create_m
 from cloudtrain import contract, registry
 from cloudtrain.errors import SpecError
 from cloudtrain.spec_errors import friendly_error, spec_error_from, unusable_text
-from cloudtrain.spec_fields import Duration, DurationOrOff, Model, Uri, Usd, one_token, parse_duration, path_problem
+from cloudtrain.spec_fields import (
+    Duration,
+    DurationOrOff,
+    IntervalOrAuto,
+    Model,
+    Uri,
+    Usd,
+    one_token,
+    parse_duration,
+    path_problem,
+)
 from cloudtrain.specfile import SPEC_FILENAME, project_options, read_spec_file
 from cloudtrain.storage.uris import SCHEMES as STORAGE_SCHEMES
 
@@ -114,7 +124,9 @@ class CheckpointSpec(_Model):
         if value is not None:
             check_checkpoint_dir(value, {})
         return value
-    interval: Duration | None = Field(None, description="Save at least this often (seconds or '10m')")
+    interval: IntervalOrAuto | None = Field(
+        None, description="Save at least this often (seconds or '10m'), or 'auto': the interval that keeps the most "
+                          "training (Young/Daly, from the checkpoint cost and the interruptions of earlier runs)")
     keep: int = Field(contract.MIN_KEEP, ge=contract.MIN_KEEP, le=1000,
                       description=f"How many complete checkpoints to retain (>= {contract.MIN_KEEP})")
 

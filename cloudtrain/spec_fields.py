@@ -5,7 +5,7 @@ its providers' blocks read and fail the same way."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, field_validator
 
@@ -49,6 +49,18 @@ def _off(value: Any) -> Any:
         raise ValueError("0 would stop the job at once; write off to turn it off")
     return value
 
+
+def _auto_or_duration(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    seconds = parse_duration(value)
+    if isinstance(seconds, int) and seconds < 1:
+        raise ValueError("an interval is at least 1 second (or auto)")
+    return seconds
+
+
+# checkpoint.interval: a duration, or 'auto' (cloudtrain.checkpoint_interval chooses it when the job is planned)
+IntervalOrAuto = Annotated[int | Literal["auto"], BeforeValidator(_auto_or_duration, json_schema_input_type=int | str)]
 
 # A limit that can be switched off (max_idle): 'off' (or YAML's false, or null) is None, and is written as "off"
 DurationOrOff = Annotated[Duration | None, BeforeValidator(_off, json_schema_input_type=int | str | bool | None),
