@@ -1,8 +1,8 @@
 """The cloud fakes as fixtures, with the settings that send cloudtrain (and each cloud's SDK) to them: ``aws`` (the
 SageMaker front over moto), ``azure`` (the Azure ML workspace fake over Azurite), ``vertex`` (the Vertex AI fake over
-the GCS emulator), ``kube`` (the Kubernetes API fake). conftest.py registers them for every test module; each fake's
-module is imported when its fixture starts (vertex_fake loads google-cloud-aiplatform), so this one costs nothing to
-import."""
+the GCS emulator), ``kube`` (the Kubernetes API fake); the fakes themselves are in tests/fakes/. conftest.py registers
+these for every test module; each fake's module is imported when its fixture starts (tests/fakes/vertex.py loads
+google-cloud-aiplatform), so this one costs nothing to import."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from tests.conftest import ddp_project
 from tests.emulators import BUCKET, ensure
 
 if TYPE_CHECKING:
-    from tests.azureml_fake import AzureMLFake
-    from tests.kube_fake import FakeKube
-    from tests.sagemaker_front import SageMakerFront
-    from tests.vertex_fake import VertexFake
+    from tests.fakes.azureml import AzureMLFake
+    from tests.fakes.kubernetes import FakeKube
+    from tests.fakes.sagemaker import SageMakerFront
+    from tests.fakes.vertex import VertexFake
 
 ROLE = "arn:aws:iam::123456789012:role/cloudtrain-tests"
 AWS_OFFLINE = {"AWS_REGION": "eu-west-1", "CLOUDTRAIN_AWS_ROLE": ROLE, "CLOUDTRAIN_AWS_BUCKET": "my-bucket"}
@@ -34,7 +34,7 @@ def aws(emulators, tmp_path_factory: pytest.TempPathFactory,
     import boto3
 
     from cloudtrain.providers.aws.provider import LOG_GROUP
-    from tests.sagemaker_front import SageMakerFront
+    from tests.fakes.sagemaker import SageMakerFront
 
     ensure("s3", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
     moto = emulators["s3"]
@@ -80,7 +80,7 @@ def azure_project(root: Path) -> Path:
 @pytest.fixture
 def azure(emulators, tmp_path_factory: pytest.TempPathFactory,
           monkeypatch: pytest.MonkeyPatch) -> Iterator[AzureMLFake]:
-    from tests.azureml_fake import AzureMLFake
+    from tests.fakes.azureml import AzureMLFake
 
     ensure("az", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
     fake = AzureMLFake(emulators["az"].port)
@@ -101,7 +101,7 @@ def spec_file(project: Path, **extra: object) -> Path:
 @pytest.fixture
 def vertex(emulators, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
            tmp_path: Path) -> Iterator[VertexFake]:
-    from tests.vertex_fake import VertexFake
+    from tests.fakes.vertex import VertexFake
 
     ensure("gs", emulators, tmp_path_factory.getbasetemp(), monkeypatch)
     fake = VertexFake()
@@ -115,7 +115,7 @@ def vertex(emulators, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyt
 
 @pytest.fixture
 def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKube]:
-    from tests.kube_fake import FakeKube
+    from tests.fakes.kubernetes import FakeKube
 
     fake = FakeKube()
     monkeypatch.setenv("KUBECONFIG", str(fake.kubeconfig(tmp_path / "kubeconfig")))

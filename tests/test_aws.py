@@ -1,6 +1,6 @@
 """The SageMaker provider: offline plans validated by botocore's model, and the whole submit -> status -> logs ->
 cancel -> list path through boto3 against moto (S3, SageMaker, CloudWatch Logs) with a thin front for what moto
-lacks (tests/sagemaker_front.py)."""
+lacks (tests/fakes/sagemaker.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from tests.clouds import AWS_OFFLINE as OFFLINE
 from tests.clouds import write_node_log
 from tests.conftest import REPO, cli_env, wait_for
 from tests.emulators import BUCKET
-from tests.sagemaker_front import SageMakerFront
+from tests.fakes.sagemaker import SageMakerFront
 
 
 @pytest.fixture

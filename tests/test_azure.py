@@ -1,6 +1,6 @@
 """The Azure ML provider: plans checked offline against azure-ai-ml's schema and loaded by its own load_job, and
 submit -> status -> logs -> cancel -> list -> recovery through the real MLClient against a local fake of the
-workspace APIs (tests/azureml_fake.py), with code uploads as real blob traffic to Azurite."""
+workspace APIs (tests/fakes/azureml.py), with code uploads as real blob traffic to Azurite."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ from cloudtrain.providers.base import JobState, JobStatus
 from cloudtrain.recovery import load as load_recovery
 from cloudtrain.sdk import Job, Run
 from tests.azure_sdk import assert_rest_body_is_the_sdks, sdk_rejects
-from tests.azureml_fake import PREEMPTED, AzureMLFake
 from tests.clouds import WORKSPACE, azure_project, spec_file
 from tests.conftest import cli_env, wait_for
 from tests.emulators import BUCKET, free_port
+from tests.fakes.azureml import PREEMPTED, AzureMLFake
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from cloudtrain import budget, cost, recovery
 from cloudtrain.handles import JobHandle
 from cloudtrain.providers.base import JobState
 from cloudtrain.sdk import Job, budget_note, chain_of
-from tests.sagemaker_front import SageMakerFront
+from tests.fakes.sagemaker import SageMakerFront
 
 SLOW_TRAIN = ["--", "--epochs", "200", "--checkpoint-every", "4", "--step-sleep", "0.05"]
 

@@ -1,6 +1,6 @@
 """The provider conformance suite (cloudtrain.testing), passed by every provider: the three clouds against their
-fakes (SageMaker: moto plus tests/sagemaker_front.py; Azure ML: tests/azureml_fake.py with Azurite; Vertex:
-tests/vertex_fake.py with the GCS emulator), local with real processes, and ``toy``: a provider from outside cloudtrain
+fakes (SageMaker: moto plus tests/fakes/sagemaker.py; Azure ML: tests/fakes/azureml.py with Azurite; Vertex:
+tests/fakes/vertex.py with the GCS emulator), local with real processes, and ``toy``: a provider from outside cloudtrain
 (tests/plugin/toyprov: one folder, options of its own, a node contract of its own), registered through a real
 ``cloudtrain.providers`` entry point (a .dist-info written by tests/plugins.py and put on sys.path), with no line of
 cloudtrain changed for it. The suite itself is cloudtrain.testing (shipped with the package, as a plugin's tests
@@ -101,7 +101,7 @@ class AzureHarness(Harness):
 
     def __init__(self, project: Path, fake: Any) -> None:
         from cloudtrain.providers.azure.provider import AzureMLProvider
-        from tests.azureml_fake import PREEMPTED
+        from tests.fakes.azureml import PREEMPTED
 
         self.project, self.fake = project, fake
         self.provider = AzureMLProvider(log_poll=0.2)
@@ -120,7 +120,7 @@ class AzureHarness(Harness):
         self.fake.set_status(handle.job_id, "Completed")
 
     def preempt(self, handle: JobHandle) -> None:
-        from tests.azureml_fake import PREEMPTED
+        from tests.fakes.azureml import PREEMPTED
 
         self.fake.set_status(handle.job_id, "Failed", PREEMPTED)
 
@@ -135,7 +135,7 @@ class GcpHarness(Harness):
 
     def __init__(self, project: Path, fake: Any) -> None:
         from cloudtrain.providers.gcp.provider import VertexProvider
-        from tests.vertex_fake import PREEMPTED_ERROR
+        from tests.fakes.vertex import PREEMPTED_ERROR
 
         self.project, self.fake = project, fake
         self.provider = VertexProvider(log_poll=0.2)
@@ -156,7 +156,7 @@ class GcpHarness(Harness):
         self.fake.set_state(handle.job_id, "JOB_STATE_SUCCEEDED")
 
     def preempt(self, handle: JobHandle) -> None:
-        from tests.vertex_fake import PREEMPTED_ERROR
+        from tests.fakes.vertex import PREEMPTED_ERROR
 
         self.fake.set_state(handle.job_id, "JOB_STATE_FAILED", PREEMPTED_ERROR)
 

@@ -28,8 +28,8 @@ from cloudtrain.providers.gcp.provider import VertexProvider
 from cloudtrain.recovery import load, wait_with_recovery
 from tests.conftest import cli_env, wait_for
 from tests.emulators import BUCKET, ensure
-from tests.sagemaker_front import SageMakerFront
-from tests.vertex_fake import VertexFake
+from tests.fakes.sagemaker import SageMakerFront
+from tests.fakes.vertex import VertexFake
 
 ROLE = "arn:aws:iam::123456789012:role/cloudtrain-tests"
 QUOTA = ("ResourceLimitExceeded", "The account-level service limit 'ml.g5.xlarge for spot training job usage' is 0 "

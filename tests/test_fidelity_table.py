@@ -13,7 +13,7 @@ The SDK sides, built offline:
   environment at ``labels/latest``; the REST body as the SDK builds it (``_to_job()._to_rest_object()``).
 - Vertex: aiplatform's ``CustomJob.from_local_script`` with the prebuilt PyTorch container and 2 replicas (2 worker
   pools), submitted with SPOT; the script package goes to the GCS emulator and the create request to the local
-  Vertex fake (tests/vertex_fake.py), so the body compared is the one the SDK put on the wire.
+  Vertex fake (tests/fakes/vertex.py), so the body compared is the one the SDK put on the wire.
 Names the user chooses (job name, role, output path, compute) are given the same values on both sides.
 """
 
@@ -30,7 +30,7 @@ import pytest
 from cloudtrain.sdk import Job
 from tests.conftest import REPO
 from tests.emulators import BUCKET, ensure
-from tests.vertex_fake import VertexFake
+from tests.fakes.vertex import VertexFake
 
 DOC = REPO / "docs" / "fidelity.md"
 SETTINGS = {

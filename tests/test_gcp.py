@@ -1,6 +1,6 @@
 """The Vertex AI provider: offline plans checked against aiplatform_v1's own types, and the whole submit -> status ->
 logs -> cancel -> list -> recover path through the real JobServiceClient (REST transport, anonymous credentials)
-against a local fake of the customJobs and Cloud Logging APIs (tests/vertex_fake.py), with staging on
+against a local fake of the customJobs and Cloud Logging APIs (tests/fakes/vertex.py), with staging on
 gcp-storage-emulator through the real google-cloud-storage client."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from cloudtrain.sdk import Job, Run, plan_job
 from tests.clouds import GCP_OFFLINE as OFFLINE
 from tests.conftest import REPO, cli_env, wait_for
 from tests.emulators import BUCKET, free_port
-from tests.vertex_fake import VertexFake
+from tests.fakes.vertex import VertexFake
 
 
 def cloudtrain_argv() -> list[str]:

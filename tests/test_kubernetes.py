@@ -1,6 +1,6 @@
 """The kubernetes provider: plans checked against the vendored Kubeflow CRDs (and refused with the field and the fix),
 the CRDs' CEL rules (cel-python) against schema.py's twins, submit/status/logs/cancel/resubmit through the official
-client against tests/kube_fake.py, export, doctor, and the node contract (the conformance suite and the emulated
+client against tests/fakes/kubernetes.py, export, doctor, and the node contract (the conformance suite and the emulated
 2x2 gloo job are in tests/test_conformance.py and here)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from cloudtrain.providers.kubernetes import node, schema
 from cloudtrain.providers.kubernetes.status import TABLE, job_state
 from cloudtrain.sdk import Job, plan_job
 from tests.conftest import REPO, ddp_project
-from tests.kube_fake import STAGED, FakeKube, _cel, job, mount_configmaps, node_run, provider
+from tests.fakes.kubernetes import STAGED, FakeKube, _cel, job, mount_configmaps, node_run, provider
 
 
 def test_plan_is_a_trainjob_the_crd_accepts(tmp_path: Path, ct_home: Path) -> None:

@@ -1,7 +1,7 @@
 """Kubernetes secrets: variables secret by name or value shape (and secret arguments) reach the nodes through a
 Secret the job owns (secretKeyRef), never as values in the job object, the plan or an exported job file; a
 resubmitted copy shares the Secret; an account that may not write secrets is refused before anything is created.
-Against tests/kube_fake.py, as tests/test_kubernetes.py."""
+Against tests/fakes/kubernetes.py, as tests/test_kubernetes.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import yaml
 from cloudtrain.errors import UserError
 from cloudtrain.sdk import Job, plan_job
 from tests.conftest import ddp_project
-from tests.kube_fake import STAGED, FakeKube, job, mount_configmaps, node_run, provider
+from tests.fakes.kubernetes import STAGED, FakeKube, job, mount_configmaps, node_run, provider
 
 KEY, TOKEN = "wandb-0123456789abcdef0123", "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7"
 SHOW_SECRETS = ("import hashlib, os, sys\n"  # digests: the packager refuses a source file that holds a token

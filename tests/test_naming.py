@@ -19,9 +19,9 @@ from cloudtrain.providers.aws.request import user_tags
 from cloudtrain.providers.aws.validate import request_errors
 from cloudtrain.providers.gcp.request import user_labels
 from cloudtrain.recovery import restart_name
-from tests.azureml_fake import PREEMPTED, AzureMLFake
 from tests.clouds import azure_project, spec_file
 from tests.conftest import cli_env, wait_for
+from tests.fakes.azureml import PREEMPTED, AzureMLFake
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from cloudtrain.recovery import RecoveryBudgetSpent, wait_with_recovery
 from cloudtrain.sdk import Job
 from tests.conftest import cli_env
 from tests.emulators import BUCKET, ensure
+from tests.fakes.vertex import VertexFake
 from tests.faultproxy import FaultPlan, FaultProxy, Request
-from tests.vertex_fake import VertexFake
 
 STATUS_GET = re.compile(r"^/v1/projects/[^/]+/locations/[^/]+/customJobs/\d+$")
 MIXED = ("http_503", "http_429", "slow", "http_500", "reset_before")

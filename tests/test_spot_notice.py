@@ -18,7 +18,7 @@ from cloudtrain import contract, registry
 from cloudtrain.node import checkpoint_store as checkpoints
 from cloudtrain.node import spot_notice
 from tests.conftest import REPO, status_json, wait_for
-from tests.metadata_fake import MetadataFake
+from tests.fakes.metadata import MetadataFake
 
 SAGEMAKER, AZUREML, VERTEX, LOCAL = (registry.node_contract(name) for name in ("aws", "azure", "gcp", "local"))
 KINDS = {"ec2": SAGEMAKER, "azure": AZUREML, "gce": VERTEX}

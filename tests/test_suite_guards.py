@@ -40,7 +40,7 @@ def test_a_clean_run_passes_and_leaves_no_profile_folder(tmp_path: Path) -> None
     env = {**os.environ, "CLOUDTRAIN_TEST_SESSION": session}
     env.pop("PYTEST_XDIST_WORKER", None)
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-                          f"--basetemp={tmp_path / 'base'}", "tests/test_suite_guards.py", "-k", "module_is_small"],
+                          f"--basetemp={tmp_path / 'base'}", "tests/test_suite_guards.py", "-k", "imports_another"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert not list(Path(tempfile.gettempdir()).glob(f"ct-config-{session}-*"))

@@ -21,7 +21,7 @@ from cloudtrain.sdk import Job
 from cloudtrain.watch import Watched, watch
 from tests.conftest import cli_env
 from tests.emulators import BUCKET
-from tests.vertex_fake import VertexFake
+from tests.fakes.vertex import VertexFake
 
 
 @pytest.fixture(autouse=True)
