@@ -10,8 +10,14 @@ the assumptions below. The result is held to ``[max(FLOOR, 2 x C), max_runtime]`
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from cloudtrain.node.durations import format_duration
 
@@ -31,13 +37,17 @@ class Interval:
     cost: float  # C: seconds blocked per checkpoint
     between: float  # M: mean seconds between the job's interruptions
     measured: bool  # C and M from earlier runs (else the assumptions above)
+    cost_measured: bool = False
+    between_measured: bool = False
 
     def note(self) -> str:
-        source = "both measured in earlier runs" if self.measured else \
-            "both assumed until runs of the job measure them"
+        said = {(True, True): "both measured in earlier runs of the job",
+                (True, False): "the checkpoint cost measured in earlier runs, the interruptions assumed",
+                (False, True): "the interruptions counted in earlier runs, the checkpoint cost assumed",
+                (False, False): "both assumed until runs of the job measure them"}
         return (f"checkpoint.interval auto: {format_duration(self.seconds)} (Young/Daly: sqrt(2 x "
                 f"{self.cost:.0f}s blocked per checkpoint x {format_duration(self.between)} between "
-                f"interruptions), {source}")
+                f"interruptions), {said[self.cost_measured, self.between_measured]}")
 
 
 def choose(cost: float, between: float, max_runtime: int) -> int:
@@ -51,7 +61,54 @@ def auto_interval(*, spot: bool, nodes: int, max_runtime: int, cost: float | Non
                   between: float | None = None) -> Interval:
     """The interval for a job of ``nodes`` nodes; ``cost`` and ``between`` where earlier runs measured them."""
     per_node = (SPOT_NODE_HOURS if spot else ON_DEMAND_NODE_HOURS) * 3600.0
-    measured = cost is not None and between is not None
     c = cost if cost is not None else DEFAULT_COST
     m = between if between is not None else per_node / max(nodes, 1)
-    return Interval(choose(c, m, max_runtime), c, m, measured)
+    return Interval(choose(c, m, max_runtime), c, m, cost is not None and between is not None, cost is not None,
+                    between is not None)
+
+
+# -- what earlier runs measured: kept per job name in the home, from the goodput `status` works out --------------
+
+_STAMP = re.compile(r"(-\d{8}-\d{6}-[0-9a-f]{4})?(-r\d+)?$")
+
+
+def _file(name: str) -> Path:
+    from cloudtrain.home import cloudtrain_home
+
+    return cloudtrain_home() / "events" / "measured" / f"{name}.json"
+
+
+def remember(job_id: str, goodput: dict[str, Any]) -> None:
+    """What one job's run measured (checkpoints and the time they blocked, paid time, preemptions), under its name,
+    for the next plan of ``interval: auto``. Best effort: a home that cannot take it only means the next plan
+    assumes."""
+    name = _STAMP.sub("", job_id) or job_id
+    figures = {k: goodput.get(k) for k in ("checkpoints", "paid_s", "preemptions")}
+    figures["blocked_s"] = (goodput.get("losses_s") or {}).get("checkpoints")
+    if not all(isinstance(v, (int, float)) for v in figures.values()):
+        return
+    with contextlib.suppress(OSError, ValueError):
+        path = _file(name)
+        known = json.loads(path.read_text()) if path.exists() else {}
+        known = known if isinstance(known, dict) else {}
+        if known.get(job_id) == figures:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({**known, job_id: figures}))
+        os.replace(tmp, path)
+
+
+def measured(name: str) -> tuple[float | None, float | None]:
+    """(seconds blocked per checkpoint, mean seconds between interruptions) over the earlier runs of jobs of this
+    name, each None where none measured it (no checkpoint; no interruption yet)."""
+    try:
+        known = json.loads(_file(name).read_text())
+    except (OSError, ValueError):
+        return None, None
+    rows = [r for r in known.values() if isinstance(r, dict)] if isinstance(known, dict) else []
+    total = {k: sum(float(r.get(k) or 0) for r in rows if isinstance(r.get(k), (int, float)))
+             for k in ("checkpoints", "blocked_s", "paid_s", "preemptions")}
+    cost = total["blocked_s"] / total["checkpoints"] if total["checkpoints"] > 0 else None
+    between = total["paid_s"] / total["preemptions"] if total["preemptions"] > 0 else None
+    return cost, between

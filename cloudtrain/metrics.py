@@ -13,10 +13,12 @@ STATES = ("pending", "running", "stopping", "succeeded", "failed", "cancelled", 
 
 def story(provider: Any, handle: Any, status: Any) -> dict[str, Any]:
     """``{"progress", "goodput", "timeline"}`` of one job (``status -o json`` carries them as they are)."""
+    from cloudtrain.checkpoint_interval import remember
     from cloudtrain.cost import rate_from, recorded
 
     found = timeline.read(provider, handle)
     figures = goodput.summarise(found["events"], status, rate_from(recorded(str(handle))))
+    remember(handle.job_id, figures["goodput"])  # what checkpoint.interval: auto plans the next run of it with
     return {**figures, "timeline": found}
 
 

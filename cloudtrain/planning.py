@@ -58,11 +58,13 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
 def _interval(spec: JobSpec) -> tuple[JobSpec, str | None]:
     """``checkpoint.interval: auto`` made a number of seconds for this job (the nodes get seconds), and the plan's
     note saying what was chosen and why."""
-    from cloudtrain.checkpoint_interval import AUTO, auto_interval
+    from cloudtrain.checkpoint_interval import AUTO, auto_interval, measured
 
     if spec.checkpoint.interval != AUTO:
         return spec, None
-    chosen = auto_interval(spot=spec.spot, nodes=spec.nodes, max_runtime=spec.max_runtime)
+    cost, between = measured(str(spec.name))  # what `status` saw earlier jobs of this name measure
+    chosen = auto_interval(spot=spec.spot, nodes=spec.nodes, max_runtime=spec.max_runtime, cost=cost,
+                           between=between)
     checkpoint = spec.checkpoint.model_copy(update={"interval": chosen.seconds})
     return spec.model_copy(update={"checkpoint": checkpoint}), chosen.note()
 
