@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.conftest import ddp_project
+from cloudtrain.testing.fixtures import ddp_project
 from tests.emulators import BUCKET, ensure
 
 if TYPE_CHECKING:
