@@ -395,7 +395,6 @@ def run_node(argv: list[str] | None, output: contextlib.ExitStack) -> int:
         log(f"node {cluster.node_rank}/{cluster.nnodes} on {cluster.platform}: {cluster.nproc_per_node} processes, "
             f"rendezvous {cluster.rdzv} at {cluster.master_addr}:{cluster.master_port}")
         from cloudtrain.node import events  # the job's timeline: this node is up (its log carries it to status)
-
         events.emit("node_started", rank=cluster.node_rank, nodes=cluster.nnodes, platform=cluster.platform)
 
         echo = worker_echo(workdir)  # runs of an earlier attempt in workdir are not echoed again

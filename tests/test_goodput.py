@@ -185,13 +185,13 @@ def test_a_restart_in_place_verifies_its_own_copy_and_downloads_only_the_rest(
     (old / "a.distcp").write_bytes(names["a.distcp"])
     (old / "b.distcp").write_bytes(bytes(len(names["b.distcp"])))  # same size, other bytes: not trusted
     fetched: list[str] = []
-    fetch = checkpoint_download._fetch
+    fetch = checkpoint_download.fetch_objects
 
     def recorded(store, items, link, log):
         fetched.extend(Path(local).name for _, local, _ in items)
         return fetch(store, items, link, log)
 
-    monkeypatch.setattr(checkpoint_download, "_fetch", recorded)
+    monkeypatch.setattr(checkpoint_download, "fetch_objects", recorded)
     lines: list[str] = []
     found = checkpoint_store.restore_latest(uri, tmp_path / "node", log=lines.append, earlier=[earlier])
     assert found is not None and found.step == 7
