@@ -20,7 +20,7 @@ from cloudtrain.plan import Plan
 from cloudtrain.planning import plan_job  # the SDK's own: `from cloudtrain.sdk import plan_job`
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import JobStatus, Provider
-from cloudtrain.reprs import job_html, job_text, status_html
+from cloudtrain.reprs import job_html, job_text
 from cloudtrain.spec import JobSpec, apply_overrides, load_spec, validate_spec
 from cloudtrain.submitted import budget_note, chain_of, job_cost, logs, preempt, with_restart_point  # noqa: F401 - all still the SDK's to import
 
@@ -148,7 +148,10 @@ class Run:
             return f"{self.handle} (status unavailable: {exc.message})"
 
     def _repr_html_(self) -> str:
-        return status_html(self.status())
+        """The job's report, as `cloudtrain report` writes it: its timeline, progress, goodput and cost."""
+        from cloudtrain.report import for_job, fragment  # only when a notebook shows it: the SDK imports light
+
+        return fragment(*for_job(self.provider, self.handle))
 
 
 def list_runs(provider: str = "local", limit: int = 50) -> list[JobStatus]:

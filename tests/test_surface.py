@@ -34,6 +34,7 @@ CLI = {
     "list": ['--limit', '--output', '--profile', '--provider'],
     "outputs": ['--download', '--output', '--profile'],
     "cost": ['--output', '--profile'],
+    "report": ['--output', '--profile'],
     "catalog": ['--gpus', '--output', '--provider'],
     "config": ['--file', '--output', '--profile', '--provider', '--set'],
     "config show": ['--file', '--output', '--profile', '--provider', '--set'],

@@ -122,6 +122,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from cloudtrain import report
+    from cloudtrain.storage.local import atomic_write
+
+    provider, handle = _provider_for(args.handle)
+    status, found, rate = report.for_job(provider, handle)
+    target = Path(args.output or f"report-{handle.job_id}.html")
+    data = report.page(status, found, rate).encode()
+    atomic_write(target, lambda out: out.write(data))  # whole or not at all
+    print(f"wrote {target} ({len(data) / 1e6:.2f} MB): open it in a browser (it needs no network)")
+    return 0
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import emit, status_text
 

@@ -263,6 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
     _profile_flag(outputs)
     _output_flag(outputs)
 
+    report = sub.add_parser("report", help="write a job's timeline, progress, goodput and cost as one HTML page "
+                                           "(self-contained: opens offline)")
+    report.add_argument("handle")
+    report.add_argument("-o", "--output", metavar="FILE", help="where to write it (default: ./report-JOB.html)")
+    _profile_flag(report)
+
     cost = sub.add_parser("cost", help="what a job has cost so far at list prices: runtime per leg, restarts, "
                                        "spot savings")
     cost.add_argument("handle")
