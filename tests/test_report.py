@@ -169,6 +169,14 @@ def test_unknown_handle_is_exit_2(preempted_job: tuple[Cli, str, Path], tmp_path
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
         assert "fix:" in out.stderr or "cloudtrain list" in out.stderr
     assert not (tmp_path / "r.html").exists()
+    from tests.conftest import cli_env
+
+    (tmp_path / "home-file").write_text("")  # a home that is not a folder: the user's to fix, said so
+    out = subprocess.run([sys.executable, "-m", "cloudtrain", "report", "local://x-20260101-000000-0000", "-o",
+                          str(tmp_path / "r.html")], env=cli_env(tmp_path / "home-file"), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "fix:" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "r.html").exists()
 
 
 def test_run_shows_the_report_in_a_notebook(preempted_job: tuple[Cli, str, Path]) -> None:
