@@ -149,9 +149,15 @@ class Run:
 
     def _repr_html_(self) -> str:
         """The job's report, as `cloudtrain report` writes it: its timeline, progress, goodput and cost."""
+        import html
+
+        from cloudtrain.errors import CloudtrainError
         from cloudtrain.report import for_job, fragment  # only when a notebook shows it: the SDK imports light
 
-        return fragment(*for_job(self.provider, self.handle))
+        try:
+            return fragment(*for_job(self.provider, self.handle))
+        except CloudtrainError as exc:  # as print(run) does: the cell shows why, not a traceback
+            return f"<div>{html.escape(f'{self.handle} (status unavailable: {exc.message})')}</div>"
 
 
 def list_runs(provider: str = "local", limit: int = 50) -> list[JobStatus]:

@@ -188,3 +188,6 @@ def test_run_shows_the_report_in_a_notebook(preempted_job: tuple[Cli, str, Path]
     out = subprocess.run([sys.executable, "-c", code, handle], env=cli_env(home), capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    gone = "from cloudtrain.sdk import Run\nprint(Run.attach('local://gone-20260101-000000-0000')._repr_html_())"
+    out = subprocess.run([sys.executable, "-c", gone], env=cli_env(home), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "status unavailable: no local job" in out.stdout, out.stderr
