@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from cloudtrain import contract
 from cloudtrain.errors import UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.node import secret_values as sv
@@ -92,7 +93,7 @@ def hold(root: str, values: dict[str, str]) -> None:
 
 
 def _variable_for(at: list[Any]) -> str:
-    return "CLOUDTRAIN_SECRET_" + re.sub(r"[^A-Za-z0-9]+", "_", "_".join(map(str, at))).strip("_").upper()
+    return contract.SECRET_FIELD_PREFIX + re.sub(r"[^A-Za-z0-9]+", "_", "_".join(map(str, at))).strip("_").upper()
 
 
 def where(ref: dict[str, Any]) -> str:

@@ -75,7 +75,7 @@ _STAMP = re.compile(r"(-\d{8}-\d{6}-[0-9a-f]{4})?(-r\d+)?$")
 def _file(name: str) -> Path:
     from cloudtrain.home import cloudtrain_home
 
-    return cloudtrain_home() / "events" / "measured" / f"{name}.json"
+    return cloudtrain_home() / "measured" / f"{name}.json"
 
 
 def remember(job_id: str, goodput: dict[str, Any]) -> None:

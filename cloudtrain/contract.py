@@ -90,6 +90,11 @@ VARIABLES = (
     Variable("CLOUDTRAIN_SECRET_ARG_", "CLOUDTRAIN_SECRET_ARG_<n>: a secret script argument or pip requirement, "
              "kept off command lines",
              "plan (secrets.split_args)", "the bundle's sitecustomize (workers' sys.argv), bootstrap (requirements)"),
+    Variable("CLOUDTRAIN_SECRET_", "CLOUDTRAIN_SECRET_<FIELD>: a secret in another spec field of a recovery chain, "
+             "taken from the watcher's environment for a later leg", "you (where the submit note says so)",
+             "cloudtrain.chain_file"),
+    Variable("CLOUDTRAIN_STEP_REPORT_SECONDS", "at most one step event per this many seconds (default 2)", "you",
+             "cloudtrain.runtime.report_step (cloudtrain.node.events)"),
     Variable("CLOUDTRAIN_TRANSFER_THREADS", "objects transferred at once by a restore or a checkpoint upload "
              "(default 8)", "you (the spec's env, or your shell)", "cloudtrain.storage.transfer"),
     Variable("CLOUDTRAIN_FORCE_CPU", "1: use the CPU even where CUDA is available", "you",
@@ -132,6 +137,7 @@ SUPERVISOR_FD, GRACE_PERIOD, PROCESS_TAG, RANK_REPORTS, SECRET_ARG_PREFIX, FORCE
 HOME, CONFIG, PROFILE, PLUGINS = "CLOUDTRAIN_HOME", "CLOUDTRAIN_CONFIG", "CLOUDTRAIN_PROFILE", "CLOUDTRAIN_PLUGINS"
 REQUIRE_PROCESS_GROUP, STOP_REASON_FILE = "CLOUDTRAIN_REQUIRE_PROCESS_GROUP", "CLOUDTRAIN_STOP_REASON_FILE"
 SPOT_NOTICE, METADATA_URL = "CLOUDTRAIN_SPOT_NOTICE", "CLOUDTRAIN_METADATA_URL"
+SECRET_FIELD_PREFIX, STEP_REPORT_SECONDS = "CLOUDTRAIN_SECRET_", "CLOUDTRAIN_STEP_REPORT_SECONDS"
 CHECKPOINT_REQUEST, CHECKPOINT_SIGNAL = "CLOUDTRAIN_CHECKPOINT_REQUEST", "CLOUDTRAIN_CHECKPOINT_SIGNAL"
 
 # cloudtrain's node variables a script's args (and resume_args) may name as ${NAME}: the node replaces each with its

@@ -205,7 +205,8 @@ def test_notebook_plans_every_cloud_and_runs_locally(ct_home: Path, tmp_path: Pa
     html = [o["data"]["text/html"] for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs
             if "text/html" in o.get("data", {})]
     assert any("Plan for gcp" in h and "a2-highgpu-8g" in h and "on-demand $" in h for h in html)
-    assert any(f"Run {finished.group(1)}" in h and ">succeeded<" in h for h in html)
+    # the finished run shows its report (cloudtrain report's page: its state, timeline, goodput)
+    assert any(f">{finished.group(1)}<" in h and ">succeeded" in h and "goodput" in h for h in html)
     # outputs: each node's logs, copied to the job's output location; list_runs shows the run
     assert one(r"output: logs/node-0/\S+/stdout\.log", text) and one(r"output: logs/node-1/\S+", text)
     assert f"run: {finished.group(1)} succeeded" in text

@@ -121,6 +121,15 @@ def test_a_ddp_job_runs_on_two_nodes_and_its_outputs_come_back(ddp_run: tuple[Cl
     assert torch.load(tmp_path / "got" / "model.pt", weights_only=True).keys() == final_weights(out).keys()
     listed = json.loads(run("list", "--provider", "slurm", "-o", "json").stdout)
     assert [s["state"] for s in listed if s["handle"] == handle] == ["succeeded"]
+    # issue 41.1 on Slurm: the client's events, Slurm's states and both nodes' events (from their logs on the shared
+    # filesystem: node_started, the trainer's steps and checkpoints) in time order; progress and goodput from them
+    events = status["timeline"]["events"]
+    kinds = [e["e"] for e in events]
+    for kind in ("submitted", "staged", "node_started", "step", "checkpoint", "ended"):
+        assert kind in kinds, (kind, kinds)
+    assert sorted(e["rank"] for e in events if e["e"] == "node_started") == [0, 1]
+    assert [e["t"] for e in events] == sorted(e["t"] for e in events) and status["timeline"]["missing"] == 0
+    assert status["progress"]["step"] == 32 and status["goodput"]["ratio"] is not None
 
 
 @pytest.mark.slow
@@ -454,19 +463,3 @@ def test_a_job_that_published_nothing_never_reads_a_plain_succeeded(cli: Cli) ->
     assert status["state"] == "succeeded" and "ckpts" in status["message"], status
     assert "nothing was published" in status["message"] or "is empty" in status["message"], status["message"]
 
-
-@pytest.mark.slow
-def test_a_slurm_job_has_a_timeline_from_its_states_and_its_nodes_events(ddp_run: tuple[Cli, str, str],
-                                                                         slurm: SlurmCluster) -> None:  # noqa: F811
-    """Issue 41.1 on Slurm: the client's own events (submitted, staged), Slurm's states as status saw them, and each
-    node's events carried by its log on the shared filesystem (node_started of both nodes, the reference trainer's
-    steps and checkpoints), in time order; goodput and progress from them."""
-    run, handle, _ = ddp_run
-    found = run.status(handle)
-    events = found["timeline"]["events"]
-    kinds = [e["e"] for e in events]
-    for kind in ("submitted", "staged", "node_started", "step", "checkpoint", "ended"):
-        assert kind in kinds, (kind, kinds)
-    assert sorted(e["rank"] for e in events if e["e"] == "node_started") == [0, 1]
-    assert [e["t"] for e in events] == sorted(e["t"] for e in events) and found["timeline"]["missing"] == 0
-    assert found["progress"]["step"] == 32 and found["goodput"]["ratio"] is not None

@@ -15,8 +15,10 @@ import sys
 import time
 from typing import Any
 
+from cloudtrain import contract
+
 PREFIX = "cloudtrain-event "
-STEP_SECONDS = "CLOUDTRAIN_STEP_REPORT_SECONDS"  # at most one step event per this many seconds (default 2)
+STEP_SECONDS = contract.STEP_REPORT_SECONDS  # at most one step event per this many seconds (default 2)
 
 
 def line(kind: str, **fields: Any) -> str:
