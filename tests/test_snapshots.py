@@ -342,7 +342,10 @@ def test_a_torn_step_folder_of_the_default_layout_is_never_published(tmp_path: P
     from cloudtrain.node import steps
 
     for var in (contract.CHECKPOINT_URI, contract.CHECKPOINT_DIR, contract.CHECKPOINT_LAYOUT, contract.NNODES):
-        monkeypatch.delenv(var, raising=False)  # PlainSync adopts the node's environment into this process
+        # PlainSync adopts the node's environment into this process: set, then unset, so that monkeypatch puts each
+        # back as it was (absent) at the end, and no later test of this worker runs with this test's store
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     uri = store(tmp_path)
     save(tmp_path / "ckpt" / "step-5" / "state.pt", 5.0)
     save(tmp_path / "ckpt" / "step-10" / "state.pt", 10.0)
