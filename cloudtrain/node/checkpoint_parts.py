@@ -36,6 +36,7 @@ from cloudtrain.node.checkpoint_manifest import checked_files, safe_relative
 PARTS = "node-parts"
 RESTORED = "restored"  # an index's word for an entry the node holds as its restore put it there
 FINAL_WAIT = 120.0  # seconds node 0 waits, once its workers exited, for the other nodes' last parts
+CLOSE_WAIT = 15.0  # seconds node 0 waits at its end for the other nodes' last word, when it needed none of it
 
 Log = Callable[[str], None]
 
@@ -232,11 +233,11 @@ class NodeParts:
     def _indexes(self) -> dict[int, Index | None]:
         return {node: read_index(self.uri, node) for node in range(1, self.nodes)}
 
-    def wait_final(self) -> bool:
-        """Once node 0's workers exited: wait (at most ``final_wait``, once) for every other node to say its parts
-        are all uploaded. Returns whether all did."""
+    def wait_final(self, timeout: float | None = None) -> bool:
+        """Once node 0's workers exited: wait (at most ``final_wait``, or ``timeout``; once) for every other node to
+        say its parts are all uploaded. Returns whether all did."""
         if self.all_final is None:
-            deadline = time.monotonic() + self.final_wait
+            deadline = time.monotonic() + (self.final_wait if timeout is None else timeout)
             while not all(index is not None and index.final for index in self._indexes().values()):
                 if time.monotonic() >= deadline:
                     self.all_final = False
@@ -308,9 +309,9 @@ class NodeParts:
         """At the end of node 0's run: its copies go, and where every node said it uploaded all it will, the store's
         part folder too (what a node left unsaid, its next run's start removes)."""
         shutil.rmtree(self.staging, ignore_errors=True)
-        done = self.all_final if self.all_final is not None else \
-            all(index is not None and index.final for index in self._indexes().values())
-        if done:
+        # the other nodes end with node 0 (their workers stop together): a few seconds for their last word, so a
+        # run that published nothing through parts (the Checkpointer's own folder) leaves no index behind either
+        if self.wait_final(CLOSE_WAIT):
             try:
                 store = storage.store_for(self.uri)
                 leftover = store.list(storage.join(self.uri, PARTS))
