@@ -165,7 +165,7 @@ def test_a_two_node_dcp_job_publishes_and_resumes_from_both_nodes_shards(
     assert not list((tmp_path / "store").glob(f"{PARTS}/*")), "the parts leave the store at the job's end"
 
 
-@pytest.mark.slow
+@pytest.mark.soak  # two HF runs on 2 nodes, one preempted: ~80 s, a long end-to-end run (nox -s soak)
 def test_a_two_node_hf_trainer_preempted_resumes_to_the_uninterrupted_weights(
         tmp_path: Path, _no_stray_jobs: None) -> None:
     """37.6 end to end: the HF Trainer on 2 nodes x 1 process, a GPT-2 with dropout. Every rank saves its own
