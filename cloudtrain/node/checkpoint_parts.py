@@ -110,7 +110,10 @@ class PartSync:
         for entry, files in folder_entries(self._scan()).items():  # restored: node 0 holds them too
             self.parts[entry] = (files, RESTORED)
             self.seen[entry] = files
-        self._write_index(final=False)  # before the workers start: node 0 never reads an earlier run's index
+        try:  # before the workers start: node 0 never reads an earlier run's index
+            self._write_index(final=False)
+        except (CloudtrainError, OSError) as exc:  # node 0 then publishes no folder this node may hold part of
+            self.log(f"warning: could not write this node's checkpoint index under {self.uri} ({exc})")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cloudtrain-checkpoint-parts", daemon=True)
         if thread:
