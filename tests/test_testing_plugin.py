@@ -34,16 +34,26 @@ def installed_like_a_wheel(site: Path) -> None:
         f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()) for group, entries in groups.items()))
 
 
-def test_a_plugin_package_runs_the_shipped_suite_without_a_cloudtrain_checkout(tmp_path: Path) -> None:
-    site, package = tmp_path / "site", tmp_path / "toyprov-src"
+def plugin_beside_cloudtrain(tmp: Path, name: str, entry_points: str, test_name: str,
+                             tests: str) -> tuple[Path, Path, Path]:
+    """cloudtrain installed like its wheel in ``tmp/site``, the plugin package ``tests/plugin/<name>`` registered
+    there by its .dist-info (``entry_points``), and its own tests in ``tmp/<name>-src/tests``: (site, package
+    source, the plugin's .dist-info)."""
+    site, package = tmp / "site", tmp / f"{name}-src"
     installed_like_a_wheel(site)
-    shutil.copytree(PLUGIN / "toyprov", package / "toyprov", ignore=shutil.ignore_patterns("__pycache__"))
-    dist = site / "toyprov-0.1.dist-info"
+    shutil.copytree(PLUGIN / name, package / name, ignore=shutil.ignore_patterns("__pycache__"))
+    dist = site / f"{name}-0.1.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyprov\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[cloudtrain.providers]\ntoy = toyprov:PROVIDER\n")
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(entry_points + "\n")
     (package / "tests").mkdir()
-    (package / "tests" / "test_toy.py").write_text(PLUGIN_TESTS)
+    (package / "tests" / test_name).write_text(tests)
+    return site, package, dist
+
+
+def test_a_plugin_package_runs_the_shipped_suite_without_a_cloudtrain_checkout(tmp_path: Path) -> None:
+    site, package, _ = plugin_beside_cloudtrain(tmp_path, "toyprov", "[cloudtrain.providers]\ntoy = toyprov:PROVIDER",
+                                                "test_toy.py", PLUGIN_TESTS)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLOUDTRAIN_")}  # as on the plugin author's machine
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(package)])
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
@@ -109,15 +119,8 @@ def test_a_store_plugin_passes_the_shipped_store_suite_without_a_cloudtrain_chec
     in cloudtrain.testing. A third-party r2:// store (tests/plugin/r2store: S3's API at an endpoint of its own, here
     the S3 emulator) passes it where cloudtrain is installed as its wheel installs it; a spec takes r2:// URIs once
     the plugin is installed, and names the fix when it is not."""
-    site, package = tmp_path / "site", tmp_path / "r2store-src"
-    installed_like_a_wheel(site)
-    shutil.copytree(PLUGIN / "r2store", package / "r2store", ignore=shutil.ignore_patterns("__pycache__"))
-    dist = site / "r2store-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: r2store\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[cloudtrain.stores]\nr2 = r2store:R2Store\n")
-    (package / "tests").mkdir()
-    (package / "tests" / "test_r2.py").write_text(STORE_TESTS)
+    site, package, dist = plugin_beside_cloudtrain(tmp_path, "r2store", "[cloudtrain.stores]\nr2 = r2store:R2Store",
+                                                   "test_r2.py", STORE_TESTS)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CLOUDTRAIN_", "AWS_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(package)])
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_r2.py"],
