@@ -30,7 +30,7 @@ from cloudtrain import storage
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.node import checkpoint_store
 from cloudtrain.node.checkpoint_download import fetch_objects, log_line, matches
-from cloudtrain.node.checkpoint_files import Files, broken, containers, entry_of, scan, state_of
+from cloudtrain.node.checkpoint_files import Files, broken, containers, entry_of, marker_missing, scan, state_of
 from cloudtrain.node.checkpoint_manifest import checked_files, safe_relative
 
 PARTS = "node-parts"
@@ -274,6 +274,22 @@ class NodeParts:
                     found[entry].append(self._download(entry, part))
                 except (CloudtrainError, OSError, ValueError) as exc:
                     problems.setdefault(entry, f"node {node}'s files of it could not be downloaded ({exc})")
+        return found, problems
+
+    def complete(self, entries: list[str], own: list[str], final: bool,
+                 world_size: int) -> tuple[dict[str, list[Part]], dict[str, str]]:
+        """``gather`` for node 0's folder entries (``own``: node 0's files of them, paths in the checkpoint folder),
+        waiting for the other nodes' last word once the workers exited, and holding back a DCP folder whose shards,
+        counted over every node, lack a rank's."""
+        if final:
+            self.wait_final()
+        found, problems = self.gather(entries, final)
+        for entry in entries:
+            names = [rel for rel in own if rel.startswith(entry + "/")]
+            names += [f["path"] for part in found[entry] for f in part.files]
+            missing = marker_missing(entry, names, world_size)
+            if missing and entry not in problems:
+                problems[entry] = f"no node holds its {missing}"
         return found, problems
 
     def _download(self, entry: str, part: str) -> Part:

@@ -271,15 +271,7 @@ class Snapshotter:
         folders = sorted({entry for entry in chosen if any(rel.startswith(entry + "/") for rel in snapshot)})
         if not folders:
             return []
-        if final:
-            self.parts.wait_final()
-        found, problems = self.parts.gather(folders, final)
-        for entry in folders:
-            names = [rel for rel in snapshot if rel.startswith(entry + "/")]
-            names += [f["path"] for part in found[entry] for f in part.files]
-            missing = marker_missing(entry, names, self.ranks)
-            if missing and entry not in problems:
-                problems[entry] = f"no node holds its {missing}"
+        found, problems = self.parts.complete(folders, list(snapshot), final, self.ranks)
         if not problems:
             return [part for entry in folders for part in found[entry]]
         entry = sorted(problems)[0]

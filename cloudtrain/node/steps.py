@@ -210,14 +210,11 @@ class PlainSync:
         name = folder.name
         rels = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
         why, parts = broken(folder, rels), []
-        if why is None and self.parts is not None:
-            if final:
-                self.parts.wait_final()
-            found, problems = self.parts.gather([name], final)
+        if why is None and self.parts is not None:  # every node's files of it, DCP shards counted over all
+            found, problems = self.parts.complete([name], [f"{name}/{rel}" for rel in rels], final, self.world_size)
             why, parts = problems.get(name), found[name]
-        if why is None:
-            names = [f"{name}/{rel}" for rel in rels] + [f["path"] for part in parts for f in part.files]
-            missing = marker_missing(name, names, self.world_size)
+        elif why is None:
+            missing = marker_missing(name, [f"{name}/{rel}" for rel in rels], self.world_size)
             why = f"no node holds its {missing}" if missing else None
         if why is not None:
             if final:
