@@ -4,7 +4,7 @@
 
 (a) cloudtrain's deterministic bundle of a FILES-file, MB-megabyte tree vs `tar czf` of the same tree, in the same
     run (ratio = cloudtrain / tar; target <= 1.0); cloudtrain's time includes scanning every text file for
-    credentials (cloudtrain/secret_scan.py), which tar does not do;
+    credentials (cloudtrain/bundle/secret_scan.py), which tar does not do;
 (b) bytes uploaded by staging the same tree twice (target: 0 the second time).
 Data is half random (incompressible) and half text, like a source tree with a few binary assets.
 """
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from cloudtrain import storage
-from cloudtrain.packaging import PackageLimits, build_package
-from cloudtrain.staging import stage_bundle
+from cloudtrain.bundle.packaging import PackageLimits, build_package
+from cloudtrain.bundle.staging import stage_bundle
 
 
 def make_tree(root: Path, files: int, total_mb: int) -> None:

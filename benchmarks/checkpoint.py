@@ -26,7 +26,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cloudtrain import storage
-from cloudtrain.node import checkpoint_store
+from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.runtime.checkpointer import Checkpointer
 
 

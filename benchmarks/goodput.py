@@ -15,7 +15,8 @@ checkpoint blocks training for ``--checkpoint-cost`` seconds.
 
 Reported per policy (mean over seeds): goodput = useful training time / wall time (to the end of the job; a job
 that did not finish, its restarts spent, counts the whole day), cost (node-hours x list price from
-cloudtrain/catalog.py: spot where published, else on-demand) against on-demand for the same useful work, legs used,
+cloudtrain/platforms/catalog.py: spot where published, else on-demand) against on-demand for the same useful
+work, legs used,
 resubmissions, and whether the job finished; then ratios of the fallback policy against the baseline (no fallback:
 the first leg only), measured in the same run.
 """
@@ -47,7 +48,7 @@ LEGS = {("aws", "us-east-1"): (0.35, 0.10, 3.0), ("aws", "us-west-2"): (0.25, 0.
 def price(provider: str, gpus: str, nodes: int) -> tuple[float, float]:
     """(spot, on-demand) USD per hour for the job's nodes from cloudtrain's catalog; spot falls back to on-demand
     where the platform publishes none (SageMaker, Azure ML): the one place cost is computed."""
-    from cloudtrain import catalog
+    from cloudtrain.platforms import catalog
 
     model, count = catalog.parse_accelerator(gpus)
     machine = catalog.lookup(provider, model, count)
@@ -196,8 +197,8 @@ def replay(seed: int, legs: list[tuple[str, str]], work_h: float, gpus: str, nod
            max_restarts: int, interval: float = CKPT, blocked: float = CKPT_COST) -> dict[str, float]:
     from cloudtrain.backoff import Backoff
     from cloudtrain.errors import CloudtrainError
-    from cloudtrain.fallback import Leg, Refused, try_legs
-    from cloudtrain.recovery import RecoveryState, drive, save
+    from cloudtrain.jobs.fallback import Leg, Refused, try_legs
+    from cloudtrain.jobs.recovery import RecoveryState, drive, save
 
     rng = random.Random(seed)
     traces = {f"{p} {r}": make_trace(rng, *LEGS[(p, r)]) for p, r in LEGS}  # same day for every policy
@@ -244,7 +245,7 @@ def replay(seed: int, legs: list[tuple[str, str]], work_h: float, gpus: str, nod
 
 
 def main() -> int:
-    from cloudtrain.checkpoint_interval import auto_interval
+    from cloudtrain.plan.checkpoint_interval import auto_interval
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=20)

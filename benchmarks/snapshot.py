@@ -10,7 +10,7 @@ gcp-storage-emulator, Azurite, on 127.0.0.1), interleaved (ABBA) so both sides s
     the folder, read the zip's central directory, upload while hashing, re-check the file did not change, write
     the manifest, retention) vs a whole process uploading the same file with the SDK's best configuration
     (benchmarks/transfer.py's baselines). Target >= 1.0x (throughput, baseline / cloudtrain).
-(b) restore: ``python -m cloudtrain.node.checkpoint_store restore URI DIR`` (list, manifest, download, verify sha256,
+(b) restore: ``python -m cloudtrain.checkpoint.store restore URI DIR`` (list, manifest, download, verify sha256,
     put the file back under its own name) vs the SDK's best download of the object. Target >= 1.0x.
 (c) blocked: what training waits for. The worker's ``torch.save`` is the script's own call, untouched; publishing
     runs in the node's bootstrap, after the file is complete. Measured here as the time a training loop in this
@@ -41,7 +41,7 @@ import transfer  # noqa: E402  (benchmarks/transfer.py: its baselines, emulators
 PUBLISH = """
 import sys
 from pathlib import Path
-from cloudtrain.node import checkpoint_snapshots
+from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
 snap = checkpoint_snapshots.Snapshotter(Path(sys.argv[1]) / "empty", sys.argv[2], keep=2, quiet=0.0)
 snap.root = Path(sys.argv[1]) / "out"  # started on an empty folder, as a fresh node: the file is new to it
 assert snap.poll() is not None
@@ -72,7 +72,8 @@ def step_seconds(until: threading.Event | float) -> float:
 
 def bench(scheme: str, tmp: Path, mb: int, repeat: int) -> dict[str, float]:
     from cloudtrain import storage
-    from cloudtrain.node import checkpoint_snapshots, checkpoint_store
+    from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
+    from cloudtrain.checkpoint import store as checkpoint_store
 
     folder = tmp / "out"
     path = make_ckpt(folder, mb)
@@ -128,7 +129,7 @@ def bench(scheme: str, tmp: Path, mb: int, repeat: int) -> dict[str, float]:
 
     def our_restore() -> float:
         shutil.rmtree(mine, ignore_errors=True)
-        return transfer.timed([py, "-m", "cloudtrain.node.checkpoint_store", "restore", uri, str(mine)], env,
+        return transfer.timed([py, "-m", "cloudtrain.checkpoint.store", "restore", uri, str(mine)], env,
                               f"{scheme}-restore")
 
     downloads = {v: sdk_download(v) for v in transfer.DOWNLOADS[scheme][1]}
@@ -149,7 +150,8 @@ def bench(scheme: str, tmp: Path, mb: int, repeat: int) -> dict[str, float]:
 def blocked(tmp: Path, mb: int) -> None:
     """(c) on the file store: a training loop beside a publish, and save end -> published by a real sync thread."""
     from cloudtrain import contract
-    from cloudtrain.node import checkpoint_snapshots, steps
+    from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
+    from cloudtrain.node import steps
 
     folder, store = tmp / "blocked" / "out", tmp / "blocked" / "store"
     snap = checkpoint_snapshots.Snapshotter(folder, store.as_uri() + "/beside", keep=2, quiet=0.0)

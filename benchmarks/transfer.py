@@ -7,7 +7,7 @@ A sharded checkpoint (one large file and many small ones, >= 500 MB by default) 
 (moto's S3 server, gcp-storage-emulator, Azurite; started as tests/emulators.py starts them, on 127.0.0.1). Then, per
 store, interleaved so that both sides see the same emulator state and machine load:
 
-(a) restore: ``python -m cloudtrain.node.checkpoint_store restore URI DIR`` (list, read the manifest, download, verify
+(a) restore: ``python -m cloudtrain.checkpoint.store restore URI DIR`` (list, read the manifest, download, verify
     every sha256, move into place: a whole process) vs a whole process that downloads the same objects with the SDK's
     best transfer: boto3's TransferManager (every file submitted at once), google-cloud-storage's transfer_manager (or
     its plain serial download), azure-storage-blob's concurrent download. Each SDK is tried in each of its
@@ -198,7 +198,7 @@ def run_baseline(argv: list[str]) -> None:
 OUR_UPLOAD = """
 import json, sys
 from pathlib import Path
-from cloudtrain.node import checkpoint_store
+from cloudtrain.checkpoint import store as checkpoint_store
 source, remote, spec = Path(sys.argv[1]), sys.argv[2], json.loads(Path(sys.argv[3]).read_text())
 if spec["describe"]:
     checkpoint_store.describe_and_upload(source, [f["path"] for f in spec["files"]], remote)
@@ -292,7 +292,7 @@ def ratio_text(theirs: list[float], ours: list[float]) -> str:
 
 def bench_store(scheme: str, root: str, source: Path, names: list[str], files: list[dict[str, Any]], tmp: Path,
                 env: dict[str, str], repeat: int, parts: list[str]) -> dict[str, float]:
-    from cloudtrain.node import checkpoint_store
+    from cloudtrain.checkpoint import store as checkpoint_store
 
     mb = sum(f["size"] for f in files) / 1e6
     remote = f"{root}/{checkpoint_store.step_dir(1)}"
@@ -313,7 +313,7 @@ def bench_store(scheme: str, root: str, source: Path, names: list[str], files: l
 
     def our_restore() -> float:
         shutil.rmtree(ours_dir, ignore_errors=True)
-        return timed([py, "-m", "cloudtrain.node.checkpoint_store", "restore", root, str(ours_dir)], env,
+        return timed([py, "-m", "cloudtrain.checkpoint.store", "restore", root, str(ours_dir)], env,
                      f"{scheme}-restore")
 
     if "restore" not in parts:
@@ -406,7 +406,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("AZURITE_BIN", str(REPO / ".nox" / "node" / "node_modules" / ".bin" / "azurite-blob"))
     from cloudtrain import storage
-    from cloudtrain.node import checkpoint_store
+    from cloudtrain.checkpoint import store as checkpoint_store
 
     tmp = Path(tempfile.mkdtemp(prefix="ct-transfer-"))
     source = tmp / "checkpoint"

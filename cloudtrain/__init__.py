@@ -16,12 +16,12 @@ __all__ = ["CloudtrainError", "Job", "JobSpec", "Run", "__version__", "list_runs
 if TYPE_CHECKING:
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.sdk import Job, Run, list_runs
-    from cloudtrain.spec import JobSpec
+    from cloudtrain.spec.model import JobSpec
 
 __getattr__ = lazy_exports(__name__, {
     "Job": "cloudtrain.sdk",
     "Run": "cloudtrain.sdk",
     "list_runs": "cloudtrain.sdk",
-    "JobSpec": "cloudtrain.spec",
+    "JobSpec": "cloudtrain.spec.model",
     "CloudtrainError": "cloudtrain.errors",
 })

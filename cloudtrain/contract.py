@@ -41,10 +41,10 @@ VARIABLES = (
     Variable("CLOUDTRAIN_CHECKPOINT_LAYOUT", "script: the checkpoint folder is the script's own (checkpoint.dir), "
              "published and restored entry by entry under the script's names, step-<N> folders included; unset: "
              "cloudtrain's step-<N> folders are published one by one (restored as step-<9 digits> with a manifest)",
-             "plan (checkpoint.dir)", "bootstrap (sync, restore: cloudtrain.node.checkpoint_snapshots)"),
+             "plan (checkpoint.dir)", "bootstrap (sync, restore: cloudtrain.checkpoint.snapshots)"),
     Variable("CLOUDTRAIN_CHECKPOINT_QUIET", "seconds a checkpoint folder's snapshot must stay unchanged before it "
              "is published, where no file format says it is complete (default 2)", "you (the spec's env)",
-             "bootstrap (sync: cloudtrain.node.checkpoint_snapshots)"),
+             "bootstrap (sync: cloudtrain.checkpoint.snapshots)"),
     Variable("CLOUDTRAIN_RESTORED_STEP", "the step this node restored into CLOUDTRAIN_CHECKPOINT_DIR before its "
              "workers started, or none: their Checkpointer's first restore loads it without listing the store again",
              "node steps (the bootstrap's restore)", "Checkpointer"),
@@ -79,7 +79,7 @@ VARIABLES = (
     Variable("CLOUDTRAIN_GRACE_PERIOD", "seconds between a node's own SIGTERM and SIGKILL", "local supervisor",
              "node watch"),
     Variable("CLOUDTRAIN_PROCESS_TAG", "marks every process of a local node, so none outlives it",
-             "local supervisor", "cloudtrain.procs"),
+             "local supervisor", "cloudtrain.home.procs"),
     Variable("CLOUDTRAIN_RANK_REPORTS", "the folder each worker reports its process group to", "node watch",
              "cloudtrain.node.rank_report (in the workers)"),
     Variable("CLOUDTRAIN_REQUIRE_PROCESS_GROUP", "1: a node whose processes each trained alone (none took part in "
@@ -92,7 +92,7 @@ VARIABLES = (
              "plan (secrets.split_args)", "the bundle's sitecustomize (workers' sys.argv), bootstrap (requirements)"),
     Variable("CLOUDTRAIN_SECRET_", "CLOUDTRAIN_SECRET_<FIELD>: a secret in another spec field of a recovery chain, "
              "taken from the watcher's environment for a later leg", "you (where the submit note says so)",
-             "cloudtrain.chain_file"),
+             "cloudtrain.jobs.chain_file"),
     Variable("CLOUDTRAIN_STEP_REPORT_SECONDS", "at most one step event per this many seconds (default 2)", "you",
              "cloudtrain.runtime.report_step (cloudtrain.node.events)"),
     Variable("CLOUDTRAIN_TRANSFER_THREADS", "objects transferred at once by a restore or a checkpoint upload "
@@ -115,8 +115,8 @@ VARIABLES = (
              "you (the spec's env)", "bootstrap (spot notice)"),
     Variable("CLOUDTRAIN_HOME", "cloudtrain's own state on this machine (default ~/.cloudtrain)", "you",
              "cloudtrain (jobs, local store, temp files)", "host"),
-    Variable("CLOUDTRAIN_CONFIG", "the settings file (profiles)", "you", "cloudtrain.config", "host"),
-    Variable("CLOUDTRAIN_PROFILE", "the profile to use (default: default)", "you", "cloudtrain.config", "host"),
+    Variable("CLOUDTRAIN_CONFIG", "the settings file (profiles)", "you", "cloudtrain.spec.settings", "host"),
+    Variable("CLOUDTRAIN_PROFILE", "the profile to use (default: default)", "you", "cloudtrain.spec.settings", "host"),
     Variable("CLOUDTRAIN_PLUGINS", "the provider plugins used: unset, every installed one; 'none'; or their names "
              "('toy,other'). cloudtrain's own tests set 'none'", "you", "cloudtrain.registry", "host"),
 )

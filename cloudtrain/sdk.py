@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.handles import JobHandle
-from cloudtrain.outputs import OutputFile
-from cloudtrain.plan import Plan
-from cloudtrain.planning import plan_job  # the SDK's own: `from cloudtrain.sdk import plan_job`
+from cloudtrain.jobs.outputs import OutputFile
+from cloudtrain.jobs.submitted import budget_note, chain_of, job_cost, logs, preempt, with_restart_point  # noqa: F401 - all still the SDK's to import
+from cloudtrain.plan.model import Plan
+from cloudtrain.plan.planner import plan_job  # the SDK's own: `from cloudtrain.sdk import plan_job`
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import JobStatus, Provider
-from cloudtrain.reprs import job_html, job_text
-from cloudtrain.spec import JobSpec, apply_overrides, load_spec, validate_spec
-from cloudtrain.submitted import budget_note, chain_of, job_cost, logs, preempt, with_restart_point  # noqa: F401 - all still the SDK's to import
+from cloudtrain.show.reprs import job_html, job_text
+from cloudtrain.spec.model import JobSpec, apply_overrides, load_spec, validate_spec
 
 
 class Job:
@@ -105,8 +105,8 @@ class Run:
             if not recover:
                 status = self.provider.wait(self.handle, timeout=timeout, poll=poll, on_poll=waited)
             else:
-                from cloudtrain.fallback import move
-                from cloudtrain.recovery import wait_with_recovery
+                from cloudtrain.jobs.fallback import move
+                from cloudtrain.jobs.recovery import wait_with_recovery
 
                 status = wait_with_recovery(self.provider, self.handle, max_restarts=max_restarts, timeout=timeout,
                                             poll=poll, max_recovery=max_recovery, mover=move)
@@ -128,8 +128,8 @@ class Run:
     def outputs(self, download: str | Path | None = None) -> list[OutputFile]:
         """The job's outputs (final model, node logs) at its output location; ``download``: copy them into that
         folder too (with progress) and return where each landed."""
-        from cloudtrain.outputs import download as fetch
-        from cloudtrain.outputs import list_outputs, output_uri
+        from cloudtrain.jobs.outputs import download as fetch
+        from cloudtrain.jobs.outputs import list_outputs, output_uri
 
         uri = output_uri(self.provider, self.handle)
         return fetch(uri, Path(download)) if download is not None else list_outputs(uri)
@@ -140,7 +140,7 @@ class Run:
     def __str__(self) -> str:
         """The job's status as `cloudtrain status` prints it (asks the provider)."""
         from cloudtrain.errors import CloudtrainError
-        from cloudtrain.formatting import status_text
+        from cloudtrain.show.formatting import status_text
 
         try:
             return status_text(self.status())
@@ -152,7 +152,7 @@ class Run:
         import html
 
         from cloudtrain.errors import CloudtrainError
-        from cloudtrain.report import for_job, fragment  # only when a notebook shows it: the SDK imports light
+        from cloudtrain.show.report import for_job, fragment  # only when a notebook shows it: the SDK imports light
 
         try:
             return fragment(*for_job(self.provider, self.handle))

@@ -48,7 +48,7 @@ MAX_TOTAL_BYTES = 32 * 1024**3
 PLAIN_CONTRACT = "cloudtrain/providers/local/node.py"  # cloudtrain's own node contract, under the bundle's lib/
 
 
-# == the pure half: what the planner imports (cloudtrain/node_commands.py) =========================================
+# == the pure half: what the planner imports (cloudtrain/plan/node_commands.py) ==================================
 
 
 class BootstrapError(Exception):

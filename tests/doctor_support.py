@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import doctor
-from cloudtrain.doctor import Check, diagnose, render
+from cloudtrain.show import doctor
+from cloudtrain.show.doctor import Check, diagnose, render
 
 # Values that must never reach a check: each is written into a file or the environment by some test.
 SECRETS = {

@@ -225,7 +225,7 @@ class Soak:
 
     def preempt(self, handle: Any, restarts: int) -> None:
         """SIGTERM to every node, as `cloudtrain preempt` sends it; the supervisor restarts the job."""
-        from cloudtrain.procs import is_alive
+        from cloudtrain.home.procs import is_alive
 
         old = [n["pid"] for n in self.status(handle).nodes]
         self.provider.preempt(handle)
@@ -244,7 +244,7 @@ class Soak:
 
     def kill(self, handle: Any, nodes: list[dict[str, Any]], record: Interruption) -> None:
         """SIGKILL every node (the machines are simply gone), then submit the same job again."""
-        from cloudtrain.procs import kill_tagged, signal_group, tag_alive
+        from cloudtrain.home.procs import kill_tagged, signal_group, tag_alive
 
         for node in nodes:
             signal_group(node["pid"], signal.SIGKILL)
@@ -287,9 +287,9 @@ class Soak:
         self.report.restarts = sum(self.status(JobHandle("local", job)).restarts for job in self.jobs)
 
     def check_cleanup(self) -> None:
+        from cloudtrain.checkpoint import store as checkpoint_store
         from cloudtrain.handles import JobHandle
-        from cloudtrain.node import checkpoint_store
-        from cloudtrain.procs import tag_alive
+        from cloudtrain.home.procs import tag_alive
 
         deadline = time.monotonic() + 15  # a supervisor records the end, then exits
         while home_processes(self.home) and time.monotonic() < deadline:

@@ -28,7 +28,7 @@ SOAK_TRAINER = '''\
 import os
 import time
 
-from cloudtrain.node import checkpoint_store
+from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.runtime import checkpointer
 from cloudtrain.storage import local as local_store
 
@@ -308,7 +308,7 @@ def home_processes(home: Path) -> list[int]:
 def store_leftovers(root: Path) -> list[str]:
     """Files and folders in a file:// checkpoint store that no complete checkpoint accounts for: step folders without
     a manifest, files not in their manifest (temp ``.part`` files of a killed upload included), stray folders."""
-    from cloudtrain.node import checkpoint_store
+    from cloudtrain.checkpoint import store as checkpoint_store
 
     extra: list[str] = []
     if not root.is_dir():

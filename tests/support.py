@@ -97,7 +97,8 @@ def aws_key_id() -> str:
 def isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """test_config's `cfg` fixture's work: an empty settings file, no provider settings in the environment, no
     AWS/gcloud config of this machine, a project folder as the working directory."""
-    from cloudtrain import config, registry
+    from cloudtrain import registry
+    from cloudtrain.spec import settings as config
 
     path = tmp_path / "config.yaml"
     monkeypatch.setenv("CLOUDTRAIN_CONFIG", str(path))

@@ -15,9 +15,9 @@ import boto3
 import pytest
 
 from cloudtrain import storage
+from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.errors import SpecError, UserError
 from cloudtrain.handles import JobHandle
-from cloudtrain.node import checkpoint_store
 from cloudtrain.providers.aws.images import training_image
 from cloudtrain.providers.aws.provider import LOG_GROUP, SageMakerProvider
 from cloudtrain.providers.aws.status import job_state

@@ -19,10 +19,10 @@ import pytest
 from cloudtrain.cli.render import plan_text
 from cloudtrain.errors import SpecError
 from cloudtrain.handles import JobHandle
+from cloudtrain.jobs.recovery import load as load_recovery
 from cloudtrain.providers.azure.schema import job_errors
 from cloudtrain.providers.azure.status import job_state
 from cloudtrain.providers.base import JobState, JobStatus
-from cloudtrain.recovery import load as load_recovery
 from cloudtrain.sdk import Job, Run
 from tests.azure_sdk import assert_rest_body_is_the_sdks, sdk_rejects
 from tests.clouds import WORKSPACE, azure_project, spec_file
@@ -109,7 +109,7 @@ def test_plan_writes_nothing_and_shows_no_local_temp_path(project: Path, tmp_pat
     """Issue 17: an Azure plan said "staged at /tmp/cloudtrain-code-..." and wrote that folder and a YAML."""
     import tempfile
 
-    from cloudtrain.home import temp_dir
+    from cloudtrain.home.paths import temp_dir
 
     scratch = tmp_path / "tmp"
     scratch.mkdir()
@@ -336,7 +336,7 @@ def test_a_job_preempted_twice_resumes_from_the_checkpoint_store_and_completes(
     ends the job with a final checkpoint; Azure reports it Failed/PreemptionError; cloudtrain's recovery resubmits a
     copy, whose node resumes from the checkpoint store. Twice; the third run completes the training."""
     from cloudtrain import storage
-    from cloudtrain.node import checkpoint_store
+    from cloudtrain.checkpoint import store as checkpoint_store
 
     ckpt = storage.join(f"az://{BUCKET}", f"azure-recovery-{os.urandom(4).hex()}")
     run = Job(script="train_ddp.py", source_dir=str(project), procs_per_node=2, spot=True, max_restarts=2,

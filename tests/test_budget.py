@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import budget, cost, recovery
 from cloudtrain.handles import JobHandle
+from cloudtrain.jobs import budget, recovery
+from cloudtrain.plan import cost
 from cloudtrain.providers.base import JobState
 from cloudtrain.sdk import Job, budget_note, chain_of
 from tests.fakes.sagemaker import SageMakerFront

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.packaging import build_package
+from cloudtrain.bundle.packaging import build_package
 from tests.conftest import REPO
 
 BOOTSTRAP = REPO / "entrypoints" / "bootstrap.py"

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.node import checkpoint_snapshots, checkpoint_store
-from cloudtrain.procs import kill_tagged
+from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
+from cloudtrain.checkpoint import store as checkpoint_store
+from cloudtrain.home.procs import kill_tagged
 from tests.conftest import SCRIPTS, stop_every_job, wait_for
 from tests.support import Cloudtrain
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from cloudtrain import catalog
 from cloudtrain.cli.main import main
 from cloudtrain.cli.render import catalog_text, estimate_text, plan_text
 from cloudtrain.errors import SpecError
+from cloudtrain.platforms import catalog
 from cloudtrain.providers.gcp.machines import Machine as VertexMachine
 from cloudtrain.providers.gcp.machines import accelerators, machine_for
 from cloudtrain.sdk import Job

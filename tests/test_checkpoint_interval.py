@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.checkpoint_interval import FLOOR, auto_interval, choose
+from cloudtrain.plan.checkpoint_interval import FLOOR, auto_interval, choose
 from tests.conftest import REPO, cli_env
 
 
@@ -65,7 +65,7 @@ def test_auto_takes_what_status_saw_earlier_runs_of_the_job_measure(tmp_path: Pa
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Once `status` worked out a run's goodput (its checkpoints and the time they blocked, its paid time and
     preemptions), the next plan of a job of that name chooses from those figures, and says so."""
-    from cloudtrain import checkpoint_interval
+    from cloudtrain.plan import checkpoint_interval
 
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path / "home"))
     seen = {"checkpoints": 10, "paid_s": 7200.0, "preemptions": 2, "losses_s": {"checkpoints": 50.0}}

@@ -1,6 +1,6 @@
 """Issue 37.5/37.6: a multi-node job's checkpoint files written on nodes other than node 0 (DCP shards of their
 ranks, the HF Trainer's rng_state_<rank>.pth) reach node 0's checkpoints through the store
-(cloudtrain/node/checkpoint_parts.py). Node objects side by side in one process, over a real file:// store, with the
+(cloudtrain/checkpoint/parts.py). Node objects side by side in one process, over a real file:// store, with the
 files the stacks write (torch.save's zip format); then real 2-node local jobs running plain DCP."""
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from cloudtrain.node import checkpoint_parts, checkpoint_snapshots, checkpoint_store
-from cloudtrain.node.checkpoint_parts import PARTS, NodeParts, PartSync
+from cloudtrain.checkpoint import parts as checkpoint_parts
+from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
+from cloudtrain.checkpoint import store as checkpoint_store
+from cloudtrain.checkpoint.parts import PARTS, NodeParts, PartSync
 from tests.conftest import SCRIPTS, stop_every_job, wait_for
 from tests.support import Cloudtrain
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import storage
-from cloudtrain.node import checkpoint_store
+from cloudtrain.checkpoint import store as checkpoint_store
 from tests.conftest import REPO
 
 SHARD = "__0_0.distcp"
@@ -116,7 +116,7 @@ def test_restore_is_confined_to_its_folder(store_root: str, tmp_path: Path) -> N
 
 def _restore_in_another_process(root: str, target: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "cloudtrain.node.checkpoint_store", "restore", root, str(target)],
+    done = subprocess.run([sys.executable, "-m", "cloudtrain.checkpoint.store", "restore", root, str(target)],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "is corrupt" in done.stderr
@@ -169,7 +169,7 @@ def test_folder_markers_are_neither_files_nor_corruption(store_root: str, tmp_pa
     location are folders, not files: a checkpoint holding one still restores, and `outputs --download` skips them."""
     if store_root.startswith("file://"):
         pytest.skip("a file system has real folders, not marker objects")
-    from cloudtrain import outputs
+    from cloudtrain.jobs import outputs
 
     _publish(store_root, tmp_path, 10)
     _put(store_root, f"{checkpoint_store.step_dir(10)}/", b"")
@@ -188,7 +188,7 @@ def test_a_job_that_restored_nothing_it_could_use_says_so_in_its_status(tmp_path
     """Issue 37's rule: every checkpoint in the store fails verification (here: a file of it changed in the store),
     so the job trains from scratch. Before: the node logged it, and the job read a plain `succeeded`. Now its status
     line says nothing could be restored and the run started from scratch, without the resume arguments."""
-    from cloudtrain.node import checkpoint_snapshots
+    from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
     from tests.conftest import cli_env
 
     store = tmp_path / "store"

@@ -262,7 +262,7 @@ def test_a_location_a_provider_derives_that_the_spec_refuses_names_its_setting(c
     _assert_clean_failure(result, ct_home, "providers.slurm.staging: '/shared/../scratch' contains '..'", "fix:")
     from cloudtrain.errors import SpecError
     from cloudtrain.providers.slurm.provider import SlurmProvider
-    from cloudtrain.spec import JobSpec
+    from cloudtrain.spec.model import JobSpec
 
     class Unchecked(SlurmProvider):  # a provider (a plugin's) whose settings let through what it derives from them
         def _plan(self, spec: JobSpec, package: Any) -> Any:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import catalog
+from cloudtrain.platforms import catalog
 
 A100 = ["--gpus", "A100:8", "--nodes", "2", "--spot", "--max-runtime", "10h"]
 

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from cloudtrain import config, registry
+from cloudtrain import registry
 from cloudtrain.cli.render import settings_text
 from cloudtrain.errors import UserError
 from cloudtrain.providers.aws.request import PLACEHOLDER_ROLE
 from cloudtrain.sdk import Job
+from cloudtrain.spec import settings as config
 from tests.support import isolated_config, run_main, write_config
 
 CLI = Callable[..., subprocess.CompletedProcess[str]]

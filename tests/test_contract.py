@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from cloudtrain import contract
-from cloudtrain.node_commands import bootstrap_module
+from cloudtrain.plan.node_commands import bootstrap_module
 from tests.conftest import REPO
 
 NAME = re.compile(r"CLOUDTRAIN_[A-Z0-9_]+")
@@ -69,6 +69,6 @@ def test_the_bootstraps_copy_is_the_table() -> None:
 def test_defaults_are_written_once() -> None:
     assert contract.keep_count(None) == contract.keep_count("1") == contract.MIN_KEEP == 2
     assert contract.keep_count("5") == 5 and contract.keep_count("not a number") == 2
-    from cloudtrain.spec import CheckpointSpec
+    from cloudtrain.spec.model import CheckpointSpec
 
     assert CheckpointSpec.model_fields["keep"].default == contract.MIN_KEEP

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import doctor
-from cloudtrain.doctor import Check, diagnose, render
 from cloudtrain.errors import ProviderNotFound
+from cloudtrain.show import doctor
+from cloudtrain.show.doctor import Check, diagnose, render
 from tests.conftest import REPO
 from tests.doctor_support import (  # noqa: F401  (fixtures: a temporary home, an empty cwd)
     SECRETS,
@@ -67,7 +67,7 @@ def test_providers_limit_the_areas(home: Path) -> None:
 def test_diagnose_imports_no_sdk_and_is_fast(tmp_path: Path) -> None:
     code = ("import json, sys, time\n"
             "start = time.perf_counter()\n"
-            "from cloudtrain.doctor import diagnose, render\n"
+            "from cloudtrain.show.doctor import diagnose, render\n"
             "imported = time.perf_counter()\n"
             "render(diagnose())\n"
             "end = time.perf_counter()\n"

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from cloudtrain import doctor
-from cloudtrain.doctor import Check, diagnose
+from cloudtrain.show import doctor
+from cloudtrain.show.doctor import Check, diagnose
 from tests.doctor_support import (  # noqa: F401  (fixtures: a temporary home, an empty cwd)
     SECRETS,
     aws,

@@ -193,7 +193,7 @@ def test_notebook_plans_every_cloud_and_runs_locally(ct_home: Path, tmp_path: Pa
     assert runs.get(finished.group(1)) == "succeeded"
 
     # the estimate of each plan, from the catalog's prices for the machine chosen, x 2 nodes
-    from cloudtrain import catalog
+    from cloudtrain.platforms import catalog
 
     for cloud, machine in (("aws", "ml.p4d.24xlarge"), ("azure", "Standard_ND96asr_v4"), ("gcp", "a2-highgpu-8g")):
         row = next(m for m in catalog.machines(cloud) if m.instance_type == machine and m.gpus == 8)

@@ -19,13 +19,13 @@ import boto3
 import pytest
 
 from cloudtrain import storage
-from cloudtrain.checkpoint_copy import carry_newest
-from cloudtrain.fallback import move
+from cloudtrain.checkpoint import store as checkpoints
+from cloudtrain.checkpoint.copy import carry_newest
 from cloudtrain.handles import JobHandle
-from cloudtrain.node import checkpoint_store as checkpoints
+from cloudtrain.jobs.fallback import move
+from cloudtrain.jobs.recovery import load, wait_with_recovery
 from cloudtrain.providers.base import JobState
 from cloudtrain.providers.gcp.provider import VertexProvider
-from cloudtrain.recovery import load, wait_with_recovery
 from tests.conftest import cli_env, wait_for
 from tests.emulators import BUCKET, ensure
 from tests.fakes.sagemaker import SageMakerFront

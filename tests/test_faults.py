@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from cloudtrain import storage
+from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.errors import CloudtrainError
-from cloudtrain.node import checkpoint_store
 from tests.emulators import Emulator, ensure
 from tests.faultproxy import KINDS, FaultPlan, FaultProxy, Request
 from tests.faulty import MIB, PLAN, Faulty

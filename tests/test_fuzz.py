@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from cloudtrain.cli.main import main
 from cloudtrain.errors import SpecError
-from cloudtrain.spec import JobSpec, load_spec
+from cloudtrain.spec.model import JobSpec, load_spec
 
 pytestmark = pytest.mark.soak  # `nox -s soak`: ~150 generated cases per test
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

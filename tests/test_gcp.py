@@ -16,9 +16,9 @@ import pytest
 from google.cloud.aiplatform_v1 import CustomJob
 
 from cloudtrain import storage
+from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.errors import CredentialsError, HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
-from cloudtrain.node import checkpoint_store
 from cloudtrain.providers.base import JobState
 from cloudtrain.providers.gcp import request as rq
 from cloudtrain.providers.gcp.provider import VertexProvider

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import storage
-from cloudtrain.node import checkpoint_store
+from cloudtrain.checkpoint import store as checkpoint_store
 from tests.faultproxy import Request
 from tests.faulty import MIB, Faulty
 

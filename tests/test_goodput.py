@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import storage
-from cloudtrain.node import checkpoint_download, checkpoint_store
+from cloudtrain.checkpoint import download as checkpoint_download
+from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.storage import transfer
 from tests.conftest import REPO
 

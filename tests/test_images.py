@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import images
+from cloudtrain.platforms import images
 from cloudtrain.sdk import Job
-from cloudtrain.spec import load_spec
+from cloudtrain.spec.model import load_spec
 from tests.conftest import REPO
 
 CLOUD_SETTINGS = {"AWS_REGION": "eu-west-1", "CLOUDTRAIN_AWS_ROLE": "arn:aws:iam::123456789012:role/r",

@@ -52,7 +52,8 @@ def test_reading_a_local_job_loads_no_spec_and_no_pydantic(tmp_path: Path) -> No
     names = imported_modules(code, cwd=tmp_path, env=env, at_exit=True)
     assert "cloudtrain.providers.local.provider" in names
     assert sorted(n for n in names if n.split(".")[0] == "pydantic" or n in (
-        "cloudtrain.spec", "cloudtrain.packaging", "cloudtrain.node_commands", "cloudtrain.staging")) == []
+        "cloudtrain.spec.model", "cloudtrain.bundle.packaging", "cloudtrain.plan.node_commands",
+        "cloudtrain.bundle.staging")) == []
 
 
 def test_a_plan_with_no_yaml_to_read_does_not_load_yaml(tmp_path: Path) -> None:
@@ -63,7 +64,7 @@ def test_a_plan_with_no_yaml_to_read_does_not_load_yaml(tmp_path: Path) -> None:
            "PYTHONPATH": str(REPO)}
     code = "from cloudtrain.cli.main import main\nraise SystemExit(main(['plan', 'train.py', '--provider', 'local']))"
     names = imported_modules(code, cwd=tmp_path, env=env)
-    assert "cloudtrain.spec" in names  # the plan really ran
+    assert "cloudtrain.spec.model" in names  # the plan really ran
     assert not [n for n in names if n.split(".")[0] == "yaml"]
 
 
@@ -82,7 +83,7 @@ def _plan_modules(tmp_path: Path, provider: str) -> set[str]:
 
 @pytest.mark.parametrize("provider", ["local", "aws", "azure", "gcp"])
 def test_a_plan_builds_only_its_own_providers_options(tmp_path: Path, provider: str) -> None:
-    """Issue 32.9: importing cloudtrain.spec built every provider's options model (~0.27 s with pydantic); a plan
+    """Issue 32.9: importing cloudtrain.spec.model built every provider's options model (~0.27 s with pydantic); a plan
     now builds its own provider's only."""
     names = _plan_modules(tmp_path, provider)
     assert f"cloudtrain.providers.{provider}.options" in names
@@ -93,7 +94,7 @@ def test_a_plan_builds_only_its_own_providers_options(tmp_path: Path, provider: 
 
 def test_an_aws_plan_reads_botocore_data_from_the_cache(tmp_path: Path) -> None:
     """Issue 32.9: botocore's whole SageMaker model and endpoint table were parsed by every aws plan; the slices a
-    plan needs are cached (cloudtrain.home.derived), so neither botocore.session nor botocore.loaders loads."""
+    plan needs are cached (cloudtrain.home.paths.derived), so neither botocore.session nor botocore.loaders loads."""
     names = _plan_modules(tmp_path, "aws")
     assert "botocore.validate" in names  # the request is still checked by botocore's own validator
     assert sorted(n for n in names if n in ("botocore.session", "botocore.loaders")) == []

@@ -234,7 +234,7 @@ def test_submit_refuses_the_staging_placeholder(tmp_path: Path, ct_home: Path) -
 
 
 def test_export_writes_the_trainjob_and_a_readme(tmp_path: Path, ct_home: Path) -> None:
-    from cloudtrain.export import export
+    from cloudtrain.plan.export import export
 
     with plan_job(job(ddp_project(tmp_path), nodes=2).spec, provider(), progress=False) as plan:
         written = export(plan, tmp_path / "out")

@@ -90,7 +90,7 @@ def test_a_resubmission_keeps_pod_host_names_short_and_shares_the_secret(kube: F
     """The restart name recovery asks for (<root>-rN) is shortened like a first name, so the pods' host names
     stay within 63, the same every time it is asked for (a retried resubmission finds its job); the copy reads
     the first job's Secret and owns it too, so the Secret goes only with the last of them."""
-    from cloudtrain.recovery import restart_name
+    from cloudtrain.jobs.recovery import restart_name
 
     p = provider()
     spec = job(ddp_project(tmp_path), name="a-rather-long-experiment-name-for-a-pod", nodes=2,
@@ -116,7 +116,7 @@ def test_a_resubmission_keeps_pod_host_names_short_and_shares_the_secret(kube: F
 
 
 def test_export_keeps_secret_values_out_of_the_job_file(tmp_path: Path, ct_home: Path) -> None:
-    from cloudtrain.export import export
+    from cloudtrain.plan.export import export
 
     with plan_job(job(ddp_project(tmp_path), env={"WANDB_API_KEY": KEY}).spec, provider(), progress=False) as plan:
         export(plan, tmp_path / "out")

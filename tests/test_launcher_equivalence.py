@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import registry
-from cloudtrain.node_commands import bootstrap_module
+from cloudtrain.plan.node_commands import bootstrap_module
 
 boot = bootstrap_module()
 SAGEMAKER, AZUREML, VERTEX = (registry.node_contract(name) for name in ("aws", "azure", "gcp"))

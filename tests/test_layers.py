@@ -34,10 +34,10 @@ def test_the_import_contracts_hold() -> None:
 
 
 @pytest.mark.parametrize(("module", "added", "broken"), [
-    ("plan.py", "import cloudtrain.sdk", "No import cycles"),  # sdk -> plan -> sdk
+    ("plan/model.py", "import cloudtrain.sdk", "No import cycles"),  # sdk -> plan -> sdk
     ("providers/gcp/request.py", "import cloudtrain.providers.aws.request", "No provider imports another"),
-    ("spec.py", "import cloudtrain.cli.render", "The core imports no provider"),
-    ("node/steps.py", "import cloudtrain.formatting", "Node-side code"),
+    ("spec/model.py", "import cloudtrain.cli.render", "Rooms only point down"),
+    ("node/steps.py", "import cloudtrain.show.formatting", "Node-side code"),
 ])
 def test_a_cycle_or_an_upward_import_breaks_lint(tmp_path: Path, module: str, added: str, broken: str) -> None:
     shutil.copytree(REPO / "cloudtrain", tmp_path / "cloudtrain", ignore=shutil.ignore_patterns("__pycache__"))
@@ -52,9 +52,9 @@ def test_a_cycle_or_an_upward_import_breaks_lint(tmp_path: Path, module: str, ad
 
 
 def test_the_node_side_contract_forbids_every_client_side_module() -> None:
-    """A module added at the top of cloudtrain is client-side unless the bundle ships it (packaging.NODE_SIDE): the
-    node-side contract must name it as forbidden, so node code cannot start importing it unnoticed."""
-    from cloudtrain.packaging import NODE_SIDE
+    """A module or room added at the top of cloudtrain is client-side unless the bundle ships it (packaging.NODE_SIDE):
+    the node-side contract must name it as forbidden, so node code cannot start importing it unnoticed."""
+    from cloudtrain.bundle.packaging import NODE_SIDE
 
     contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     node_side = next(c for c in contracts if c["name"].startswith("Node-side code"))

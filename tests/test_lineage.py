@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.bundle.staging import lineage_id
 from cloudtrain.cli.render import plan_text
 from cloudtrain.sdk import Job
-from cloudtrain.staging import lineage_id
 from tests.conftest import REPO
 
 CLOUD = {"AWS_REGION": "eu-west-1", "CLOUDTRAIN_AWS_ROLE": "arn:aws:iam::123456789012:role/r",
@@ -73,7 +73,7 @@ def test_a_local_checkpoint_uri_is_never_sent_to_cloud_nodes(clouds: None, tmp_p
 
 def run_module(*args: str, lineage: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "CLOUDTRAIN_LINEAGE": lineage, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "cloudtrain.node.checkpoint_store", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "cloudtrain.checkpoint.store", *args], env=env,
                           capture_output=True, text=True)
 
 

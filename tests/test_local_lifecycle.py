@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.procs import is_alive, tag_alive
+from cloudtrain.home.procs import is_alive, tag_alive
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.providers.local.provider import START_TIMEOUT, LocalProvider
 from tests.conftest import SCRIPTS, cli_env, status_json, wait_for

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import Job, Run, list_runs
-from cloudtrain.procs import group_alive, kill_tagged, tag_alive
+from cloudtrain.bundle.staging import stage_bundle
+from cloudtrain.home.procs import group_alive, kill_tagged, tag_alive
 from cloudtrain.providers.local.provider import LocalProvider
-from cloudtrain.staging import stage_bundle
 from tests.conftest import REPO, SCRIPTS, cli_env, status_json, wait_for
 
 pytestmark = pytest.mark.slow

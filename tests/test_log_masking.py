@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.bundle.packaging import build_package
 from cloudtrain.node.log_masking import Masker
 from cloudtrain.node.secret_values import MASK, env_secrets
-from cloudtrain.packaging import build_package
 from tests.conftest import SCRIPTS
 from tests.support import aws_key_id, rand
 

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from cloudtrain import registry
 from cloudtrain.errors import SpecError
+from cloudtrain.jobs.recovery import restart_name
 from cloudtrain.naming import shortened
 from cloudtrain.providers.aws.request import user_tags
 from cloudtrain.providers.aws.validate import request_errors
 from cloudtrain.providers.gcp.request import user_labels
-from cloudtrain.recovery import restart_name
 from tests.clouds import azure_project, spec_file
 from tests.conftest import cli_env, wait_for
 from tests.fakes.azureml import PREEMPTED, AzureMLFake

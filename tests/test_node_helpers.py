@@ -18,7 +18,7 @@ from cloudtrain.node import diagnosis, idle_watchdog, rank_report
 from cloudtrain.node.durations import format_duration
 from cloudtrain.providers.local import outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
-from cloudtrain.spec import parse_duration
+from cloudtrain.spec.model import parse_duration
 from tests.conftest import REPO
 
 

@@ -42,7 +42,7 @@ def test_outputs_that_do_not_reach_their_location_fail_the_job(tmp_path: Path) -
 def test_nothing_the_job_started_outlives_its_node(tmp_path: Path) -> None:
     """Issue 28.11: a helper in its own session with a cleaned environment (so no marker variable reaches it)
     is ended when the node ends, on success too, and the node says so."""
-    from cloudtrain.procs import is_alive
+    from cloudtrain.home.procs import is_alive
     from tests.conftest import SCRIPTS
 
     proj = tmp_path / "proj"

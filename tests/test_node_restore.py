@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cloudtrain.node import checkpoint_store
+from cloudtrain.checkpoint import store as checkpoint_store
 from tests.node_support import REPO, make_bundle, node_env
 
 TRAIN = '''
 import os, sys
 import torch
 import torch.distributed as dist
-from cloudtrain.node import checkpoint_store
+from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.runtime import Checkpointer
 
 dist.init_process_group("gloo")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.packaging import EXPORT_MARKER
+from cloudtrain.bundle.packaging import EXPORT_MARKER
 from tests.conftest import REPO, cli_env
 from tests.support import SETTINGS
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.bundle.packaging import PackageLimits, build_package
 from cloudtrain.errors import PackagingError
-from cloudtrain.node_commands import bootstrap_module
-from cloudtrain.packaging import PackageLimits, build_package
+from cloudtrain.plan.node_commands import bootstrap_module
 from tests.support import make_tree
 
 
@@ -37,7 +37,7 @@ def test_bundle_layout_and_excludes(tmp_path: Path) -> None:
         # cloudtrain's node side only: the node package, storage, the runtime, the providers' node contracts
         assert {"lib/cloudtrain/node/steps.py", "lib/cloudtrain/storage/s3.py", "lib/cloudtrain/errors.py",
                 "lib/cloudtrain/providers/aws/node.py", "lib/sitecustomize.py"} <= set(names)
-        assert not {"lib/cloudtrain/spec.py", "lib/cloudtrain/sdk.py", "lib/cloudtrain/providers/aws/provider.py",
+        assert not {"lib/cloudtrain/spec/model.py", "lib/cloudtrain/sdk.py", "lib/cloudtrain/providers/aws/provider.py",
                     "lib/cloudtrain/providers/__init__.py", "lib/cloudtrain/cli/main.py"} & set(names)
         assert not any(".git" in n.split("/") or "__pycache__" in n for n in names)
         assert all(m.mtime == 0 and m.uid == 0 and m.uname == "" for m in tar.getmembers())
@@ -271,7 +271,7 @@ def test_bundle_bytes_are_what_tarfile_writes(tmp_path: Path) -> None:
 
 
 def test_tar_headers_match_tarfile_for_every_size_and_name() -> None:
-    from cloudtrain.tarstream import _tarfile_header, header
+    from cloudtrain.bundle.tarstream import _tarfile_header, header
 
     for name in ("a", "src/pkg/x.py", "x" * 100, "y" * 101, "src/ünï.py"):
         for size in (0, 1, 511, 512, 10**9, 8**11 - 1, 8**11):  # from 8 GiB on, tarfile adds a pax size record

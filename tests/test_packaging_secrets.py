@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.bundle.packaging import DOWNLOAD_MARKER, PackageLimits, build_package
 from cloudtrain.errors import PackagingError
-from cloudtrain.packaging import DOWNLOAD_MARKER, PackageLimits, build_package
 from tests.support import ALNUM, HEX, aws_key_id, make_tree, rand
 
 
@@ -221,7 +221,7 @@ def test_spec_files_are_left_out_and_said_so(tmp_path: Path) -> None:
 def test_downloaded_outputs_are_left_out(tmp_path: Path) -> None:
     """`cloudtrain outputs --download out/` inside the project: the model and logs do not ship with the next job.
     A folder that already held files is not marked (it may be the source itself), and says so."""
-    from cloudtrain.outputs import download
+    from cloudtrain.jobs.outputs import download
 
     store = tmp_path / "store" / "job-1"
     (store / "logs" / "node-0").mkdir(parents=True)
@@ -245,7 +245,7 @@ def test_downloaded_outputs_are_left_out(tmp_path: Path) -> None:
 
 
 def test_every_content_rule_is_reached_by_a_probe() -> None:
-    from cloudtrain.secret_scan import FILE_RULES, PROBES
+    from cloudtrain.bundle.secret_scan import FILE_RULES, PROBES
 
     assert {name for _, names in PROBES for name in names} == {rule.name for rule in FILE_RULES}
 

@@ -16,7 +16,7 @@ import pytest
 from cloudtrain import Job, Run
 from cloudtrain.cli.render import plan_text
 from cloudtrain.sdk import plan_job
-from cloudtrain.spec import validate_spec
+from cloudtrain.spec.model import validate_spec
 from tests.conftest import cli_env
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import registry
-from cloudtrain.node_commands import bootstrap_module
+from cloudtrain.plan.node_commands import bootstrap_module
 from tests.conftest import REPO, status_json
 
 boot = bootstrap_module()

@@ -8,8 +8,8 @@ import time
 from cloudtrain.handles import JobHandle
 from cloudtrain.progress import Progress
 from cloudtrain.providers.base import JobState, JobStatus
-from cloudtrain.reprs import job_html, status_html
-from cloudtrain.spec import validate_spec
+from cloudtrain.show.reprs import job_html, status_html
+from cloudtrain.spec.model import validate_spec
 
 
 class Terminal(io.StringIO):

@@ -26,7 +26,7 @@ toy_plugin = plugins.toy_plugin  # a fixture
 # `status -o json` of a local job, as releases before the typed fields printed it: scripts read these keys
 LOCAL_KEYS = {"handle", "name", "state", "message", "created_at", "started_at", "ended_at", "nodes", "world_size",
               "job_dir", "restarts", "max_restarts", "output_uri", "checkpoint_uri",
-              "progress", "goodput", "timeline"}  # the story `status` adds (cloudtrain.metrics.story)
+              "progress", "goodput", "timeline"}  # the story `status` adds (cloudtrain.show.metrics.story)
 
 
 def cli(home: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

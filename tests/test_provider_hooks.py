@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import doctor, images, registry
+from cloudtrain import registry
 from cloudtrain.errors import SpecError
-from cloudtrain.spec import validate_spec
+from cloudtrain.platforms import images
+from cloudtrain.show import doctor
+from cloudtrain.spec.model import validate_spec
 from tests import plugins
 from tests.conftest import REPO
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.backoff import Backoff
+from cloudtrain.jobs.recovery import RecoveryBudgetSpent, wait_with_recovery
 from cloudtrain.providers.base import JobState
 from cloudtrain.providers.gcp.provider import VertexProvider
-from cloudtrain.recovery import RecoveryBudgetSpent, wait_with_recovery
 from cloudtrain.sdk import Job
 from tests.conftest import cli_env
 from tests.emulators import BUCKET, ensure

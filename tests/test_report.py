@@ -105,12 +105,12 @@ def test_missing_and_never_started_still_render(preempted_job: tuple[Cli, str, P
     """A job with no events (never started) and one whose events were partly lost: the page says what is missing."""
     from cloudtrain.handles import JobHandle
     from cloudtrain.providers.base import JobState, JobStatus
-    from cloudtrain.report import page
+    from cloudtrain.show.report import page
 
     never = JobStatus(handle=JobHandle.parse("local://never-20260101-000000-0000"), name="never",
                       state=JobState.PENDING, created_at=time.time())
     empty = {"events": [], "missing": 0, "logs": None}
-    found = {"timeline": empty, **__import__("cloudtrain.goodput", fromlist=["x"]).summarise([], never)}
+    found = {"timeline": empty, **__import__("cloudtrain.show.goodput", fromlist=["x"]).summarise([], never)}
     text = page(never, found)
     assert "No events are known for this job" in text and "no step reported" in text
     torn = {**found, "timeline": {**empty, "missing": 3,
@@ -125,11 +125,11 @@ def test_missing_and_never_started_still_render(preempted_job: tuple[Cli, str, P
 
 
 def test_ten_thousand_events_stay_under_2_mb(tmp_path: Path) -> None:
-    from cloudtrain import goodput
-    from cloudtrain.cost import Rate
     from cloudtrain.handles import JobHandle
+    from cloudtrain.plan.cost import Rate
     from cloudtrain.providers.base import JobState, JobStatus
-    from cloudtrain.report import page
+    from cloudtrain.show import goodput
+    from cloudtrain.show.report import page
 
     t0 = 1_800_000_000.0
     events = [{"e": "submitted", "t": t0, "handle": "local://big"}]

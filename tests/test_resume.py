@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from cloudtrain import storage
-from cloudtrain.node import checkpoint_store
-from cloudtrain.procs import kill_tagged, signal_group
+from cloudtrain.checkpoint import store as checkpoint_store
+from cloudtrain.home.procs import kill_tagged, signal_group
 from cloudtrain.providers.local.provider import LocalProvider
 from tests.conftest import REPO, SCRIPTS, stop_every_job, wait_for
 from tests.support import ARGS, SLOW, Cloudtrain, assert_bitwise_equal, final_weights

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from cloudtrain.plan_seal import SEAL, seal_parts
+from cloudtrain.plan.seal import SEAL, seal_parts
 from cloudtrain.providers.local.jobdb import JobDB
 from tests.conftest import cli_env, status_json, wait_for
 

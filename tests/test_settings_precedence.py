@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cloudtrain import config, doctor
+from cloudtrain.show import doctor
+from cloudtrain.spec import settings as config
 from tests.support import isolated_config, run_main, write_config
 
 ARN = "arn:aws:iam::123456789012:role/{}"

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 import torch
 
-from cloudtrain.formatting import plan_text
-from cloudtrain.node import checkpoint_store
+from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.providers.base import JobState
 from cloudtrain.providers.slurm import clients
 from cloudtrain.providers.slurm.node import detect, expand_hostlist
 from cloudtrain.providers.slurm.status import STATES, job_state
 from cloudtrain.sdk import Job, plan_job
+from cloudtrain.show.formatting import plan_text
 from cloudtrain.testing import Harness, ProviderConformance
 from tests.conftest import REPO, cli_env, ddp_project, wait_for
 from tests.slurm_cluster import PARTITION, SlurmCluster, slurm, slurm_cluster  # noqa: F401 - fixtures

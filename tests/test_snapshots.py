@@ -1,4 +1,4 @@
-"""Snapshots of the checkpoint layouts real stacks write (cloudtrain/node/checkpoint_snapshots.py): what is
+"""Snapshots of the checkpoint layouts real stacks write (cloudtrain/checkpoint/snapshots.py): what is
 complete, what is published, what a restore puts back. Real files (torch.save's zip format, safetensors), a real
 file:// store."""
 
@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from cloudtrain.node import checkpoint_snapshots, checkpoint_store
-from cloudtrain.node.checkpoint_manifest import MANIFEST
+from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
+from cloudtrain.checkpoint import store as checkpoint_store
+from cloudtrain.checkpoint.manifest import MANIFEST
 
 
 def save(path: Path, value: float, mb: int = 0) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.errors import SpecError
-from cloudtrain.spec import (
+from cloudtrain.spec.model import (
     JobSpec,
     apply_overrides,
     json_schema,
@@ -232,7 +232,7 @@ def test_an_oversized_or_unreadable_spec_file(tmp_path: Path) -> None:
      ({"script": "loop.py"}, "cannot be resolved")],
 )
 def test_script_and_requirements_stay_inside_source_dir(tmp_path: Path, raw: dict, expected: str) -> None:
-    from cloudtrain.spec import check_local_paths
+    from cloudtrain.spec.model import check_local_paths
 
     source = tmp_path / "proj"
     source.mkdir()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.doctor import diagnose
+from cloudtrain.show.doctor import diagnose
 
 SPEC = """name: ddp-train
 script: train.py

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import contract, registry
-from cloudtrain.node import checkpoint_store as checkpoints
+from cloudtrain.checkpoint import store as checkpoints
 from cloudtrain.node import spot_notice
 from tests.conftest import REPO, status_json, wait_for
 from tests.fakes.metadata import MetadataFake

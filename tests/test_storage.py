@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.node import checkpoint_store
+from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.testing.stores import StoreConformance, write_checkpoint
 
 

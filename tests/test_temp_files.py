@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.packaging import build_package
-from cloudtrain.staging import bundle_prefix, stage_bundle
+from cloudtrain.bundle.packaging import build_package
+from cloudtrain.bundle.staging import bundle_prefix, stage_bundle
 from tests.conftest import cli_env, wait_for
 
 pytestmark = pytest.mark.slow

@@ -78,7 +78,7 @@ def test_the_cli_never_imports_the_suite(tmp_path: Path) -> None:
     env = {**os.environ, "CLOUDTRAIN_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
     code = "from cloudtrain.cli.main import main\nraise SystemExit(main(['plan', 'train.py', '--provider', 'local']))"
     names = imported_modules(code, cwd=tmp_path, env=env)
-    assert "cloudtrain.spec" in names and not [n for n in names if n.startswith("cloudtrain.testing")]
+    assert "cloudtrain.spec.model" in names and not [n for n in names if n.startswith("cloudtrain.testing")]
 
 
 STORE_TESTS = '''

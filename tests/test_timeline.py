@@ -144,8 +144,8 @@ def test_unknown_handle_and_no_handle_exit_2(preempted_job: tuple[Cli, str, Path
 
 def test_node_events_parse(tmp_path: Path) -> None:
     """Lines as the logs carry them: node and worker prefixes, a torn one, a line of another shape."""
+    from cloudtrain.home.timeline import node_events
     from cloudtrain.node.events import line
-    from cloudtrain.timeline import node_events
 
     good = line("restored", step=5, bytes=10, seconds=0.5)
     found, missing = node_events([f"[node1] [default0]:{good}", "[node0] plain", "[node0] cloudtrain-event {\"e\"",
@@ -265,8 +265,8 @@ def test_goodput_counts_the_steps_redone_after_a_restore() -> None:
     steps again. 10 steps/s; each leg's nodes take 2 s to train, the restore 1 s, each checkpoint blocks 0.5 s."""
     from types import SimpleNamespace
 
-    from cloudtrain.goodput import summarise
     from cloudtrain.providers.base import JobState
+    from cloudtrain.show.goodput import summarise
 
     def ev(kind: str, t: float, **fields: object) -> dict:
         return {"e": kind, "t": t, **fields}
@@ -349,9 +349,9 @@ def test_a_sagemaker_job_has_the_platforms_own_states_and_its_nodes_events(aws: 
 def test_a_kubernetes_job_has_its_conditions_and_its_pods_events(kube: FakeKube, tmp_path: Path,
                                                                  ct_home: Path) -> None:
     """Kubernetes: queued by Kueue, then a pod's events out of its log ([node-0]), then the disruption."""
-    from cloudtrain.metrics import story
     from cloudtrain.node.events import line
     from cloudtrain.sdk import plan_job
+    from cloudtrain.show.metrics import story
     from cloudtrain.testing.fixtures import ddp_project
     from tests.fakes.kubernetes import STAGED, job, provider
 

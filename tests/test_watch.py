@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import cost, lineage_store, recovery
 from cloudtrain.handles import JobHandle
+from cloudtrain.jobs import lineage_store, recovery
+from cloudtrain.jobs.watcher import Watched, watch
+from cloudtrain.plan import cost
 from cloudtrain.providers.base import JobState
 from cloudtrain.sdk import Job
-from cloudtrain.watch import Watched, watch
 from tests.conftest import cli_env
 from tests.emulators import BUCKET
 from tests.fakes.vertex import VertexFake

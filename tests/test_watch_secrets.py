@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import lineage_store
+from cloudtrain.jobs import lineage_store
 from tests.conftest import cli_env, status_json, wait_for
 from tests.slurm_cluster import PARTITION, SlurmCluster, slurm, slurm_cluster  # noqa: F401 - fixtures
 

@@ -37,12 +37,12 @@ def follow(provider: Any, handle: Any, max_restarts: int = 0, poll: float = 1.0,
     (cloudtrain's recovery) and follow the new one; with a fallback list (``state`` from the submit), move it to
     the next provider when capacity is gone. Returns the command's exit code."""
     from cloudtrain.backoff import Backoff
-    from cloudtrain.budget import watcher
     from cloudtrain.cli.render import status_text
-    from cloudtrain.fallback import move
+    from cloudtrain.jobs.budget import watcher
+    from cloudtrain.jobs.fallback import move
+    from cloudtrain.jobs.recovery import RESUBMIT_CAP, advance, begin, wait_steady
     from cloudtrain.providers import get_provider
     from cloudtrain.providers.base import Capability
-    from cloudtrain.recovery import RESUBMIT_CAP, advance, begin, wait_steady
 
     recovering = state is not None or (max_restarts > 0 and Capability.RESUBMIT in provider.capabilities)
     if recovering and state is None:

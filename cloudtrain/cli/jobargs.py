@@ -40,7 +40,7 @@ def env_pairs(items: list[str]) -> dict[str, str]:
 def set_pairs(items: list[str]) -> dict[str, Any]:
     """``--set a.b=value``: the value is read as YAML, so numbers, booleans and lists keep their type (text that is
     not YAML stays text; a key given twice or nesting too deep is an error, as in the spec file)."""
-    from cloudtrain.specfile import parse_yaml
+    from cloudtrain.spec.files import parse_yaml
 
     pairs: dict[str, Any] = {}
     for item in items:
@@ -56,7 +56,7 @@ def set_pairs(items: list[str]) -> dict[str, Any]:
 
 def spec_file_of(args: argparse.Namespace) -> tuple[str | None, bool]:
     """The spec file this command line uses, and whether it was picked because it is in this folder."""
-    from cloudtrain.specfile import project_spec
+    from cloudtrain.spec.files import project_spec
 
     if args.file is not None:
         return args.file, False
@@ -66,7 +66,7 @@ def spec_file_of(args: argparse.Namespace) -> tuple[str | None, bool]:
 
 def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> tuple[Any, str | None]:
     """The validated JobSpec, and the spec file it started from (None: flags only)."""
-    from cloudtrain.spec import apply_overrides, read_spec_file, validate_spec
+    from cloudtrain.spec.model import apply_overrides, read_spec_file, validate_spec
 
     spec_file, implicit = spec_file_of(args)
     if spec_file is None and args.script is None and args.module is None:

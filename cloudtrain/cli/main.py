@@ -32,7 +32,7 @@ def cmd_plan(args: argparse.Namespace, script_args: list[str]) -> int:
         else:
             emit(plan.to_dict(), args.output)
         if getattr(args, "export", None):
-            from cloudtrain.export import export
+            from cloudtrain.plan.export import export
 
             written = export(plan, Path(args.export))
             print(f"exported {len(written)} files to {args.export}: {args.export}/README.md has the command",
@@ -48,7 +48,7 @@ def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
 
     if args.saved_plan:
         from cloudtrain.cli.jobargs import env_pairs, refuse_job_flags_with_saved_plan
-        from cloudtrain.saved_plan import read_document, replanned, saved_plan_of
+        from cloudtrain.plan.saved import read_document, replanned, saved_plan_of
 
         refuse_job_flags_with_saved_plan(args, script_args)
         document = read_document(args.saved_plan)
@@ -89,10 +89,10 @@ def _provider_for(handle_text: str) -> tuple[Any, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from cloudtrain import metrics
     from cloudtrain.cli.render import emit, status_text
-    from cloudtrain.recovery import load
-    from cloudtrain.submitted import with_restart_point
+    from cloudtrain.jobs.recovery import load
+    from cloudtrain.jobs.submitted import with_restart_point
+    from cloudtrain.show import metrics
 
     if args.output == "openmetrics":  # every job this home has a timeline for, or the one named
         sys.stdout.write(metrics.exposition(metrics.job_figures(args.handle)))
@@ -115,7 +115,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(status_text(status, colour()))
     print("\n".join(metrics.status_lines(found)))
     if status.recovery:
-        from cloudtrain.fallback import lineage_text
+        from cloudtrain.jobs.fallback import lineage_text
 
         print("lineage:")
         print("\n".join(lineage_text(status.recovery["history"])))
@@ -123,7 +123,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from cloudtrain import report
+    from cloudtrain.show import report
     from cloudtrain.storage.local import atomic_write
 
     provider, handle = _provider_for(args.handle)
@@ -146,7 +146,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_preempt(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import emit, status_text
-    from cloudtrain.submitted import preempt
+    from cloudtrain.jobs.submitted import preempt
 
     status = preempt(*_provider_for(args.handle))
     if args.output != "text":
@@ -161,7 +161,7 @@ def cmd_preempt(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from cloudtrain.submitted import logs
+    from cloudtrain.jobs.submitted import logs
 
     for line in logs(*_provider_for(args.handle), follow=args.follow, merge=args.merge):
         print(line, flush=True)
@@ -173,15 +173,15 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
     provider, handle = _provider_for(args.handle)
     if args.recover:
-        from cloudtrain.fallback import move
-        from cloudtrain.recovery import wait_with_recovery
+        from cloudtrain.jobs.fallback import move
+        from cloudtrain.jobs.recovery import wait_with_recovery
 
         status = wait_with_recovery(provider, handle, max_restarts=args.max_restarts, retry_failed=args.retry_failed,
                                     timeout=args.timeout, poll=poll_seconds(provider), max_recovery=args.max_recovery,
                                     mover=move, log=lambda m: print(m, file=sys.stderr, flush=True))
     else:
         status = provider.wait(handle, timeout=args.timeout, poll=poll_seconds(provider))
-    from cloudtrain.submitted import with_restart_point
+    from cloudtrain.jobs.submitted import with_restart_point
 
     status = with_restart_point(status)
     print(status_text(status, colour())) if args.output == "text" else emit(status.to_dict(), args.output)
@@ -189,9 +189,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from cloudtrain.fallback import move
     from cloudtrain.handles import JobHandle
-    from cloudtrain.watch import watch
+    from cloudtrain.jobs.fallback import move
+    from cloudtrain.jobs.watcher import watch
 
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     watched = watch([JobHandle.parse(h) for h in args.handles], poll=args.poll, log=say, mover=move)
@@ -212,7 +212,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_outputs(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import columns, emit, size
-    from cloudtrain.outputs import download, list_outputs, output_uri
+    from cloudtrain.jobs.outputs import download, list_outputs, output_uri
 
     provider, handle = _provider_for(args.handle)
     uri = output_uri(provider, handle)
@@ -237,7 +237,7 @@ def cmd_outputs(args: argparse.Namespace) -> int:
 def cmd_cost(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import cost_text, emit
     from cloudtrain.handles import JobHandle
-    from cloudtrain.submitted import job_cost
+    from cloudtrain.jobs.submitted import job_cost
 
     found = job_cost(JobHandle.parse(args.handle))
     print(cost_text(found, colour())) if args.output == "text" else emit(found, args.output)
@@ -245,8 +245,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    from cloudtrain import catalog
     from cloudtrain.cli.render import catalog_text, emit
+    from cloudtrain.platforms import catalog
 
     machines = catalog.search(args.provider, args.gpus)
     if args.output != "text":
@@ -258,7 +258,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from cloudtrain import config
+    from cloudtrain.spec import settings as config
 
     action = args.config_command or "show"
     if action == "path":
@@ -278,7 +278,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         return 0
     from cloudtrain.cli.jobargs import set_pairs
     from cloudtrain.cli.render import emit, settings_text
-    from cloudtrain.specfile import project_spec, read_spec_file
+    from cloudtrain.spec.files import project_spec, read_spec_file
 
     spec_file = args.file or (str(found) if (found := project_spec()) else None)
     raw = read_spec_file(spec_file) if spec_file else {}
@@ -305,7 +305,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import emit
-    from cloudtrain.doctor import diagnose, render
+    from cloudtrain.show.doctor import diagnose, render
 
     checks = diagnose(args.provider)
     if args.output != "text":
@@ -323,7 +323,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from cloudtrain.templates import write_starter
+    from cloudtrain.spec.templates import write_starter
 
     written = write_starter(args.template, Path(args.dir), force=args.force)
     if args.output == "json":
@@ -339,14 +339,14 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def cmd_schema(args: argparse.Namespace) -> int:
     from cloudtrain.cli.render import emit
-    from cloudtrain.spec import json_schema
+    from cloudtrain.spec.model import json_schema
 
     emit(json_schema(), args.output)
     return 0
 
 
 def colour(stream: Any = None) -> bool:
-    from cloudtrain.formatting import colour_enabled
+    from cloudtrain.show.formatting import colour_enabled
 
     return colour_enabled(stream or sys.stdout)
 
@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if getattr(args, "profile", None):
-            from cloudtrain.config import use_profile
+            from cloudtrain.spec.settings import use_profile
 
             use_profile(args.profile)
         if args.command in ("submit", "plan"):
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = globals()[f"cmd_{args.command}"]
         return int(handler(args))
     except CloudtrainError as exc:
-        from cloudtrain.formatting import paint
+        from cloudtrain.show.formatting import paint
 
         print(f"{paint('error:', 'red', colour(sys.stderr))} {exc.render()}", file=sys.stderr)
         return exc.exit_code
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # a folder or file given on the command line that cannot be read or written (init --dir, outputs
         # --download ...): the user's to fix, like any bad input
-        from cloudtrain.formatting import paint
+        from cloudtrain.show.formatting import paint
 
         print(f"{paint('error:', 'red', colour(sys.stderr))} {exc.filename}: {exc.strerror or exc}\n"
               "  fix: check the path and its permissions", file=sys.stderr)

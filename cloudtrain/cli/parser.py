@@ -68,7 +68,7 @@ def _emulated() -> list[str]:
 
 
 def _catalogued() -> list[str]:
-    from cloudtrain import catalog
+    from cloudtrain.platforms import catalog
 
     return catalog.providers()
 
@@ -123,7 +123,7 @@ def _seconds(text: str) -> float:
 
 def _duration(text: str) -> float:
     """An argparse type: a duration as the spec writes them (90, 30m, 6h)."""
-    from cloudtrain.spec_fields import parse_duration
+    from cloudtrain.spec.fields import parse_duration
 
     try:
         value = parse_duration(text)

@@ -12,18 +12,18 @@ from typing import Any
 def planned(args: argparse.Namespace, spec: Any, spec_file: str | None, legs: list[Any]) -> Any:
     """The plan for --provider (its one leg); ``cheapest``: the first row of `plan --compare` that can run, said on
     stderr."""
-    from cloudtrain.compare import compare
+    from cloudtrain.plan.compare import compare
     from cloudtrain.sdk import plan_job
 
     if legs:
-        from cloudtrain.fallback import leg_spec
+        from cloudtrain.jobs.fallback import leg_spec
 
         return plan_job(leg_spec(spec, legs[0]), legs[0].provider, spec_file=spec_file)
     with compare(spec, spec_file=spec_file) as found:
         row = found.cheapest()
         plan = found.take(row)  # left open: the caller's `with` closes it after submit
         ready = sum(r.ready and r.hourly is not None for r in found.rows)
-        from cloudtrain.formatting import money
+        from cloudtrain.show.formatting import money
 
         print(f"cheapest: {row.provider}{' ' + row.region if row.region else ''}, {row.instance}, "
               f"{money(row.hourly)}/h {(row.billed_as or 'on_demand').replace('_', '-')} (of {ready} ready with a "
@@ -33,8 +33,8 @@ def planned(args: argparse.Namespace, spec: Any, spec_file: str | None, legs: li
 
 def compare_table(args: argparse.Namespace, spec: Any, spec_file: str | None, colour: bool) -> int:
     from cloudtrain.cli.render import compare_text, emit
-    from cloudtrain.compare import compare
     from cloudtrain.errors import UserError
+    from cloudtrain.plan.compare import compare
 
     regions: dict[str, list[str]] = {}
     for item in args.region:
@@ -54,8 +54,8 @@ def compare_table(args: argparse.Namespace, spec: Any, spec_file: str | None, co
 def legs(args: argparse.Namespace, spec: Any) -> list[Any]:
     """Where the job may run, in order: ``-p aws,gcp`` or the spec's ``provider`` (and each provider's regions);
     none for ``-p cheapest`` (`plan --compare` picks the one)."""
-    from cloudtrain.compare import CHEAPEST
-    from cloudtrain.fallback import legs_of, provider_names
+    from cloudtrain.jobs.fallback import legs_of, provider_names
+    from cloudtrain.plan.compare import CHEAPEST
 
     if args.provider == CHEAPEST:
         return []
@@ -63,7 +63,7 @@ def legs(args: argparse.Namespace, spec: Any) -> list[Any]:
 
 
 def plan_legs_text(args: argparse.Namespace, spec: Any, spec_file: str | None, legs: list[Any], colour: bool) -> int:
-    from cloudtrain.fallback import plan_legs
+    from cloudtrain.jobs.fallback import plan_legs
 
     with plan_legs(spec, legs, spec_file) as plans:
         return show_legs(args, legs, plans, colour)
@@ -73,7 +73,7 @@ def show_legs(args: argparse.Namespace, legs: list[Any], plans: list[Any], colou
     """Each leg's plan, in order: as text, or one document sealed as a whole (`submit --plan` refuses legs
     reordered or edited since, and reads each leg's plan as a plan of its own)."""
     from cloudtrain.cli.render import emit, plan_text
-    from cloudtrain.plan_seal import SEAL, seal_parts
+    from cloudtrain.plan.seal import SEAL, seal_parts
 
     if args.output != "text":
         document = {"legs": [{**leg.to_dict(), "plan": plan.to_dict()} for leg, plan in zip(legs, plans, strict=True)]}
@@ -88,7 +88,7 @@ def show_legs(args: argparse.Namespace, legs: list[Any], plans: list[Any], colou
 
 
 def submit_legs(args: argparse.Namespace, spec: Any, spec_file: str | None, legs: list[Any]) -> int:
-    from cloudtrain.fallback import plan_legs, submit_first
+    from cloudtrain.jobs.fallback import plan_legs, submit_first
 
     with plan_legs(spec, legs, spec_file):  # every leg plans, and has its settings, before anything is sent
         pass
@@ -104,10 +104,10 @@ def submit_saved_legs(args: argparse.Namespace, document: dict[str, Any]) -> int
 
     from cloudtrain.cli.jobargs import env_pairs
     from cloudtrain.errors import CloudtrainError, UserError
-    from cloudtrain.fallback import Leg, Refused, try_legs
     from cloudtrain.handles import JobHandle
+    from cloudtrain.jobs.fallback import Leg, Refused, try_legs
+    from cloudtrain.plan.saved import common_spec, replanned, saved_legs_of
     from cloudtrain.providers import get_provider
-    from cloudtrain.saved_plan import common_spec, replanned, saved_legs_of
 
     found = saved_legs_of(document, args.saved_plan)
     legs = [Leg(**leg) for leg, _ in found]
@@ -151,7 +151,7 @@ def _chained(args: argparse.Namespace, provider: Any, handle: Any, legs: list[An
     """A job submitted on leg ``leg`` of ``legs``: its chain recorded with the spec later legs plan from."""
     from pathlib import Path as _Path
 
-    from cloudtrain.recovery import start_chain
+    from cloudtrain.jobs.recovery import start_chain
 
     kept = kept | {"source_dir": str(_Path(spec.source_dir).resolve())}
     state = start_chain(handle, legs=[leg.to_dict() for leg in legs], leg=leg, spec=kept, refused=refused,
@@ -164,9 +164,9 @@ def _chain_holding(job_ids: set[str]) -> Any:
     import contextlib
     import json
 
-    from cloudtrain import recovery
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.handles import JobHandle
+    from cloudtrain.jobs import recovery
 
     folder = recovery.state_dir()
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:

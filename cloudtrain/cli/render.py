@@ -1,5 +1,5 @@
 """How results look on the terminal: short human text by default, one JSON/YAML document with --output. What the
-SDK shows too (plans, statuses, figures) is in cloudtrain/formatting.py; this module adds what only the CLI prints.
+SDK shows too (plans, statuses, figures) is in cloudtrain/show/formatting.py; this module adds what only the CLI prints.
 Colour only where ``colour=True`` (the CLI passes it for a TTY; see formatting.colour_enabled)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain.formatting import (
+from cloudtrain.show.formatting import (
     _when,
     columns,
     estimate_text,
@@ -20,10 +20,10 @@ from cloudtrain.formatting import (
 )
 
 if TYPE_CHECKING:
-    from cloudtrain.catalog import Machine
-    from cloudtrain.compare import Comparison
-    from cloudtrain.config import Setting
+    from cloudtrain.plan.compare import Comparison
+    from cloudtrain.platforms.catalog import Machine
     from cloudtrain.providers.base import JobStatus
+    from cloudtrain.spec.settings import Setting
 
 
 __all__ = ["catalog_text", "columns", "compare_text", "cost_text", "emit", "estimate_text", "money", "plan_text",
@@ -76,7 +76,7 @@ def table(statuses: list[JobStatus], colour: bool = False) -> str:
 
 def catalog_text(machines: list[Machine], colour: bool = False) -> str:
     """The catalog as a table; '~' marks a price recalled rather than read from a price list."""
-    from cloudtrain.catalog import price_source
+    from cloudtrain.platforms.catalog import price_source
 
     rows = [("PROVIDER", "INSTANCE", "GPUS", "GPU MEM", "VCPUS", "ON-DEMAND/H", "SPOT/H")]
     for m in machines:

@@ -1,7 +1,7 @@
 """A job's timeline events, as the node and its workers tell them: one machine-readable line per event in the node's
 log (``cloudtrain-event {"e": "restored", "t": 1767225600.1, ...}``). The log is the one channel the client already
 reads on every provider, and the node masks every line of it (log_masking), so an event never carries a secret out.
-The client picks the lines out of the logs it fetches (cloudtrain/timeline.py); a line cut short is counted as
+The client picks the lines out of the logs it fetches (cloudtrain/home/timeline.py); a line cut short is counted as
 missing there, never an error. Standard library only, Python 3.8: the bootstrap, the node steps and the workers
 import it.
 """

@@ -1,5 +1,5 @@
 """A node's logs and outputs, copied to the job's output location when the node ends (what `cloudtrain outputs`
-lists and downloads: cloudtrain/outputs.py). Standard library only, Python 3.8, but for the storage client a URI
+lists and downloads: cloudtrain/jobs/outputs.py). Standard library only, Python 3.8, but for the storage client a URI
 needs.
 
     python -m cloudtrain.node.output_upload upload-logs DIR URI  # a node's worker logs, at its end

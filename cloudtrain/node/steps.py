@@ -114,7 +114,7 @@ def restore_checkpoint(env: dict[str, str], cwd: Path, earlier: Path | None = No
     started = time.monotonic()
     _adopt(env)
     try:
-        from cloudtrain.node import checkpoint_store
+        from cloudtrain.checkpoint import store as checkpoint_store
 
         report = checkpoint_store.restore_report(uri, _local(env, cwd), [earlier] if earlier else None)
     except Exception as exc:  # a storage client that is missing or breaks: the node stops, saying why
@@ -162,7 +162,9 @@ class PlainSync:
 
     def __init__(self, env: dict[str, str], cwd: Path, world_size: int = 0, nodes: int = 1) -> None:
         _adopt(env)
-        from cloudtrain.node import checkpoint_parts, checkpoint_snapshots, checkpoint_store
+        from cloudtrain.checkpoint import parts as checkpoint_parts
+        from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
+        from cloudtrain.checkpoint import store as checkpoint_store
 
         self.checkpoints = checkpoint_store
         self.local, self.uri = _local(env, cwd), env[contract.CHECKPOINT_URI]
@@ -194,7 +196,7 @@ class PlainSync:
         self.snapshots.poll(final=final)
 
     def _sync_step_folders(self, final: bool) -> None:
-        from cloudtrain.node.checkpoint_manifest import step_of
+        from cloudtrain.checkpoint.manifest import step_of
 
         published = self.checkpoints.sync_dir(self.local, self.uri, final=final, keep=self.keep, judge=self._judge)
         if self.parts is not None:
@@ -205,7 +207,7 @@ class PlainSync:
         """Whether a ``step-<N>`` folder is a checkpoint: none of its files torn or empty, every node's files of it
         in the store (with DCP, a shard of every rank). Returns why not (said once; kept at the end), or None and
         the other nodes' files of it (their folder, their descriptions relative to it)."""
-        from cloudtrain.node.checkpoint_files import broken, marker_missing
+        from cloudtrain.checkpoint.files import broken, marker_missing
 
         name = folder.name
         rels = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
@@ -303,7 +305,8 @@ def start_checkpoint_sync(env: dict[str, str], cwd: Path, node_rank: int, world_
     if nodes < 2:
         return None
     _adopt(env)
-    from cloudtrain.node import checkpoint_parts, checkpoint_snapshots
+    from cloudtrain.checkpoint import parts as checkpoint_parts
+    from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
 
     return checkpoint_parts.PartSync(_local(env, cwd), env[contract.CHECKPOINT_URI], node_rank,
                                      checkpoint_snapshots.quiet_period(env))

@@ -21,9 +21,9 @@ from cloudtrain.handles import JobHandle
 from cloudtrain.naming import check_job_name
 
 if TYPE_CHECKING:
-    from cloudtrain.packaging import Package
-    from cloudtrain.plan import NodeCommand, Plan
-    from cloudtrain.spec import JobSpec
+    from cloudtrain.bundle.packaging import Package
+    from cloudtrain.plan.model import NodeCommand, Plan
+    from cloudtrain.spec.model import JobSpec
 
 
 class JobState(str, enum.Enum):
@@ -152,12 +152,12 @@ class Provider(ABC):
             raise self._derived_error(exc) from None
         check_job_name(self.name, plan.job_id, self.declaration.name_pattern, self.declaration.name_rule)
         self._check_processes(plan)
-        from cloudtrain.images import torch_note
+        from cloudtrain.platforms.images import torch_note
 
         differs = torch_note(self.name, plan.runtime, plan.spec)  # what a local try-out runs, against the nodes
         plan.notes += [differs] if differs else []
         if self.declaration.catalog:  # a provider that lists prices (a local job costs this computer's time)
-            from cloudtrain.catalog import estimate
+            from cloudtrain.platforms.catalog import estimate
 
             plan.estimate = estimate(plan.machine, spec.nodes, self._capacity(spec), spec.max_runtime,
                                      plan.staging.get("region"))
@@ -166,7 +166,7 @@ class Provider(ABC):
     def _derived_error(self, exc: Any) -> SpecError:
         """A value the provider set on the spec while planning (output_uri or checkpoint.uri under its staging
         location) that the spec's own checks refuse: named with the settings it came from, not as a traceback."""
-        from cloudtrain.spec_errors import friendly_error
+        from cloudtrain.spec.messages import friendly_error
 
         err = exc.errors()[0]
         where = ".".join(str(part) for part in err["loc"]) or "the spec"
@@ -181,7 +181,7 @@ class Provider(ABC):
         if plan.provider != self.name:
             raise UserError(f"this plan is for provider {plan.provider!r}, not {self.name!r}",
                             remedy=f"plan the job again with provider {self.name!r}")
-        from cloudtrain.export import unset_settings
+        from cloudtrain.plan.export import unset_settings
 
         for setting in unset_settings(plan):
             variables = self.declaration.env.get(setting.rsplit(".", 1)[1], ())
@@ -189,12 +189,13 @@ class Provider(ABC):
                             remedy=f"set {setting} in the spec (or --set {setting}=...)"
                                    + (f", or {variables[0]}" if variables else "")
                                    + f", or `cloudtrain config set {setting.removeprefix('providers.')} ...`")
-        from cloudtrain import staging, timeline
+        from cloudtrain.bundle import staging
+        from cloudtrain.home import timeline
 
         submitted_at = time.time()
         staging.STAGED.clear()
         handle = self._submit(plan)
-        from cloudtrain.cost import remember
+        from cloudtrain.plan.cost import remember
 
         remember(str(handle), plan)  # its rate and max_cost: what `cloudtrain cost` and the budget watcher price
         timeline.record(str(handle), "submitted", submitted_at, handle=str(handle), provider=self.name,
@@ -206,7 +207,7 @@ class Provider(ABC):
 
     def describe(self, handle: JobHandle) -> JobStatus:
         status = self._describe(self._own(handle))
-        from cloudtrain import timeline
+        from cloudtrain.home import timeline
 
         timeline.observe(status)  # a new platform state, a restart, the end: into the job's timeline
         return status
@@ -291,7 +292,7 @@ class Provider(ABC):
         """Every node's command, sent ``env``, with the torchrun line its bootstrap derives from what the platform
         gives node N: the contract's ``planned`` variables (``seen(N)`` where the provider knows better, e.g. a
         local emulation's loopback rendezvous)."""
-        from cloudtrain.node_commands import node_command
+        from cloudtrain.plan.node_commands import node_command
 
         contract = self.contract(spec)
         module = registry.node_contract(contract.name)

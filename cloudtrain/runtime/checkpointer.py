@@ -39,8 +39,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from cloudtrain import contract, storage
+from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.errors import CloudtrainError
-from cloudtrain.node import checkpoint_store, events
+from cloudtrain.node import events
 from cloudtrain.runtime.data import ResumableSampler
 from cloudtrain.runtime.logs import get_logger
 from cloudtrain.runtime.rng import rng_state, set_rng_state

@@ -29,11 +29,11 @@ import pytest
 from cloudtrain import contract, registry
 from cloudtrain.errors import SpecError, UserError
 from cloudtrain.handles import JobHandle
-from cloudtrain.home import resource_dir
+from cloudtrain.home.paths import resource_dir
+from cloudtrain.jobs.recovery import restart_name
 from cloudtrain.providers.base import Capability, JobState, Provider
-from cloudtrain.recovery import restart_name
 from cloudtrain.sdk import Job, plan_job
-from cloudtrain.spec import JobSpec, validate_spec
+from cloudtrain.spec.model import JobSpec, validate_spec
 
 PRINTS = "import os\nprint('conformance says hi from rank', os.environ['RANK'], flush=True)\n"
 SLEEPS = "import time\ntime.sleep(300)\n"

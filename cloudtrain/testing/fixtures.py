@@ -16,7 +16,7 @@ def stop_every_job(home: Path) -> None:
     run)."""
     import signal
 
-    from cloudtrain.procs import is_alive, kill_tagged
+    from cloudtrain.home.procs import is_alive, kill_tagged
     from cloudtrain.providers.local.provider import LocalProvider
 
     if not (home / "jobs.db").exists():
@@ -31,7 +31,7 @@ def stop_every_job(home: Path) -> None:
 
 def ddp_project(root: Path) -> Path:
     """``root/proj`` holding cloudtrain's reference DDP trainer (train_ddp.py), a project to plan and submit."""
-    from cloudtrain.home import resource_dir
+    from cloudtrain.home.paths import resource_dir
 
     proj = root / "proj"
     proj.mkdir()

@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import contract, storage
-from cloudtrain.node import checkpoint_store
+from cloudtrain.checkpoint import store as checkpoint_store
 
 _UPLOADER = """
 import sys
 from pathlib import Path
-from cloudtrain.node import checkpoint_store
+from cloudtrain.checkpoint import store as checkpoint_store
 root, remote = Path(sys.argv[1]), sys.argv[2]
 files = checkpoint_store.describe_files(root, sorted(p.name for p in root.iterdir()))
 checkpoint_store.upload_files(root, files, remote)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.node import checkpoint_store
+from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.providers.base import JobState
 from cloudtrain.sdk import Job
 from tests.conftest import REPO

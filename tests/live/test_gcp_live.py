@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.node import checkpoint_store
+from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.providers.base import JobState
 from cloudtrain.providers.gcp.provider import VertexProvider
 from cloudtrain.sdk import Job, Run, plan_job

@@ -25,7 +25,7 @@ _LOGIN_HINT = ("log in again (`aws sso login`, or `aws configure`), or choose a 
 def configured_region(explicit: str | None) -> str:
     """The spec's region, else AWS_REGION / AWS_DEFAULT_REGION, else the cloudtrain profile's, else the AWS
     profile's ``region`` (read locally: the ``settings`` hook, through config.resolve)."""
-    from cloudtrain.config import lookup
+    from cloudtrain.spec.settings import lookup
 
     region = lookup("aws", "region", explicit)
     if not region:

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.doctor import (
+from cloudtrain.show.doctor import (
     PLACEHOLDER,
     Check,
     Context,

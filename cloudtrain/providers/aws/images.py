@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import ProviderNotInstalled, SpecError
-from cloudtrain.images import Runtime, check_python, choose_minor, python_for, version_key
+from cloudtrain.platforms.images import Runtime, check_python, choose_minor, python_for, version_key
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import JobSpec
+    from cloudtrain.spec.model import JobSpec
 
 _CONFIG = "sagemaker/core/image_uri_config/pytorch.json"
 
@@ -47,8 +47,9 @@ def _partition_table() -> list[dict[str, Any]]:
 @cache
 def _partitions() -> list[dict[str, Any]]:
     """Each AWS partition's regions, region pattern and DNS suffix, from botocore's endpoint data, cached
-    (cloudtrain.home.derived): parsing that file and importing botocore's loader cost more than the plan's own work."""
-    from cloudtrain.home import derived
+    (cloudtrain.home.paths.derived): parsing that file and importing botocore's loader cost more than the plan's own
+    work."""
+    from cloudtrain.home.paths import derived
     from cloudtrain.providers.aws.validate import botocore_stamp
 
     return list(derived("botocore-partitions", botocore_stamp(), _partition_table, _partition_rows))

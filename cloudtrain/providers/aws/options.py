@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from cloudtrain.spec_fields import Settings, shaped
+from cloudtrain.spec.fields import Settings, shaped
 from cloudtrain.storage.uris import check_bucket
 
 _REGION = shaped(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-[0-9]{1,2}", "an AWS region", "us-east-1")

@@ -11,15 +11,15 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from cloudtrain import catalog, registry
-from cloudtrain.config import lookup, placeholder_note
+from cloudtrain import registry
+from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.bundle.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
 from cloudtrain.errors import HandleError, UserError
-from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
-from cloudtrain.images import Runtime, custom
-from cloudtrain.node_commands import bootstrap_args, launcher_note
-from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
-from cloudtrain.plan import Plan
+from cloudtrain.plan.model import Plan
+from cloudtrain.plan.node_commands import bootstrap_args, launcher_note
+from cloudtrain.platforms import catalog
+from cloudtrain.platforms.images import Runtime, custom
 from cloudtrain.providers.aws import PROVIDER
 from cloudtrain.providers.aws import request as rq
 from cloudtrain.providers.aws.clients import aws_errors, configured_region, session
@@ -27,8 +27,9 @@ from cloudtrain.providers.aws.images import runtime_for
 from cloudtrain.providers.aws.status import describe_details, job_state
 from cloudtrain.providers.aws.validate import check_request
 from cloudtrain.providers.base import Capability, JobStatus, Provider
-from cloudtrain.spec import JobSpec, project_options
-from cloudtrain.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
+from cloudtrain.show.formatting import Summary, where
+from cloudtrain.spec.model import JobSpec, project_options
+from cloudtrain.spec.settings import lookup, placeholder_note
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 

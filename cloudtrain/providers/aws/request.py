@@ -18,9 +18,9 @@ from typing import Any
 from cloudtrain import __version__
 from cloudtrain.errors import SpecError
 from cloudtrain.naming import platform_tags
-from cloudtrain.node_commands import input_env, job_env
+from cloudtrain.plan.node_commands import input_env, job_env
 from cloudtrain.providers.aws import PROVIDER
-from cloudtrain.spec import JobSpec
+from cloudtrain.spec.model import JobSpec
 
 CHANNEL = "cloudtrain"
 CHANNEL_DIR = f"/opt/ml/input/data/{CHANNEL}"

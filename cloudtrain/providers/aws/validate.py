@@ -62,10 +62,10 @@ def _operation_slice(service: str, operation: str) -> dict[str, Any]:
 @cache
 def _operation(service: str, operation: str) -> Any:
     """botocore's model of one operation, built from the cached slice of its service model: the same shapes botocore
-    validates with, without parsing the whole service (cloudtrain.home.derived, keyed on botocore's install)."""
+    validates with, without parsing the whole service (cloudtrain.home.paths.derived, keyed on botocore's install)."""
     from botocore.model import ServiceModel
 
-    from cloudtrain.home import derived
+    from cloudtrain.home.paths import derived
 
     return derived(f"botocore-{service}-{operation}", botocore_stamp(), lambda: _operation_slice(service, operation),
                    lambda data: ServiceModel(data, service_name=service).operation_model(operation))

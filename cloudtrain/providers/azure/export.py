@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from cloudtrain.export import bundle_files, readme
+from cloudtrain.plan.export import bundle_files, readme
 
 if TYPE_CHECKING:
-    from cloudtrain.plan import Plan
+    from cloudtrain.plan.model import Plan
 
 
 def unset(plan: Plan) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cloudtrain import images
+from cloudtrain.platforms import images
 
 
 def offered_minors() -> list[str]:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from cloudtrain import catalog, contract, images
+from cloudtrain import contract
+from cloudtrain.bundle.packaging import BOOTSTRAP_NAME
 from cloudtrain.errors import SpecError
-from cloudtrain.images import Runtime
-from cloudtrain.node_commands import input_env, job_env
-from cloudtrain.packaging import BOOTSTRAP_NAME
-from cloudtrain.spec import JobSpec
+from cloudtrain.plan.node_commands import input_env, job_env
+from cloudtrain.platforms import catalog, images
+from cloudtrain.platforms.images import Runtime
+from cloudtrain.spec.model import JobSpec
 
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
 CODE_DIR = "./code"  # relative to the job YAML, as `az ml job create -f` resolves it

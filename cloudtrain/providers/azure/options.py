@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from cloudtrain.spec_fields import Settings
+from cloudtrain.spec.fields import Settings
 
 
 class AzureOptions(Settings):

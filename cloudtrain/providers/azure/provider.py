@@ -15,20 +15,21 @@ from typing import Any
 
 import yaml
 
-from cloudtrain import catalog, contract
+from cloudtrain import contract
+from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.bundle.staging import STAGED, new_job_id
 from cloudtrain.errors import HandleError, SpecError, TransientError, UserError
-from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
-from cloudtrain.node_commands import bootstrap_args
-from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
-from cloudtrain.plan import Plan
+from cloudtrain.plan.model import Plan
+from cloudtrain.plan.node_commands import bootstrap_args
+from cloudtrain.platforms import catalog
 from cloudtrain.providers.azure import PROVIDER, rest, schema
 from cloudtrain.providers.azure import job as aj
 from cloudtrain.providers.azure.status import job_state
 from cloudtrain.providers.azure.workspace import CAPACITY, azure_errors, ml_client, workspace_of
 from cloudtrain.providers.base import Capability, JobStatus, Provider
-from cloudtrain.spec import JobSpec
-from cloudtrain.staging import STAGED, new_job_id
+from cloudtrain.show.formatting import Summary, where
+from cloudtrain.spec.model import JobSpec
 
 # azure-ai-ml logs "experimental field/class" for queue_settings (spot) on every plan; cloudtrain chose the field
 # knowingly, and a plan's stderr should hold what the user must act on
@@ -213,7 +214,7 @@ class AzureMLProvider(Provider):
 
     def _list(self, limit: int) -> builtins.list[JobStatus]:
         from cloudtrain.providers.azure.options import AzureOptions
-        from cloudtrain.spec import project_options
+        from cloudtrain.spec.model import project_options
 
         # the workspace of the project here (cloudtrain.yaml), else the profile's, else the standard config.json
         known = project_options("azure")

@@ -47,7 +47,7 @@ def config_json() -> tuple[dict[str, Any], str] | None:
 def workspace_of(options: Any) -> tuple[str, str, str]:
     """(subscription, resource group, workspace): the spec's options, else the cloudtrain profile's, else the
     workspace's ``config.json`` (the ``settings`` hook, through config.resolve)."""
-    from cloudtrain.config import lookup
+    from cloudtrain.spec.settings import lookup
 
     found = {"subscription_id": lookup("azure", "subscription_id", options.subscription_id),
              "resource_group": lookup("azure", "resource_group", options.resource_group),

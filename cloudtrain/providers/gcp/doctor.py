@@ -7,7 +7,8 @@ import configparser
 from collections.abc import Mapping
 from pathlib import Path
 
-from cloudtrain.doctor import (
+from cloudtrain.providers.gcp.clients import DEFAULT_REGION  # a light module: google.* loads inside calls
+from cloudtrain.show.doctor import (
     PLACEHOLDER,
     Check,
     Context,
@@ -19,7 +20,6 @@ from cloudtrain.doctor import (
     setting_check,
     shown,
 )
-from cloudtrain.providers.gcp.clients import DEFAULT_REGION  # a light module: google.* loads inside calls
 
 _IDENTITY = "a Compute Engine VM, whose service account"
 def checks(ctx: Context) -> list[Check]:

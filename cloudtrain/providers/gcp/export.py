@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from cloudtrain.export import bundle_files, readme
-from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
+from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
+from cloudtrain.plan.export import bundle_files, readme
 
 if TYPE_CHECKING:
-    from cloudtrain.plan import Plan
+    from cloudtrain.plan.model import Plan
 
 
 def export(plan: Plan, request: dict[str, Any], folder: Path) -> list[Path]:

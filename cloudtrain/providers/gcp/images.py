@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cloudtrain import images
-from cloudtrain.images import Runtime
+from cloudtrain.platforms import images
+from cloudtrain.platforms.images import Runtime
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import JobSpec
+    from cloudtrain.spec.model import JobSpec
 
 
 def registry_for(region: str) -> str:

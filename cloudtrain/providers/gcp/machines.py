@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cloudtrain import catalog
 from cloudtrain.errors import SpecError
+from cloudtrain.platforms import catalog
 
 # Families whose GPUs come with the machine: the machine type alone says which GPUs and how many.
 _FIXED = ("a2-", "a3-", "a4-", "g2-")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from cloudtrain.spec_fields import Duration, Settings, shaped
+from cloudtrain.spec.fields import Duration, Settings, shaped
 from cloudtrain.storage.uris import check_bucket
 
 _REGION = shaped(r"[a-z]+-[a-z]+[0-9]{1,2}", "a Google Cloud region", "us-central1")

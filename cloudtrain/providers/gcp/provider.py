@@ -15,15 +15,14 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-from cloudtrain import catalog
-from cloudtrain.config import lookup, placeholder_note
+from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.bundle.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
 from cloudtrain.errors import HandleError, SpecError, UserError
-from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
-from cloudtrain.images import Runtime, custom
-from cloudtrain.node_commands import bootstrap_args
-from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
-from cloudtrain.plan import Plan
+from cloudtrain.plan.model import Plan
+from cloudtrain.plan.node_commands import bootstrap_args
+from cloudtrain.platforms import catalog
+from cloudtrain.platforms.images import Runtime, custom
 from cloudtrain.providers.base import Capability, JobStatus, Provider
 from cloudtrain.providers.gcp import PROVIDER
 from cloudtrain.providers.gcp import request as rq
@@ -44,8 +43,9 @@ from cloudtrain.providers.gcp.images import runtime_for
 from cloudtrain.providers.gcp.machines import machine_for
 from cloudtrain.providers.gcp.schema import check_request
 from cloudtrain.providers.gcp.status import describe_details, job_state
-from cloudtrain.spec import JobSpec, project_options
-from cloudtrain.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
+from cloudtrain.show.formatting import Summary, where
+from cloudtrain.spec.model import JobSpec, project_options
+from cloudtrain.spec.settings import lookup, placeholder_note
 
 # CustomJob fields the service sets: cleared before a job is created again from a copy.
 OUTPUT_ONLY = ("name", "state", "create_time", "start_time", "end_time", "update_time", "error", "web_access_uris",

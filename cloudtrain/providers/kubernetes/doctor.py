@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cloudtrain.doctor import PLACEHOLDER, Check, Context, setting, setting_check
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.providers.kubernetes.settings import context_namespace, kubeconfig, kubeconfig_files
+from cloudtrain.show.doctor import PLACEHOLDER, Check, Context, setting, setting_check
 
 TRAINER = "trainer.kubeflow.org"  # request.TRAINJOB's group (request.py imports pydantic: doctor must not)
 
@@ -105,7 +105,7 @@ def _runtime(kube: Any, ctx: Context) -> Check:
 def _max_restarts() -> int:
     """The project's max_restarts (./cloudtrain.yaml), else the spec's default 0; a file that cannot be read is
     reported by the spec check."""
-    from cloudtrain.specfile import project_spec, read_spec_file
+    from cloudtrain.spec.files import project_spec, read_spec_file
 
     path = project_spec()
     try:

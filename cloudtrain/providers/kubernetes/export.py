@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from cloudtrain.export import bundle_files, readme
-from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
+from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
+from cloudtrain.plan.export import bundle_files, readme
 from cloudtrain.providers.kubernetes import request as rq
 
 if TYPE_CHECKING:
-    from cloudtrain.plan import Plan
+    from cloudtrain.plan.model import Plan
 
 COPY = {"s3": "aws s3 cp {src} {dst}", "gs": "gcloud storage cp {src} {dst}",
         "az": "az storage blob upload --file {src} --blob-url {dst}"}

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from cloudtrain.spec_fields import Duration, Model, one_token
+from cloudtrain.spec.fields import Duration, Model, one_token
 from cloudtrain.storage.uris import check_uri
 
 STAGING = re.compile(r"^(s3|gs|az)://[^/\s]+(/\S*)?$|^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/\S*)?$")

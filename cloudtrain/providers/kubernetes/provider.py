@@ -17,16 +17,15 @@ from datetime import datetime
 from typing import Any
 
 from cloudtrain import storage
-from cloudtrain.catalog import Machine
-from cloudtrain.config import lookup, placeholder_note, with_defaults
+from cloudtrain.bundle.packaging import BUNDLE_NAME, Package
+from cloudtrain.bundle.staging import STAGED, bundle_prefix, cloud_locations, lineage_id, new_job_id, stage_bundle
 from cloudtrain.errors import CloudtrainError, HandleError, SpecError, UserError
-from cloudtrain.formatting import Summary, where
 from cloudtrain.handles import JobHandle
-from cloudtrain.images import Runtime, custom
 from cloudtrain.naming import shortened
-from cloudtrain.node_commands import bootstrap_args, job_env
-from cloudtrain.packaging import BUNDLE_NAME, Package
-from cloudtrain.plan import Plan
+from cloudtrain.plan.model import Plan
+from cloudtrain.plan.node_commands import bootstrap_args, job_env
+from cloudtrain.platforms.catalog import Machine
+from cloudtrain.platforms.images import Runtime, custom
 from cloudtrain.providers.base import Capability, JobStatus, Provider
 from cloudtrain.providers.kubernetes import PROVIDER, schema
 from cloudtrain.providers.kubernetes import request as rq
@@ -35,8 +34,9 @@ from cloudtrain.providers.kubernetes.node import RESERVED, pytorchjob_env
 from cloudtrain.providers.kubernetes.options import KubernetesOptions
 from cloudtrain.providers.kubernetes.settings import platform_setting
 from cloudtrain.providers.kubernetes.status import job_state, native_of, status_fields
-from cloudtrain.spec import JobSpec
-from cloudtrain.staging import STAGED, bundle_prefix, cloud_locations, lineage_id, new_job_id, stage_bundle
+from cloudtrain.show.formatting import Summary, where
+from cloudtrain.spec.model import JobSpec
+from cloudtrain.spec.settings import lookup, placeholder_note, with_defaults
 
 DEFAULT_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"  # torch-distributed's own (kubeflow/trainer v2.3.0)
 CONTAINER = {"TrainJob": "node", "PyTorchJob": "pytorch"}

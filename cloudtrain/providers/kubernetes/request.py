@@ -12,7 +12,7 @@ from typing import Any
 from cloudtrain.node.secret_values import looks_secret
 from cloudtrain.providers.kubernetes.node import PYTORCHJOB_PORT
 from cloudtrain.providers.kubernetes.options import KubernetesOptions
-from cloudtrain.spec import JobSpec
+from cloudtrain.spec.model import JobSpec
 
 TRAINJOB = ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
 PYTORCHJOB = ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")

@@ -48,7 +48,7 @@ def platform_setting(key: str) -> tuple[Any, str] | None:
         if key == "context" and data.get("current-context"):
             return data["current-context"], f"kubeconfig {where}"
         if key == "namespace":
-            from cloudtrain.config import lookup
+            from cloudtrain.spec.settings import lookup
 
             namespace = context_namespace(data, lookup("kubernetes", "context"))
             if namespace:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from cloudtrain.errors import HomeError
-from cloudtrain.home_errors import home_problem
+from cloudtrain.home.errors import home_problem
 
 try:
     import fcntl

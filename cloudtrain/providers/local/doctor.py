@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cloudtrain.doctor import Check, Context, extra_check
+from cloudtrain.show.doctor import Check, Context, extra_check
 
 
 def checks(ctx: Context) -> list[Check]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import cloudtrain.providers.local.db_faults as db_faults
-from cloudtrain.home_errors import os_problem
+from cloudtrain.home.errors import os_problem
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (

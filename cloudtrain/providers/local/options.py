@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from cloudtrain.spec_fields import Duration, Model, Uri, Usd
+from cloudtrain.spec.fields import Duration, Model, Uri, Usd
 
 
 def _platforms(schema: dict[str, Any]) -> None:

@@ -23,21 +23,21 @@ from typing import IO, TYPE_CHECKING, Any
 from cloudtrain import contract, registry, storage
 from cloudtrain.contract import FORCE_CPU, METADATA_URL
 from cloudtrain.errors import HandleError, HomeError, SpecError, UserError
-from cloudtrain.formatting import Summary
 from cloudtrain.handles import JobHandle
-from cloudtrain.home import cloudtrain_home, default_store_uri
-from cloudtrain.home_errors import os_problem
-from cloudtrain.plan import NodeCommand, Plan
-from cloudtrain.procs import is_alive, kill_tagged, signal_group, start_ticks, tag_alive
+from cloudtrain.home.errors import os_problem
+from cloudtrain.home.paths import cloudtrain_home, default_store_uri
+from cloudtrain.home.procs import is_alive, kill_tagged, signal_group, start_ticks, tag_alive
+from cloudtrain.plan.model import NodeCommand, Plan
 from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider
 from cloudtrain.providers.local import PROVIDER, outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.providers.local.log_clock import merged, node_log
 from cloudtrain.providers.local.rendezvous import contract_env, free_port, naming
+from cloudtrain.show.formatting import Summary
 
 if TYPE_CHECKING:
-    from cloudtrain.packaging import Package
-    from cloudtrain.spec import JobSpec
+    from cloudtrain.bundle.packaging import Package
+    from cloudtrain.spec.model import JobSpec
 
 _ACTIVE = ("pending", "running", "stopping")
 PORT_AT_SUBMIT = 0  # in a plan's node variables: the rendezvous port, which submit chooses
@@ -71,10 +71,10 @@ class LocalProvider(Provider):
         """Pure: the rendezvous port is chosen at submit (the plan shows where), nothing is written or bound."""
         # what only planning needs (the spec's models, packaging) is imported here: status, logs, list and cancel, a
         # CLI call each, never load it
-        from cloudtrain.images import this_machine, this_python
-        from cloudtrain.node_commands import bootstrap_args, job_env, node_command
-        from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
-        from cloudtrain.staging import bundle_prefix, default_output_uri, new_job_id
+        from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
+        from cloudtrain.bundle.staging import bundle_prefix, default_output_uri, new_job_id
+        from cloudtrain.plan.node_commands import bootstrap_args, job_env, node_command
+        from cloudtrain.platforms.images import this_machine, this_python
 
         assert spec.name
         if spec.checkpoint.dir and Path(spec.checkpoint.dir).is_absolute() and spec.nodes > 1:
@@ -136,7 +136,7 @@ class LocalProvider(Provider):
 
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:
-        from cloudtrain.staging import stage_bundle
+        from cloudtrain.bundle.staging import stage_bundle
 
         handle = self.handle(plan.job_id)
         found = self.db.get(plan.job_id)
@@ -439,7 +439,7 @@ def shared_cores_env(nodes: int) -> dict[str, str]:
 def visible_gpus() -> int:
     """This machine's GPUs, counted as a node counts its own (the bootstrap's rule: CUDA_VISIBLE_DEVICES, else the
     driver's device list), without importing torch."""
-    from cloudtrain.node_commands import bootstrap_module
+    from cloudtrain.plan.node_commands import bootstrap_module
 
     return int(bootstrap_module().visible_gpus(dict(os.environ)))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.errors import HomeError
-from cloudtrain.home_errors import FULL_BYTES, free_bytes
+from cloudtrain.home.errors import FULL_BYTES, free_bytes
 from cloudtrain.providers.local.db_faults import DatabaseLocked
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 

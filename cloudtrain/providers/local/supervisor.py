@@ -20,13 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cloudtrain import contract, timeline
+from cloudtrain import contract
 from cloudtrain.errors import HomeError
-from cloudtrain.home import cloudtrain_home
+from cloudtrain.home import timeline
+from cloudtrain.home.paths import cloudtrain_home
+from cloudtrain.home.procs import TAG_VAR, kill_tagged, signal_group, start_ticks
 from cloudtrain.node.diagnosis import PORT_IN_USE
 from cloudtrain.node.durations import format_duration
 from cloudtrain.node.watch import GRACE_ENV, SUPERVISOR_FD
-from cloudtrain.procs import TAG_VAR, kill_tagged, signal_group, start_ticks
 from cloudtrain.providers.local import outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.providers.local.log_clock import LogClock, node_log

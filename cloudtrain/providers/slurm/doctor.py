@@ -9,8 +9,8 @@ import shlex
 import shutil
 import subprocess
 
-from cloudtrain.doctor import PLACEHOLDER, Check, Context, setting, setting_check
 from cloudtrain.providers.slurm.clients import SSH_ENV
+from cloudtrain.show.doctor import PLACEHOLDER, Check, Context, setting, setting_check
 
 PROGRAMS = ("sbatch", "srun", "squeue", "scontrol", "scancel")
 

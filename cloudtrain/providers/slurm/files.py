@@ -9,9 +9,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.bundle.staging import stage_bundle
 from cloudtrain.providers.slurm.clients import Commands
-from cloudtrain.staging import stage_bundle
 
 
 class SharedFiles:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from cloudtrain.spec_fields import Duration, Model, one_token, path_problem
+from cloudtrain.spec.fields import Duration, Model, one_token, path_problem
 
 MAX_SIGNAL_LEAD = 65535  # seconds: sbatch's --signal takes no more
 

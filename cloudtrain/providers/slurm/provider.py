@@ -18,15 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain import storage
-from cloudtrain.catalog import Machine
-from cloudtrain.config import lookup, placeholder_note, with_defaults
+from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.bundle.staging import bundle_prefix, default_output_uri, lineage_id, new_job_id
 from cloudtrain.errors import HandleError, UserError
-from cloudtrain.formatting import Summary
 from cloudtrain.handles import JobHandle
 from cloudtrain.node.outcome import warned_message
-from cloudtrain.node_commands import bootstrap_args, job_env
-from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
-from cloudtrain.plan import Plan
+from cloudtrain.plan.model import Plan
+from cloudtrain.plan.node_commands import bootstrap_args, job_env
+from cloudtrain.platforms.catalog import Machine
 from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider
 from cloudtrain.providers.slurm import PROVIDER, clients
 from cloudtrain.providers.slurm import request as rq
@@ -34,8 +33,9 @@ from cloudtrain.providers.slurm.files import SharedFiles
 from cloudtrain.providers.slurm.node import PORT_BASE, PORT_SPAN
 from cloudtrain.providers.slurm.options import SlurmOptions
 from cloudtrain.providers.slurm.status import job_state
-from cloudtrain.spec import JobSpec
-from cloudtrain.staging import bundle_prefix, default_output_uri, lineage_id, new_job_id
+from cloudtrain.show.formatting import Summary
+from cloudtrain.spec.model import JobSpec
+from cloudtrain.spec.settings import lookup, placeholder_note, with_defaults
 
 _JOB_NAME = re.compile(r"^[a-z0-9-]+-\d{8}-\d{6}-[0-9a-f]{4}(-r\d+)?$")  # cloudtrain's job ids (staging.new_job_id)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from cloudtrain import contract
 from cloudtrain.providers.slurm.options import SlurmOptions
-from cloudtrain.spec import JobSpec
+from cloudtrain.spec.model import JobSpec
 
 WORKDIR = "node-${SLURM_NODEID}"  # each node's bootstrap folder, in the job's folder (expanded on the node)
 STATUS_FILE = "${PWD}/node-${SLURM_NODEID}.status.json"  # what each node says at its end (warnings), for status

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cloudtrain.doctor import PLACEHOLDER, Check, Context, setting_check
+from cloudtrain.show.doctor import PLACEHOLDER, Check, Context, setting_check
 
 
 def checks(ctx: Context) -> list[Check]:

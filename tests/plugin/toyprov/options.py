@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from cloudtrain.spec_fields import Settings
+from cloudtrain.spec.fields import Settings
 
 
 class ToyOptions(Settings):

@@ -16,16 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from cloudtrain import storage
-from cloudtrain.config import lookup, placeholder_note
+from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.bundle.staging import bundle_prefix, new_job_id, stage_bundle
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
-from cloudtrain.home import cloudtrain_home
-from cloudtrain.node_commands import bootstrap_args, job_env
-from cloudtrain.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
-from cloudtrain.plan import Plan
+from cloudtrain.home.paths import cloudtrain_home
+from cloudtrain.plan.model import Plan
+from cloudtrain.plan.node_commands import bootstrap_args, job_env
 from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider
-from cloudtrain.spec import JobSpec
-from cloudtrain.staging import bundle_prefix, new_job_id, stage_bundle
+from cloudtrain.spec.model import JobSpec
+from cloudtrain.spec.settings import lookup, placeholder_note
 from toyprov import PROVIDER
 
 # the scheduler's own states, and what they mean in cloudtrain's terms

@@ -1,0 +1,1 @@
+"""What cloudtrain keeps on this machine: the home folder, its errors, process records, each job's timeline."""

@@ -1,0 +1,196 @@
+"""A job's timeline: an append-only list of timed events, from two sources.
+
+- The client (and the local provider's supervisor, which is the local platform) appends its own to a per-job file
+  in the home, ``<home>/events/<handle>.jsonl``: submitted, staged, the platform's states as status sees them,
+  node starts, preemptions, restarts, the end. One ``write`` per line on a file opened for appending, so lines from
+  two processes never mix.
+- The nodes print theirs into their logs (cloudtrain/node/events.py); ``read`` picks them out of the logs the
+  provider already serves (``Provider.logs``), so every provider carries them with no channel of its own.
+
+A line cut short (a node killed mid-write, a full disk) is skipped and counted as missing, never an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cloudtrain.home.paths import cloudtrain_home
+from cloudtrain.node.events import PREFIX, parse
+
+_warned: set[str] = set()
+
+
+def path(handle: str) -> Path:
+    return cloudtrain_home() / "events" / (re.sub(r"[^A-Za-z0-9._-]+", "_", handle) + ".jsonl")
+
+
+def record(job: str, kind: str, when: float | None = None, **fields: Any) -> None:
+    """Append one event to ``handle``'s timeline. Best effort: the job runs either way; a home that cannot be
+    written loses the timeline only (said once)."""
+    event = {"e": kind, "t": round(time.time() if when is None else when, 3), **fields}
+    if not _append(path(job), [event]) and job not in _warned:
+        _warned.add(job)
+        print(f"cloudtrain: warning: cannot write the timeline of {job} under {path(job).parent}: "
+              "`status` shows less of its story", file=sys.stderr)
+
+
+def _append(file: Path, events: list[dict[str, Any]]) -> bool:
+    data = "".join(json.dumps(e, separators=(",", ":"), default=str) + "\n" for e in events).encode()
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return True
+
+
+def own_events(handle: str) -> tuple[list[dict[str, Any]], int]:
+    """The client's events of ``handle`` and how many lines of its file could not be read."""
+    try:
+        text = path(handle).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return [], 0
+    except OSError:
+        return [], 1
+    found, missing = [], 0
+    for text_line in text.splitlines():
+        if not text_line.strip():
+            continue
+        try:
+            event = json.loads(text_line)
+        except ValueError:
+            missing += 1
+            continue
+        if isinstance(event, dict) and isinstance(event.get("e"), str) and isinstance(event.get("t"), (int, float)):
+            found.append(event)
+        else:
+            missing += 1
+    return found, missing
+
+
+def node_events(lines: Any) -> tuple[list[dict[str, Any]], int]:
+    """The events in log lines (``[node1] ... cloudtrain-event {...}``), each tagged with the node the line names
+    (local and Slurm: its rank; elsewhere the platform's name for it, ``workerpool0-0``); and how many were cut
+    short. All parsed as one JSON document where none is cut short (a job's logs may hold 10,000 of them: status
+    stays quick), line by line otherwise."""
+    parts: list[str] = []
+    nodes: list[int | str | None] = []
+    for text_line in lines:
+        at = text_line.find(PREFIX)
+        if at < 0:
+            continue
+        parts.append(text_line[at + len(PREFIX):])
+        tag = _NODE.match(text_line) if text_line.startswith("[") else None  # [node1], [node 1], [node-1], [algo-1]
+        nodes.append(None if tag is None else int(tag.group(2)) if tag.group(2) else tag.group(1))
+    try:
+        parsed: list[Any] = json.loads("[" + ",".join(parts) + "]")
+    except ValueError:
+        parsed = []
+    if len(parsed) != len(parts):
+        parsed = [parse(PREFIX + part) for part in parts]
+    found, missing = [], 0
+    for event, node in zip(parsed, nodes, strict=True):
+        if not isinstance(event, dict) or not isinstance(event.get("e"), str) or \
+                not isinstance(event.get("t"), (int, float)) or isinstance(event["t"], bool):
+            missing += 1
+            continue
+        if node is not None and "node" not in event:
+            event["node"] = node
+        found.append(event)
+    return found, missing
+
+
+_NODE = re.compile(r"\[(node[ -]?(\d+)|[^\]\s]+)\]")
+
+
+def read(provider: Any, handle: Any) -> dict[str, Any]:
+    """Everything known of a job's timeline: ``{"events": [...] by time, "missing": n, "logs": why or None}``.
+    Logs that cannot be fetched now (a platform that keeps them elsewhere, a transient error) leave the client's
+    events, and say why."""
+    events, missing = own_events(str(handle))
+    why = None
+    try:
+        found, cut = node_events(provider.logs(handle, follow=False))
+    except Exception as exc:
+        found, cut, why = [], 0, f"the nodes' events are not known: their logs could not be read ({exc})"
+    events = sorted(events + found, key=lambda e: e["t"])
+    return {"events": events, "missing": missing + cut, "logs": why}
+
+
+def observe(status: Any) -> None:
+    """Record what a status call saw that the timeline does not have yet: a new platform state, more restarts, the
+    end. Compared with the last one seen (``<events file>.seen``), so repeated polls add nothing."""
+    handle = str(status.handle)
+    seen_file = path(handle).with_suffix(".seen")
+    platform = platform_state(status.details)
+    now = f"{status.state.value}|{status.restarts or 0}|{json.dumps(platform, sort_keys=True)}|{status.message[:200]}"
+    try:
+        before = seen_file.read_text(encoding="utf-8")
+    except OSError:
+        before = ""
+    if before == now:
+        return
+    was_state, was_restarts = ([*before.split("|"), "", "0"])[:2]
+    events: list[dict[str, Any]] = []
+    stamp = round(time.time(), 3)
+    if (status.restarts or 0) > int(was_restarts or 0):
+        events.append({"e": "restarted", "t": stamp, "restarts": status.restarts})
+    if status.state.value != was_state or (not status.state.terminal and before.split("|")[2:3] != now.split("|")[2:3]):
+        # stamped when seen (a platform's clock, or its whole seconds, may put its own end time before events this
+        # machine stamped); the platform's end time is kept beside it, and goodput counts paid time until it
+        ended = {"ended_at": status.ended_at} if status.state.terminal and status.ended_at else {}
+        events.append({"e": "ended" if status.state.terminal else "state", "t": stamp, "state": status.state.value,
+                       "message": status.message[:200], **({"platform": platform} if platform else {}), **ended})
+    if events and not _append(path(handle), events):
+        return
+    with contextlib.suppress(OSError):
+        seen_file.write_text(now, encoding="utf-8")
+
+
+def platform_state(details: dict[str, Any]) -> dict[str, str]:
+    """The platform's own words for where a job is (SageMaker's secondary status Starting/Downloading/Training/
+    Interrupted, Vertex's JOB_STATE_QUEUED, Slurm's PENDING (Resources), a Kubernetes condition and reason): a new
+    one is a new state event, even where cloudtrain's state (pending, running) stays the same."""
+    return {k: v for k, v in details.items() if isinstance(v, str) and len(v) < 200 and (
+        k.endswith(("_state", "_status")) or k in ("condition", "reason"))}
+
+
+def known_handles() -> list[str]:
+    """Every job this home has a timeline for (``status -o openmetrics`` without a handle), newest first."""
+    from cloudtrain.home.errors import os_problem
+
+    folder = cloudtrain_home() / "events"
+    try:
+        files = sorted((folder / n for n in os.listdir(folder) if n.endswith(".jsonl")),
+                       key=lambda p: p.stat().st_mtime, reverse=True)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:  # a home of another shape, or one this user cannot read: the user's to fix
+        raise os_problem(exc, folder, "read the jobs' timelines") from None
+    handles = []
+    for file in files:
+        try:  # the submitted event names it: among the first lines (the supervisor may have written before it)
+            with open(file, encoding="utf-8", errors="replace") as f:
+                head = [f.readline() for _ in range(20)]
+        except OSError:
+            continue
+        for text_line in head:
+            try:
+                event = json.loads(text_line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and isinstance(event.get("handle"), str):
+                handles.append(event["handle"])
+                break
+    return handles

@@ -1,0 +1,1 @@
+"""Jobs after submit: status, recovery, fallback, the watcher, chains and lineage, budget, outputs."""

@@ -1,0 +1,109 @@
+"""A job chain's recovery state kept in its checkpoint store, beside its checkpoints (``<checkpoint.uri>/_cloudtrain/
+lineage.json``), and the lease that lets one watcher at a time drive it: a watcher on another machine, or one
+restarted with an empty home, picks up the same chain, and two watchers never both resubmit.
+
+The lease is an object holding its owner and when it expires. Object stores offer no portable compare-and-swap, so
+taking it is write, wait, read back: two watchers that write at once both read back the last writer's and only it
+goes on. A watcher renews it on every round; one that dies leaves it to expire (``LEASE_SECONDS``). Whatever the
+store holds is checked before it is trusted: a lease of another shape, or one that expires further ahead than a lease
+lasts (a watcher whose clock ran ahead wrote it), holds no chain, and is said so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from cloudtrain import storage
+from cloudtrain.backoff import SYSTEM, Clock
+from cloudtrain.jobs.chain_file import Unreadable, is_number
+
+LEASE_SECONDS = 120.0  # a watcher silent this long is taken for dead; another may take the chain over
+CLOCK_SKEW_SECONDS = 60.0  # how far two watchers' clocks may disagree and a lease still be trusted
+SETTLE_SECONDS = 1.0  # between writing the lease and reading it back (how long the store takes to agree)
+_FOLDER = "_cloudtrain"  # not step-<N>: never taken for a checkpoint, never deleted by retention
+
+
+def state_uri(checkpoint_uri: str) -> str:
+    return storage.join(checkpoint_uri, _FOLDER, "lineage.json")
+
+
+def _lease_uri(state: str) -> str:
+    return state.rsplit("/", 1)[0] + "/lease.json"
+
+
+def publish(uri: str, data: dict[str, Any]) -> None:
+    storage.with_retries(lambda: storage.write_bytes(uri, json.dumps(data, indent=1).encode()), f"writing {uri}")
+
+
+def read(uri: str) -> dict[str, Any] | None:
+    """The JSON object at ``uri``; None when there is none; Unreadable when the file holds something else."""
+    if not storage.exists(uri):
+        return None
+    try:
+        data = json.loads(storage.read_bytes(uri))
+    except ValueError as exc:  # UnicodeDecodeError too
+        raise Unreadable(f"{uri} is not JSON ({exc})", remedy="delete it; cloudtrain writes it again") from None
+    if not isinstance(data, dict):
+        raise Unreadable(f"{uri} holds {type(data).__name__}, not a JSON object",
+                         remedy="delete it; cloudtrain writes it again")
+    return data
+
+
+def owner_id() -> str:
+    """This watcher: host, process and a random part (two watchers in one process are two owners)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def lease(uri: str, now: float | None, log: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """The lease at ``uri`` if it may be trusted: ``{"owner": str, "expires": seconds}``, expiring no further ahead
+    of ``now`` than a lease lasts (None: however far). Anything else holds nothing (said with ``log``): a watcher
+    takes the lease over."""
+    try:
+        held = read(uri)
+        wrong = None if held is None else _untrusted(uri, held, now)
+    except Unreadable as exc:
+        held, wrong = None, exc.message
+    if wrong is None:
+        return held
+    if log is not None:
+        log(f"{wrong}; not trusted: this watcher takes the lease over")
+    return None
+
+
+def _untrusted(uri: str, held: dict[str, Any], now: float | None) -> str | None:
+    owner, expires = held.get("owner"), held.get("expires")
+    if not isinstance(owner, str) or not isinstance(expires, (int, float)) or not is_number(expires):
+        return (f"{uri} is not a lease cloudtrain wrote (owner {owner!r}, expires {expires!r}; expected a watcher's "
+                "name and a time in seconds)")
+    if now is not None and expires > now + LEASE_SECONDS + CLOCK_SKEW_SECONDS:
+        return (f"the lease {uri} of {owner} expires {expires - now:.0f}s from now, further ahead than a lease lasts "
+                f"({LEASE_SECONDS:.0f}s): that watcher's clock is wrong")
+    return None
+
+
+def take_lease(state: str, owner: str, clock: Clock = SYSTEM, settle: float | None = None,
+               log: Callable[[str], None] | None = None) -> bool:
+    """Take or renew the lease of the chain whose state is at ``state``; False: another live watcher holds it."""
+    uri = _lease_uri(state)
+    now = clock.time()
+    held = lease(uri, now, log)
+    if held and held["owner"] != owner and held["expires"] > now:
+        return False
+    renewing = bool(held and held["owner"] == owner)
+    publish(uri, {"owner": owner, "expires": now + LEASE_SECONDS})
+    if not renewing:
+        clock.sleep(SETTLE_SECONDS if settle is None else settle)
+        held = lease(uri, clock.time())
+    return bool(held and held["owner"] == owner)
+
+
+def release(state: str, owner: str) -> None:
+    uri = _lease_uri(state)
+    held = lease(uri, None)
+    if held and held["owner"] == owner:
+        publish(uri, {"owner": owner, "expires": 0})

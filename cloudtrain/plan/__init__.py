@@ -1,0 +1,1 @@
+"""The plan: its model, the planner, saved and sealed plans, node commands, export, compare, cost, interval."""

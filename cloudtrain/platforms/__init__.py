@@ -1,0 +1,1 @@
+"""What the platforms offer: machines and prices (the catalog) and the images nodes run."""

@@ -1,0 +1,153 @@
+"""Progress and goodput from a job's timeline (cloudtrain/home/timeline.py): the step, steps/s and ETA, and the share of
+paid node time that produced steps which were kept, with the losses by cause.
+
+The timeline is cut into legs: each start of the job's nodes (the local supervisor's ``node_started``; elsewhere the
+platform's move to running as status saw it, else the job's start time) until the next start, its preemption or
+its end. Paid time is the legs' time. In each leg the time before training (its first step, or training again after
+a restore) is provisioning, less the restore's own seconds; checkpoints block training for their ``blocked_s``;
+steps done again after a restore (the newest step reached before it, less the restored step) cost their share of the
+pure step rate. Kept time is the kept steps at that rate; what none of these explains (the last save and exit,
+time between two step reports) is ``other``. Waiting (submitted until the first start) is not paid.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+STEP_KINDS = ("step", "checkpoint", "training_again", "restored")
+
+
+def _legs(events: list[dict[str, Any]], status: Any) -> list[tuple[float, float, list[dict[str, Any]]]]:
+    starts: dict[Any, float] = {}
+    for e in events:
+        if e["e"] == "node_started" and "attempt" in e:  # the local supervisor's (a node's own names its rank)
+            starts.setdefault(e["attempt"], e["t"])
+    begin = sorted(starts.values())
+    if not begin:
+        begin = [e["t"] for e in events if e["e"] == "state" and e.get("state") == "running"]  # each a new start
+        begin = _seen_late(begin, events, status.started_at)
+    if not begin and status.started_at is not None:
+        begin = [float(status.started_at)]
+    end_of_job = status.ended_at or next((e["t"] for e in reversed(events) if e["e"] == "ended"), None) or (
+        None if status.state.terminal else time.time())
+    legs = []
+    for i, start in enumerate(begin):
+        until = begin[i + 1] if i + 1 < len(begin) else (end_of_job or start)
+        stop = next((e["t"] for e in events if e["e"] == "preempted" and start <= e["t"] <= until), until)
+        last = i + 1 == len(begin)
+        legs.append((start, max(start, stop), [e for e in events if start <= e["t"] and (last or e["t"] < until)]))
+    return legs
+
+
+def _seen_late(begin: list[float], events: list[dict[str, Any]], started_at: float | None) -> list[float]:
+    """A platform's move to running is recorded when a status call sees it, which may be after its nodes' first
+    events: each start is moved back to the first node event since the start before it (and the first to the
+    platform's own start time, where it says one)."""
+    moved: list[float] = []
+    for i, start in enumerate(begin):
+        floor = moved[-1] if moved else float("-inf")
+        early = [e["t"] for e in events if "node" in e and floor < e["t"] < start]
+        if i == 0 and started_at is not None:
+            early.append(float(started_at))
+        moved.append(min([start, *early]))
+    return moved
+
+
+def summarise(events: list[dict[str, Any]], status: Any, rate: Any = None) -> dict[str, Any]:
+    """``{"progress": {...}, "goodput": {...}}`` for ``status -o json`` (None where a figure is not known)."""
+    legs = _legs(events, status)
+    steps_seen = [e for e in events if e["e"] in STEP_KINDS and isinstance(e.get("step"), int)]
+    total = next((e["total"] for e in reversed(events) if e["e"] == "step" and isinstance(e.get("total"), int)), None)
+    paid = sum(stop - start for start, stop, _ in legs)
+    losses = {"provisioning": 0.0, "restore": 0.0, "checkpoints": 0.0, "redone": 0.0}
+    span = steps = 0.0
+    redone_steps, reached, first_step = 0, None, None
+    last_rate = None
+    for n, (start, _stop, own) in enumerate(legs):
+        restored = next((e for e in own if e["e"] == "restored"), None)
+        restore_s = float(restored.get("seconds") or 0) if restored else 0.0
+        losses["restore"] += restore_s
+        trained = [e for e in own if e["e"] in ("step", "checkpoint", "training_again") and
+                   isinstance(e.get("step"), int)]
+        if trained:
+            losses["provisioning"] += max(0.0, trained[0]["t"] - start - restore_s)
+        begun = restored["step"] if restored and isinstance(restored.get("step"), int) else 0
+        if n == 0:
+            first_step = begun
+        elif reached is not None:
+            redone_steps += max(0, reached - begun)
+        blocked = sum(float(e.get("blocked_s") or 0) for e in own if e["e"] == "checkpoint")
+        losses["checkpoints"] += blocked
+        if len(trained) >= 2 and trained[-1]["t"] > trained[0]["t"]:
+            leg_span = trained[-1]["t"] - trained[0]["t"]
+            leg_steps = trained[-1]["step"] - trained[0]["step"]
+            span += max(0.0, leg_span - blocked)
+            steps += max(0, leg_steps)
+            last_rate = leg_steps / leg_span  # the newest leg's that has one: a leg just started has none yet
+        if trained:
+            reached = max(reached or 0, max(e["step"] for e in trained))
+    step = steps_seen[-1]["step"] if steps_seen else None
+    pure = steps / span if span > 0 and steps > 0 else None
+    kept_steps = None if step is None else max(0, step - (first_step or 0))
+    kept = kept_steps / pure if pure and kept_steps is not None else None
+    if pure:
+        losses["redone"] = redone_steps / pure
+    waiting = None
+    submitted = next((e["t"] for e in events if e["e"] == "submitted"), status.created_at)
+    if legs and submitted is not None:
+        waiting = max(0.0, legs[0][0] - float(submitted))
+    other = max(0.0, paid - (kept or 0) - sum(losses.values())) if kept is not None else None
+    checkpoints = [e for e in events if e["e"] == "checkpoint"]
+    eta = (total - step) / last_rate if total and step is not None and last_rate and not status.state.terminal \
+        else None
+    progress = {"step": step, "total": total, "percent": round(100.0 * step / total, 1) if total and step is not None
+                else None, "steps_per_s": round(last_rate, 3) if last_rate else None,
+                "eta_s": round(max(0.0, eta), 1) if eta is not None else None,
+                "source": "report_step" if any(e["e"] == "step" for e in events) else
+                ("checkpoints" if steps_seen else None)}
+    goodput = {"ratio": round(min(1.0, kept / paid), 4) if kept is not None and paid > 0 else None,
+               "paid_s": round(paid, 3), "kept_s": round(kept, 3) if kept is not None else None,
+               "losses_s": {"waiting": round(waiting, 3) if waiting is not None else None,
+                            **{k: round(v, 3) for k, v in losses.items()},
+                            "other": round(other, 3) if other is not None else None},
+               "steps_redone": redone_steps, "legs": len(legs),
+               # the local supervisor's per attempt, or the platform's states as status saw them (not both)
+               "preemptions": max(len({e.get("attempt") for e in events if e["e"] == "preempted"}), sum(
+                   1 for e in events if e["e"] in ("ended", "state") and e.get("state") == "preempted")),
+               "checkpoints": len(checkpoints),
+               "checkpoint_age_s": round(time.time() - checkpoints[-1]["t"], 1) if checkpoints else None,
+               **_cost(rate, paid, kept)}
+    return {"progress": progress, "goodput": goodput}
+
+
+def _cost(rate: Any, paid: float, kept: float | None) -> dict[str, Any]:
+    """Cost so far (the paid time at the leg's price) next to what on-demand nodes would cost for the kept work."""
+    if rate is None or rate.hourly is None:
+        return {"cost_usd": None, "on_demand_kept_usd": None}
+    on_demand = None if kept is None or rate.on_demand is None else kept / 3600 * rate.on_demand * rate.nodes
+    return {"cost_usd": round(paid / 3600 * rate.hourly, 6),
+            "on_demand_kept_usd": round(on_demand, 6) if on_demand is not None else None}
+
+
+def text(found: dict[str, Any]) -> list[str]:
+    """The compact lines `status` prints."""
+    p, g = found["progress"], found["goodput"]
+    lines = []
+    if p["step"] is not None:
+        parts = [f"step {p['step']}" + (f"/{p['total']} ({p['percent']:g}%)" if p["total"] else "")]
+        if p["steps_per_s"]:
+            parts.append(f"{p['steps_per_s']:g} steps/s")
+        if p["eta_s"] is not None:
+            parts.append(f"ETA {p['eta_s']:.0f}s")
+        lines.append("progress: " + ", ".join(parts))
+    if g["ratio"] is not None:
+        losses = ", ".join(f"{k} {v:.1f}s" for k, v in g["losses_s"].items() if v and v >= 0.05)
+        cost = ""
+        if g["cost_usd"] is not None:
+            cost = f"; cost USD {g['cost_usd']:.4f}" + (
+                f" (on-demand for the kept work: USD {g['on_demand_kept_usd']:.4f})"
+                if g["on_demand_kept_usd"] is not None else "")
+        lines.append(f"goodput: {g['ratio']:.2f} of {g['paid_s']:.0f}s paid" + (f" (lost: {losses})" if losses
+                                                                                    else "") + cost)
+    return lines

@@ -1,0 +1,1 @@
+"""What the user writes: the job spec, its fields and messages, spec files, templates, settings."""
