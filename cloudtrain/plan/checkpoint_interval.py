@@ -22,6 +22,7 @@ from typing import Any
 from cloudtrain.node.durations import format_duration
 
 AUTO = "auto"
+NOTE_PREFIX = "checkpoint.interval auto:"  # how the plan's note on the chosen interval begins
 FLOOR = 60  # seconds: a checkpoint a minute at the most, whatever the numbers say
 DEFAULT_COST = 30.0  # seconds training is blocked per checkpoint, until a run of the job measured it
 # Mean hours between interruptions of one node, assumed until earlier runs counted them: a spot node is reclaimed
@@ -45,7 +46,7 @@ class Interval:
                 (True, False): "the checkpoint cost measured in earlier runs, the interruptions assumed",
                 (False, True): "the interruptions counted in earlier runs, the checkpoint cost assumed",
                 (False, False): "both assumed until runs of the job measure them"}
-        return (f"checkpoint.interval auto: {format_duration(self.seconds)} (Young/Daly: sqrt(2 x "
+        return (f"{NOTE_PREFIX} {format_duration(self.seconds)} (Young/Daly: sqrt(2 x "
                 f"{self.cost:.0f}s blocked per checkpoint x {format_duration(self.between)} between "
                 f"interruptions), {said[self.cost_measured, self.between_measured]}")
 
@@ -65,6 +66,16 @@ def auto_interval(*, spot: bool, nodes: int, max_runtime: int, cost: float | Non
     m = between if between is not None else per_node / max(nodes, 1)
     return Interval(choose(c, m, max_runtime), c, m, cost is not None and between is not None, cost is not None,
                     between is not None)
+
+
+def submitted_fields(spec: Any, notes: list[str]) -> dict[str, Any]:
+    """What the job's ``submitted`` event says of its checkpoint interval, for `status` to show the one the job runs
+    with: the seconds, and why (``auto``'s reasoning from the plan's note, or the spec's own value)."""
+    seconds = spec.checkpoint.interval
+    if not isinstance(seconds, int):
+        return {}
+    why = next((n[len(NOTE_PREFIX):].strip() for n in notes if n.startswith(NOTE_PREFIX)), None)
+    return {"checkpoint_interval_s": seconds, "checkpoint_interval_from": f"auto: {why}" if why else "the spec"}
 
 
 # -- what earlier runs measured: kept per job name in the home, from the goodput `status` works out --------------

@@ -195,11 +195,12 @@ class Provider(ABC):
         submitted_at = time.time()
         staging.STAGED.clear()
         handle = self._submit(plan)
+        from cloudtrain.plan.checkpoint_interval import submitted_fields
         from cloudtrain.plan.cost import remember
 
         remember(str(handle), plan)  # its rate and max_cost: what `cloudtrain cost` and the budget watcher price
         timeline.record(str(handle), "submitted", submitted_at, handle=str(handle), provider=self.name,
-                        nodes=plan.spec.nodes)
+                        nodes=plan.spec.nodes, **submitted_fields(plan.spec, plan.notes))
         if staging.STAGED:
             staged = dict(staging.STAGED)
             timeline.record(str(handle), "staged", staged.pop("at"), **staged)
