@@ -303,18 +303,37 @@ def test_recovery_restarts_are_in_the_first_jobs_timeline(vertex: VertexFake, pr
         return subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=project, env=env,
                               capture_output=True, text=True, timeout=120)
 
-    root = cli("submit", "train_ddp.py", "--provider", "gcp", "--spot", "--max-restarts", "2", "--detach")
+    root = cli("submit", "train_ddp.py", "--provider", "gcp", "--spot", "--max-restarts", "2", "--detach",
+               "--set", "checkpoint.interval=auto")
     assert root.returncode == 0, root.stderr
     handle = root.stdout.strip()
     waited = cli("wait", handle, "--recover", "-o", "json")
     assert waited.returncode == 0, waited.stderr
-    events = status_json(cli, handle)["timeline"]["events"]
+    first = status_json(cli, handle)
+    events = first["timeline"]["events"]
     restarts = [e for e in events if e["e"] == "restarted"]
     assert [e["leg"] for e in restarts] == [0, 0] and all(e["to"].startswith("gcp://") for e in restarts)
     assert "preempted" in [e.get("state") for e in events if e["e"] == "ended"]
-    last = status_json(cli, restarts[-1]["to"])["timeline"]["events"]
-    assert last[0]["e"] == "submitted" and last[0]["resubmission_of"] == restarts[0]["to"]
-    assert last[-1]["e"] == "ended" and last[-1]["state"] == "succeeded"
+    newest = status_json(cli, restarts[-1]["to"])
+    told = newest["timeline"]["events"]
+    mine = next(e for e in told if e["e"] == "submitted" and e.get("handle") == restarts[-1]["to"])
+    assert mine["resubmission_of"] == restarts[0]["to"]
+    assert told[-1]["e"] == "ended" and told[-1]["state"] == "succeeded"
+    # The newest submission's goodput is the chain's: three submissions, a leg each, each one's paid time summed,
+    # the two preemptions counted; the first job alone is one submission.
+    assert newest["timeline"]["chain"] == [handle, restarts[0]["to"], restarts[1]["to"]]
+    chain, alone = newest["goodput"], first["goodput"]
+    assert (chain["submissions"], chain["legs"], chain["preemptions"]) == (3, 3, 2)
+    assert (alone["submissions"], alone["legs"]) == (1, 1) and "chain" not in first["timeline"]
+    assert chain["paid_s"] > alone["paid_s"] > 0
+    # ... and status says the checkpoint interval the job runs with: the one auto chose when it was planned.
+    from cloudtrain.plan.checkpoint_interval import auto_interval
+
+    chosen = auto_interval(spot=True, nodes=1, max_runtime=24 * 3600)
+    assert chain["checkpoint_interval_s"] == alone["checkpoint_interval_s"] == chosen.seconds
+    assert chain["checkpoint_interval_from"].startswith("auto: ") and "Young/Daly" in chain["checkpoint_interval_from"]
+    text = cli("status", restarts[-1]["to"]).stdout
+    assert "checkpoints: every 18m58s (auto: " in text, text
 
 
 def test_a_sagemaker_job_has_the_platforms_own_states_and_its_nodes_events(aws: SageMakerFront, project: Path,
@@ -371,3 +390,42 @@ def test_a_kubernetes_job_has_its_conditions_and_its_pods_events(kube: FakeKube,
     assert [(e["e"], e["node"]) for e in found["timeline"]["events"] if "node" in e] == [("restored", 0),
                                                                                           ("step", 0)]
     assert found["goodput"]["preemptions"] == 1 and found["progress"]["step"] == 9
+
+
+def test_a_chains_goodput_sums_its_submissions_and_counts_the_steps_the_next_one_redid() -> None:
+    """Recovery resubmitted a job preempted at step 50 (its checkpoint at 40): the second submission restores 40 and
+    trains 10 steps again. The 8 s between the first's end and the second's start are not paid; each submission's
+    paid time is priced at its own rate (the second moved to a dearer provider)."""
+    from types import SimpleNamespace
+
+    from cloudtrain.providers.base import JobState
+    from cloudtrain.show.goodput import Ended, summarise_chain
+
+    def ev(kind: str, t: float, **fields: object) -> dict:
+        return {"e": kind, "t": t, **fields}
+
+    first = [ev("submitted", 0, checkpoint_interval_s=40, checkpoint_interval_from="the spec"),
+             ev("node_started", 5, attempt=0), ev("step", 7, step=1, total=100),
+             ev("checkpoint", 10.9, step=40, blocked_s=0.5), ev("step", 12, step=50, total=100),
+             ev("ended", 12.5, state="preempted", ended_at=12)]
+    second = [ev("submitted", 15), ev("node_started", 20, attempt=0), ev("restored", 22, step=40, seconds=1.0),
+              ev("training_again", 23, step=41), ev("step", 29, step=100, total=100),
+              ev("ended", 30, state="succeeded")]
+    rates = [SimpleNamespace(hourly=3600.0, on_demand=None, nodes=1), SimpleNamespace(hourly=7200.0, on_demand=10800.0,
+                                                                                     nodes=1)]
+    status = SimpleNamespace(state=JobState.SUCCEEDED, started_at=20, ended_at=30, created_at=15)
+    found = summarise_chain([(first, Ended.of(first, 15), rates[0]), (second, status, rates[1])])
+    g = found["goodput"]
+    assert (g["submissions"], g["legs"], g["steps_redone"]) == (2, 2, 10)
+    assert g["paid_s"] == 7 + 10  # 5..12 (the platform's end, not when status saw it) and 20..30
+    assert g["losses_s"]["waiting"] == 5 and g["losses_s"]["restore"] == 1
+    assert g["cost_usd"] == 7 * 1.0 + 10 * 2.0  # each submission at its own price
+    assert g["on_demand_kept_usd"] == pytest.approx(g["kept_s"] * 3.0, abs=0.01)
+    assert g["checkpoint_interval_s"] == 40 and g["checkpoint_interval_from"] == "the spec"
+    assert found["progress"]["step"] == 100
+    assert Ended.of(first[:-1], 15).ended_at == 15  # an end never seen: when the next one was submitted
+    from cloudtrain.show.goodput import text
+
+    lines = text(found)
+    assert any(line.startswith("goodput: ") and "over 2 submissions" in line for line in lines)
+    assert "checkpoints: every 40s (the spec)" in lines

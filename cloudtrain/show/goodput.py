@@ -8,14 +8,46 @@ a restore) is provisioning, less the restore's own seconds; checkpoints block tr
 steps done again after a restore (the newest step reached before it, less the restored step) cost their share of the
 pure step rate. Kept time is the kept steps at that rate; what none of these explains (the last save and exit,
 time between two step reports) is ``other``. Waiting (submitted until the first start) is not paid.
+
+A job that cloudtrain's recovery resubmitted (or moved to another provider) is a chain of submissions, each with
+its own handle and timeline: ``summarise_chain`` cuts each submission into its legs and sums them, so the steps the
+newer submission redid after restoring count as lost, and the time between two submissions (nothing running) is
+not paid.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from cloudtrain.node.durations import format_duration
+
 STEP_KINDS = ("step", "checkpoint", "training_again", "restored")
+
+
+@dataclass(frozen=True)
+class _State:
+    value: str
+    terminal: bool
+
+
+@dataclass(frozen=True)
+class Ended:
+    """An earlier submission of a chain, as its own timeline last saw it (its status is not asked again)."""
+
+    state: _State
+    ended_at: float | None
+    started_at: float | None = None
+    created_at: float | None = None
+
+    @classmethod
+    def of(cls, events: list[dict[str, Any]], next_submitted: float | None) -> Ended:
+        """From the submission's ``ended`` event; one whose end was never seen ended when the next was submitted."""
+        ended = next((e for e in reversed(events) if e["e"] == "ended"), None)
+        if ended is None:
+            return cls(_State("preempted", True), next_submitted)
+        return cls(_State(str(ended.get("state")), True), ended.get("ended_at") or ended["t"])
 
 
 def _legs(events: list[dict[str, Any]], status: Any) -> list[tuple[float, float, list[dict[str, Any]]]]:
@@ -56,7 +88,15 @@ def _seen_late(begin: list[float], events: list[dict[str, Any]], started_at: flo
 
 def summarise(events: list[dict[str, Any]], status: Any, rate: Any = None) -> dict[str, Any]:
     """``{"progress": {...}, "goodput": {...}}`` for ``status -o json`` (None where a figure is not known)."""
-    legs = _legs(events, status)
+    return summarise_chain([(events, status, rate)])
+
+
+def summarise_chain(parts: list[tuple[list[dict[str, Any]], Any, Any]]) -> dict[str, Any]:
+    """The figures of a chain of submissions: ``(events, status, rate)`` of each, oldest first (an earlier one's
+    status an ``Ended``); the newest's status says whether the job still runs. One part: one submission."""
+    status = parts[-1][1]
+    legs = [leg for events_k, status_k, _ in parts for leg in _legs(events_k, status_k)]
+    events = _merged([events_k for events_k, _, _ in parts])
     steps_seen = [e for e in events if e["e"] in STEP_KINDS and isinstance(e.get("step"), int)]
     total = next((e["total"] for e in reversed(events) if e["e"] == "step" and isinstance(e.get("total"), int)), None)
     paid = sum(stop - start for start, stop, _ in legs)
@@ -117,16 +157,36 @@ def summarise(events: list[dict[str, Any]], status: Any, rate: Any = None) -> di
                    1 for e in events if e["e"] in ("ended", "state") and e.get("state") == "preempted")),
                "checkpoints": len(checkpoints),
                "checkpoint_age_s": round(time.time() - checkpoints[-1]["t"], 1) if checkpoints else None,
-               **_cost(rate, paid, kept)}
+               **_interval(events), "submissions": len(parts),
+               **_cost([(sum(stop - start for start, stop, _ in _legs(e, s)), r) for e, s, r in parts], kept)}
     return {"progress": progress, "goodput": goodput}
 
 
-def _cost(rate: Any, paid: float, kept: float | None) -> dict[str, Any]:
-    """Cost so far (the paid time at the leg's price) next to what on-demand nodes would cost for the kept work."""
-    if rate is None or rate.hourly is None:
+def _merged(timelines: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One timeline of a chain's submissions, by time; each submission's attempts (the local supervisor's numbers,
+    which start again at 0) kept apart."""
+    if len(timelines) == 1:
+        return timelines[0]
+    merged = [{**e, "attempt": f"{k}:{e['attempt']}"} if "attempt" in e else e
+              for k, events in enumerate(timelines) for e in events]
+    return sorted(merged, key=lambda e: e["t"])
+
+
+def _interval(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The checkpoint interval the job runs with, as its newest submission with one said (the plan's choice)."""
+    said = next((e for e in reversed(events) if e["e"] == "submitted" and "checkpoint_interval_s" in e), None)
+    return {"checkpoint_interval_s": said["checkpoint_interval_s"] if said else None,
+            "checkpoint_interval_from": said.get("checkpoint_interval_from") if said else None}
+
+
+def _cost(paid_at: list[tuple[float, Any]], kept: float | None) -> dict[str, Any]:
+    """Cost so far (each submission's paid time at its price) next to what on-demand nodes would cost for the kept
+    work (at the newest submission's on-demand price)."""
+    if not paid_at or any(rate is None or rate.hourly is None for _, rate in paid_at):
         return {"cost_usd": None, "on_demand_kept_usd": None}
+    rate = paid_at[-1][1]
     on_demand = None if kept is None or rate.on_demand is None else kept / 3600 * rate.on_demand * rate.nodes
-    return {"cost_usd": round(paid / 3600 * rate.hourly, 6),
+    return {"cost_usd": round(sum(paid / 3600 * r.hourly for paid, r in paid_at), 6),
             "on_demand_kept_usd": round(on_demand, 6) if on_demand is not None else None}
 
 
@@ -148,6 +208,10 @@ def text(found: dict[str, Any]) -> list[str]:
             cost = f"; cost USD {g['cost_usd']:.4f}" + (
                 f" (on-demand for the kept work: USD {g['on_demand_kept_usd']:.4f})"
                 if g["on_demand_kept_usd"] is not None else "")
-        lines.append(f"goodput: {g['ratio']:.2f} of {g['paid_s']:.0f}s paid" + (f" (lost: {losses})" if losses
-                                                                                    else "") + cost)
+        over = f" over {g['submissions']} submissions" if g.get("submissions", 1) > 1 else ""
+        lines.append(f"goodput: {g['ratio']:.2f} of {g['paid_s']:.0f}s paid{over}" + (
+            f" (lost: {losses})" if losses else "") + cost)
+    if g.get("checkpoint_interval_s"):
+        lines.append(f"checkpoints: every {format_duration(g['checkpoint_interval_s'])} "
+                     f"({g['checkpoint_interval_from']})")
     return lines

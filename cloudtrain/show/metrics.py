@@ -13,13 +13,34 @@ STATES = ("pending", "running", "stopping", "succeeded", "failed", "cancelled", 
 
 
 def story(provider: Any, handle: Any, status: Any) -> dict[str, Any]:
-    """``{"progress", "goodput", "timeline"}`` of one job (``status -o json`` carries them as they are)."""
+    """``{"progress", "goodput", "timeline"}`` of one job (``status -o json`` carries them as they are). A job that
+    recovery resubmitted counts its earlier submissions too (its chain up to this one): their legs, the steps redone
+    after each restore, their cost; the timeline is then the chain's, with ``chain`` naming its handles."""
+    from cloudtrain.handles import JobHandle
+    from cloudtrain.jobs.submitted import chain_of
     from cloudtrain.plan.checkpoint_interval import remember
     from cloudtrain.plan.cost import rate_from, recorded
+    from cloudtrain.providers import get_provider
 
+    chain = chain_of(handle)
+    chain = chain[:chain.index(str(handle)) + 1] if str(handle) in chain else [str(handle)]
+    earlier = [(JobHandle.parse(h), timeline.read(get_provider(JobHandle.parse(h).provider), JobHandle.parse(h)))
+               for h in chain[:-1]]
     found = timeline.read(provider, handle)
-    figures = goodput.summarise(found["events"], status, rate_from(recorded(str(handle))))
-    remember(handle.job_id, figures["goodput"])  # what checkpoint.interval: auto plans the next run of it with
+    parts = []
+    for k, (h, told) in enumerate(earlier):
+        following = (earlier[k + 1][1] if k + 1 < len(earlier) else found)["events"]
+        next_submitted = next((e["t"] for e in following if e["e"] == "submitted"), None)
+        parts.append((told["events"], goodput.Ended.of(told["events"], next_submitted), rate_from(recorded(str(h)))))
+    parts.append((found["events"], status, rate_from(recorded(str(handle)))))
+    figures = goodput.summarise_chain(parts)
+    # what checkpoint.interval: auto plans the next run of the job with: a chain's figures under its first job
+    remember(JobHandle.parse(chain[0]).job_id, figures["goodput"])
+    if earlier:
+        events = sorted([e for _, told in earlier for e in told["events"]] + found["events"], key=lambda e: e["t"])
+        found = {**found, "events": events, "chain": chain,
+                 "missing": found["missing"] + sum(told["missing"] for _, told in earlier),
+                 "logs": found["logs"] or next((told["logs"] for _, told in earlier if told["logs"]), None)}
     return {**figures, "timeline": found}
 
 
