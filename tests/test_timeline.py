@@ -429,3 +429,9 @@ def test_a_chains_goodput_sums_its_submissions_and_counts_the_steps_the_next_one
     lines = text(found)
     assert any(line.startswith("goodput: ") and "over 2 submissions" in line for line in lines)
     assert "checkpoints: every 40s (the spec)" in lines
+    from cloudtrain.show.metrics import exposition
+
+    job = SimpleNamespace(handle="gcp://p/r/j", name="j", state=JobState.SUCCEEDED, restarts=1)
+    parsed = families(exposition([(job, found)]))
+    assert [s.value for s in parsed["cloudtrain_job_checkpoint_interval_seconds"]] == [40]
+    assert [s.value for s in parsed["cloudtrain_job_paid_seconds"]] == [17]

@@ -94,6 +94,8 @@ def exposition(jobs: list[tuple[Any, dict[str, Any]]]) -> str:
         ("cloudtrain_job_preemptions", "counter", "", "Preemptions of the job's nodes", []),
         ("cloudtrain_job_checkpoint_age_seconds", "gauge", "seconds", "Seconds since the newest committed checkpoint",
          []),
+        ("cloudtrain_job_checkpoint_interval_seconds", "gauge", "seconds", "The checkpoint interval the job runs with",
+         []),
         ("cloudtrain_job_goodput_ratio", "gauge", "ratio", "Kept training time over paid node time", []),
         ("cloudtrain_job_paid_seconds", "counter", "seconds", "Node time paid for (wall time of the job's legs)", []),
         ("cloudtrain_job_lost_seconds", "counter", "seconds", "Paid or waited time that kept no work, by cause", []),
@@ -116,6 +118,7 @@ def exposition(jobs: list[tuple[Any, dict[str, Any]]]) -> str:
         add("cloudtrain_job_restarts", status.restarts or 0, "_total")
         add("cloudtrain_job_preemptions", g["preemptions"], "_total")
         add("cloudtrain_job_checkpoint_age_seconds", g["checkpoint_age_s"])
+        add("cloudtrain_job_checkpoint_interval_seconds", g.get("checkpoint_interval_s"))
         add("cloudtrain_job_goodput_ratio", g["ratio"])
         add("cloudtrain_job_paid_seconds", g["paid_s"], "_total")
         for cause, seconds in g["losses_s"].items():
