@@ -13,6 +13,7 @@ import-linter runs on) reads the imports.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tarfile
@@ -117,10 +118,11 @@ def main() -> None:
     for revision in revisions:
         with tempfile.TemporaryDirectory(prefix="import-graph-") as tmp:
             # each tree in its own process: grimp and the import system cache what they have seen
-            code = f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import import_graph as g; " \
-                   f"print(g.counts(g.tree_of({revision!r}, __import__('pathlib').Path({tmp!r}))))"
+            code = (f"import json, pathlib, sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); "
+                    f"import import_graph as g; "
+                    f"print(json.dumps(g.counts(g.tree_of({revision!r}, pathlib.Path({tmp!r})))))")
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-            table[revision or "working tree"] = eval(done.stdout)  # noqa: S307 - our own dict, printed above
+            table[revision or "working tree"] = json.loads(done.stdout)
     names = list(next(iter(table.values())))
     width = max(len(n) for n in names)
     print(" " * width + "".join(f"{r[:12]:>14}" for r in table))
