@@ -92,6 +92,11 @@ GROUPS = {
     # timing-sensitive: each preempts a stack mid-run and kills it the moment it saves; two at once on two cores ran
     # to their end before the preemption came
     "test_byo_checkpoints.py": "byo",
+    # the one preempted local job (tests/preempted_job.py, session-scoped) the report and timeline tests read
+    "test_report.py": "preempted-job",
+    **{f"test_timeline.py::{name}": "preempted-job" for name in (
+        "test_timeline_tells_the_whole_story", "test_progress_and_goodput_in_status", "test_openmetrics_parse_back",
+        "test_torn_event_lines_are_missing_not_errors", "test_unknown_handle_and_no_handle_exit_2")},
 }
 
 
@@ -204,6 +209,7 @@ def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
 from tests.clouds import aws, azure, kube, vertex  # noqa: E402,F401 - fixtures: each cloud's fake
 from tests.emulators import emulators, ensure, root_uri  # noqa: E402,F401 - fixtures
 from tests.faulty import faulty  # noqa: E402,F401 - fixture
+from tests.preempted_job import preempted_job  # noqa: E402,F401 - fixture (the timeline and report tests' one job)
 
 BACKENDS = ["file", "s3", "gs", "az"]
 

@@ -9,50 +9,19 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from subprocess import CompletedProcess
 
 import pytest
 
-from tests.conftest import status_json, wait_for
+from tests.conftest import status_json
+from tests.preempted_job import Cli
 
 pytestmark = pytest.mark.slow
 
-Cli = Callable[..., CompletedProcess[str]]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None and not __import__("os").environ.get("CI"),
                                     reason="no chromium here (apt-get install chromium; CI installs it)")
-
-
-@pytest.fixture(scope="module")
-def preempted_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cli, str, Path]]:
-    """Trains with a price (so the page has a cost line), is preempted after its first checkpoints, restarts from
-    the newest and succeeds."""
-    from cloudtrain.testing.fixtures import ddp_project, stop_every_job
-    from tests.conftest import cli_env
-
-    tmp = tmp_path_factory.mktemp("report")
-    home = tmp / "ct-home"
-
-    def cli(*args: str) -> CompletedProcess[str]:
-        env = {**cli_env(home), "CLOUDTRAIN_CONFIG": str(tmp / "none.yaml"), "CLOUDTRAIN_STEP_REPORT_SECONDS": "0.3"}
-        env.pop("CLOUDTRAIN_PROFILE", None)
-        return subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=tmp, env=env, capture_output=True,
-                              text=True, timeout=240)
-
-    proj = ddp_project(tmp)
-    out = cli("submit", str(proj / "train_ddp.py"), "--procs-per-node", "2", "--max-restarts", "1", "--spot",
-              "--set", "providers.local.price_per_node_hour=3.5",
-              "--checkpoint-uri", (tmp / "ckpt").as_uri(), "--detach", "--", "--epochs", "2",
-              "--checkpoint-every", "10", "--step-sleep", "0.03")
-    assert out.returncode == 0, out.stderr
-    handle = out.stdout.strip().splitlines()[-1]
-    wait_for(lambda: (status_json(cli, handle)["goodput"]["checkpoints"] or 0) >= 2, timeout=90)
-    assert cli("preempt", handle).returncode == 0
-    assert cli("wait", handle, "--timeout", "120").returncode == 0
-    yield cli, handle, home
-    stop_every_job(home)
 
 
 def chromium(page: Path, *flags: str) -> CompletedProcess[str]:

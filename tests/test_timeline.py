@@ -8,55 +8,24 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from subprocess import CompletedProcess
 
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from tests.conftest import status_json, wait_for
+from tests.conftest import status_json
 from tests.fakes.azureml import AzureMLFake
 from tests.fakes.kubernetes import FakeKube
 from tests.fakes.sagemaker import SageMakerFront
 from tests.fakes.vertex import VertexFake
+from tests.preempted_job import STEPS, Cli
 
 pytestmark = pytest.mark.slow
-
-Cli = Callable[..., CompletedProcess[str]]
 
 
 def families(text: str) -> dict[str, list]:
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
-
-
-@pytest.fixture(scope="module")
-def preempted_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cli, str, Path]]:
-    """One job for the module: trains, is preempted (`cloudtrain preempt`) after its first checkpoints, restarts
-    from its newest checkpoint and succeeds."""
-    from cloudtrain.testing.fixtures import ddp_project, stop_every_job
-    from tests.conftest import cli_env
-
-    tmp = tmp_path_factory.mktemp("timeline")
-    home = tmp / "ct-home"
-
-    def cli(*args: str) -> CompletedProcess[str]:
-        env = {**cli_env(home), "CLOUDTRAIN_CONFIG": str(tmp / "none.yaml"), "CLOUDTRAIN_STEP_REPORT_SECONDS": "0.5"}
-        env.pop("CLOUDTRAIN_PROFILE", None)
-        return subprocess.run([sys.executable, "-m", "cloudtrain", *args], cwd=tmp, env=env, capture_output=True,
-                              text=True, timeout=240)
-
-    proj = ddp_project(tmp)
-    out = cli("submit", str(proj / "train_ddp.py"), "--procs-per-node", "2", "--max-restarts", "1", "--spot",
-              "--checkpoint-uri", (tmp / "ckpt").as_uri(), "--detach", "--", "--epochs", "3",
-              "--checkpoint-every", "10", "--step-sleep", "0.03")
-    assert out.returncode == 0, out.stderr
-    handle = out.stdout.strip().splitlines()[-1]
-    wait_for(lambda: (status_json(cli, handle)["goodput"]["checkpoints"] or 0) >= 2, timeout=90)
-    assert cli("preempt", handle).returncode == 0
-    assert cli("wait", handle, "--timeout", "120").returncode == 0
-    yield cli, handle, home
-    stop_every_job(home)
 
 
 def test_timeline_tells_the_whole_story(preempted_job: tuple[Cli, str, Path]) -> None:
@@ -85,7 +54,7 @@ def test_progress_and_goodput_in_status(preempted_job: tuple[Cli, str, Path]) ->
     cli, handle, _ = preempted_job
     found = status_json(cli, handle)
     progress, good = found["progress"], found["goodput"]
-    assert progress["step"] == progress["total"] == 3 * 32  # 2048 samples, 2 ranks, batch 32, 3 epochs
+    assert progress["step"] == progress["total"] == STEPS
     assert progress["source"] == "report_step" and progress["steps_per_s"] > 0 and progress["eta_s"] is None
     assert good["legs"] == 2 and good["preemptions"] == 1
     assert 0 < good["ratio"] <= 1
@@ -95,7 +64,7 @@ def test_progress_and_goodput_in_status(preempted_job: tuple[Cli, str, Path]) ->
     assert good["kept_s"] + sum(v for k, v in losses.items() if k != "waiting") == pytest.approx(good["paid_s"],
                                                                                                  abs=0.01)
     text = cli("status", handle).stdout
-    assert "progress: step 96/96 (100%)" in text and f"goodput: {good['ratio']:.2f} of" in text
+    assert f"progress: step {STEPS}/{STEPS} (100%)" in text and f"goodput: {good['ratio']:.2f} of" in text
 
 
 def test_openmetrics_parse_back(preempted_job: tuple[Cli, str, Path]) -> None:
@@ -109,7 +78,7 @@ def test_openmetrics_parse_back(preempted_job: tuple[Cli, str, Path]) -> None:
         value = {s.name: s.value for samples in parsed.values() for s in samples if s.labels.get("handle") == handle
                  and "cause" not in s.labels and "cloudtrain_job_state" not in s.labels}
         assert value["cloudtrain_job_restarts_total"] == 1 and value["cloudtrain_job_preemptions_total"] == 1
-        assert value["cloudtrain_job_step"] == 96
+        assert value["cloudtrain_job_step"] == STEPS
         assert value["cloudtrain_job_goodput_ratio"] == pytest.approx(good["ratio"])
         assert value["cloudtrain_job_checkpoint_age_seconds"] >= 0
         states = {s.labels["cloudtrain_job_state"]: s.value for s in parsed["cloudtrain_job_state"]}
@@ -119,19 +88,25 @@ def test_openmetrics_parse_back(preempted_job: tuple[Cli, str, Path]) -> None:
 
 
 def test_torn_event_lines_are_missing_not_errors(preempted_job: tuple[Cli, str, Path]) -> None:
-    """A node killed mid-write leaves half an event line; a torn line in the home's events file too."""
+    """A node killed mid-write leaves half an event line; a torn line in the home's events file too. (The shared
+    job's files are put back as they were after.)"""
     cli, handle, home = preempted_job
     job_id = handle.split("://", 1)[1]
-    with open(home / "jobs" / job_id / "node-0.log", "a") as log:
-        log.write('[default0]:cloudtrain-event {"e":"checkpoint","t":17958')  # no newline: the writer was killed
-    events_file = next((home / "events").glob("*.jsonl"))
-    with open(events_file, "a") as f:
-        f.write('{"e":"state","t":1\n')
-    out = cli("status", handle)
-    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
-    assert "2 event line(s) cut short or unreadable are missing" in out.stdout
-    assert status_json(cli, handle)["timeline"]["missing"] == 2
-    assert cli("status", handle, "-o", "openmetrics").returncode == 0
+    log_file, events_file = home / "jobs" / job_id / "node-0.log", next((home / "events").glob("*.jsonl"))
+    kept = {f: f.read_bytes() for f in (log_file, events_file)}
+    try:
+        with open(log_file, "a") as log:
+            log.write('[default0]:cloudtrain-event {"e":"checkpoint","t":17958')  # no newline: the writer was killed
+        with open(events_file, "a") as f:
+            f.write('{"e":"state","t":1\n')
+        out = cli("status", handle)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+        assert "2 event line(s) cut short or unreadable are missing" in out.stdout
+        assert status_json(cli, handle)["timeline"]["missing"] == 2
+        assert cli("status", handle, "-o", "openmetrics").returncode == 0
+    finally:
+        for f, data in kept.items():
+            f.write_bytes(data)
 
 
 def test_unknown_handle_and_no_handle_exit_2(preempted_job: tuple[Cli, str, Path]) -> None:
