@@ -21,22 +21,21 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import os
 import sys
-from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain import contract
 from cloudtrain.entry_points import Entry, scan
 from cloudtrain.errors import ProviderNotFound, ProviderNotInstalled
+from cloudtrain.job_types import PLAIN_NODE, Declaration
 
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from cloudtrain.providers.base import Provider
+__all__ = ["BUILTIN", "GROUP", "PLAIN_NODE", "Declaration", "declaration", "declarations", "get_provider", "names",
+           "node_contract", "plugins"]
 
 GROUP = "cloudtrain.providers"
 # name -> the folder that declares it: the only place the core names a provider
@@ -44,92 +43,6 @@ BUILTIN: dict[str, str] = {"local": "cloudtrain.providers.local", "aws": "cloudt
                            "azure": "cloudtrain.providers.azure", "gcp": "cloudtrain.providers.gcp",
                            "slurm": "cloudtrain.providers.slurm",
                            "kubernetes": "cloudtrain.providers.kubernetes"}
-PLAIN_NODE = "cloudtrain.providers.local.node"  # cloudtrain's own node contract (CLOUDTRAIN_NNODES ...)
-
-
-@dataclass(frozen=True)
-class Declaration:
-    """What a provider is and where its parts are. Roles are ``"module:attribute"`` (or ``"module"``) relative to
-    ``package``; None: the provider has no such part."""
-
-    name: str  # as in --provider, handles (name://...) and the spec's providers.<name>
-    summary: str  # one line, shown in --help and doctor
-    package: str  # the provider's folder, e.g. "cloudtrain.providers.aws"
-    provider: str = "provider:Provider"  # the Provider subclass
-    title: str = ""  # the platform's name in messages ("SageMaker"); default: the name
-    extra: str = ""  # the pip extra that installs what it needs (pip install 'cloudtrain[<extra>]')
-    requires: tuple[str, ...] = ()  # top-level modules that must be importable to use it
-    distribution: str = "cloudtrain"  # whose extra that is (a plugin names its own distribution)
-    options: str | None = None  # the pydantic model of the spec's providers.<name> block
-    # environment variables per setting, first set wins: where `config` and the plan look after the spec
-    env: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    settings: str | None = None  # fn(key) -> (value, where) | None: the platform's own tools (gcloud, az ...)
-    placeholders: dict[str, str] = field(default_factory=dict)  # setting -> what a plan shows while it is unset
-    doctor: str | None = None  # fn(ctx) -> list[Check]
-    node: str | None = None  # the node contract module (standard library only); None: cloudtrain's own
-    platform: str | None = None  # the node contract's name, as ``--emulate`` takes it (default: the name)
-    catalog: str | None = None  # a JSON file in the folder: machines and list prices
-    instance_option: str | None = None  # the option that names a machine explicitly (for catalog messages)
-    images: str | None = None  # a JSON file in the folder: the images its plans pick, dated
-    torch_minors: str | None = None  # fn() -> torch minors it has an image for
-    export: str | None = None  # module: export(plan, request, folder) -> files (`plan --export`); unset(plan)
-    # -- the platform's naming rules (checked by Provider.plan, .resubmit and handle parsing) --------------------
-    name_pattern: str | None = None  # a regex every job name (plan.job_id, a resubmission's) matches in full
-    name_rule: str = ""  # that rule in words, for the message when a name breaks it
-    handle_scope: tuple[str, ...] = ()  # what a handle names before the job id: aws://<region>/<job> -> ("region",)
-    # -- the plan summary and doctor (issue 32.3): what the core used to know about each platform --------------
-    plan_summary: str | None = None  # fn(plan) -> plan.Summary: the "where" line, a machine the catalog can't
-    #                                  name, the spot wait the platform will use
-    cloud_vm: str | None = None  # fn() -> bool: this machine is one of the platform's VMs (firmware strings, no
-    #                              network), so doctor says its own identity may supply credentials
-
-    @property
-    def platform_name(self) -> str:
-        return self.platform or self.name
-
-    def handle_form(self) -> str:
-        """How this provider's handles look: ``aws://<region>/<job>``."""
-        return f"{self.name}://" + "".join(f"<{part}>/" for part in self.handle_scope) + "<job>"
-
-    def load(self, role: str) -> Any:
-        """The object a role names (``doctor`` -> the checks function ...), imported now."""
-        target = getattr(self, role)
-        if target is None:
-            raise LookupError(f"provider {self.name!r} declares no {role}")
-        module, _, attr = target.partition(":")
-        loaded = importlib.import_module(self._module(module))
-        return getattr(loaded, attr) if attr else loaded
-
-    def node_module(self) -> str:
-        """The dotted name of the node contract module (what the bootstrap loads from the bundle's lib/)."""
-        return self._module(self.node) if self.node else PLAIN_NODE
-
-    def node_path(self) -> str:
-        """The node contract's file under the bundle's lib/ (the bootstrap's ``--node-contract``)."""
-        return self.node_module().replace(".", "/") + ".py"
-
-    def node_file(self) -> Path:
-        """The node contract's source file here (packaging ships a plugin's into the bundle's lib/)."""
-        spec = importlib.util.find_spec(self.node_module())
-        if spec is None or not spec.origin:
-            raise ProviderNotFound(f"provider {self.name!r}: node contract {self.node_module()!r} is not importable")
-        return Path(spec.origin)
-
-    def data(self, role: str) -> Any:
-        """A JSON file the provider ships in its folder (``catalog``, ``images``)."""
-        name = getattr(self, role)
-        if name is None:
-            raise LookupError(f"provider {self.name!r} declares no {role}")
-        return json.loads((self.folder() / name).read_text(encoding="utf-8"))
-
-    def folder(self) -> Path:
-        spec = importlib.util.find_spec(self.package)
-        if spec is None or not spec.submodule_search_locations:
-            raise ProviderNotFound(f"provider {self.name!r}: package {self.package!r} is not importable")
-        return Path(next(iter(spec.submodule_search_locations)))
-
-    def _module(self, relative: str) -> str:
-        return f"{self.package}.{relative}" if relative else self.package
 
 
 def builtin(name: str) -> bool:
@@ -283,7 +196,9 @@ def _installed(module: str) -> bool:
         return False
 
 
-def get_provider(name: str) -> Provider:
+def get_provider(name: str) -> Any:
+    """An instance of the provider ``name`` (a ``cloudtrain.providers.base.Provider``; typed there, in
+    ``cloudtrain.providers.get_provider``: the registry sits below the providers)."""
     decl = declaration(name)
     missing = [m for m in decl.requires if not _installed(m)]
     if missing:

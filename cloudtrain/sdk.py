@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.handles import JobHandle
+from cloudtrain.job_types import JobStatus
 from cloudtrain.jobs.outputs import OutputFile
 from cloudtrain.jobs.submitted import budget_note, chain_of, job_cost, logs, preempt, with_restart_point  # noqa: F401 - all still the SDK's to import
 from cloudtrain.plan.model import Plan
 from cloudtrain.plan.planner import plan_job  # the SDK's own: `from cloudtrain.sdk import plan_job`
 from cloudtrain.providers import get_provider
-from cloudtrain.providers.base import JobStatus, Provider
+from cloudtrain.providers.base import Provider
 from cloudtrain.show.reprs import job_html, job_text
 from cloudtrain.spec.model import JobSpec, apply_overrides, load_spec, validate_spec
 

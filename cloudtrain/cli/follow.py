@@ -38,11 +38,11 @@ def follow(provider: Any, handle: Any, max_restarts: int = 0, poll: float = 1.0,
     the next provider when capacity is gone. Returns the command's exit code."""
     from cloudtrain.backoff import Backoff
     from cloudtrain.cli.render import status_text
+    from cloudtrain.job_types import Capability
     from cloudtrain.jobs.budget import watcher
     from cloudtrain.jobs.fallback import move
     from cloudtrain.jobs.recovery import RESUBMIT_CAP, advance, begin, wait_steady
     from cloudtrain.providers import get_provider
-    from cloudtrain.providers.base import Capability
 
     recovering = state is not None or (max_restarts > 0 and Capability.RESUBMIT in provider.capabilities)
     if recovering and state is None:

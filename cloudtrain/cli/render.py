@@ -20,9 +20,9 @@ from cloudtrain.show.formatting import (
 )
 
 if TYPE_CHECKING:
+    from cloudtrain.job_types import JobStatus
     from cloudtrain.plan.compare import Comparison
     from cloudtrain.platforms.catalog import Machine
-    from cloudtrain.providers.base import JobStatus
     from cloudtrain.spec.settings import Setting
 
 

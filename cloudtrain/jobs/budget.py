@@ -21,7 +21,8 @@ from cloudtrain.node.durations import format_duration
 from cloudtrain.plan import cost
 
 if TYPE_CHECKING:
-    from cloudtrain.providers.base import JobStatus, Provider
+    from cloudtrain.job_types import JobStatus
+    from cloudtrain.providers.base import Provider
 
 
 class Watcher:

@@ -17,8 +17,9 @@ from cloudtrain.errors import CloudtrainError, SpecError
 
 if TYPE_CHECKING:
     from cloudtrain.handles import JobHandle
+    from cloudtrain.job_types import JobStatus
     from cloudtrain.plan.model import Plan
-    from cloudtrain.providers.base import JobStatus, Provider
+    from cloudtrain.providers.base import Provider
     from cloudtrain.spec.model import JobSpec
 
 Log = Callable[[str], None]

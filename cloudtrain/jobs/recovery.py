@@ -27,8 +27,9 @@ from cloudtrain.backoff import SYSTEM, Backoff, Clock
 from cloudtrain.errors import CloudtrainError, TransientError
 from cloudtrain.handles import JobHandle
 from cloudtrain.home.paths import cloudtrain_home
+from cloudtrain.job_types import JobState, JobStatus
 from cloudtrain.node.durations import format_duration
-from cloudtrain.providers.base import JobState, JobStatus, Provider
+from cloudtrain.providers.base import Provider
 
 DEFAULT_MAX_RECOVERY = 24 * 3600.0  # what bounds recovery when neither the spec nor a flag says
 RESUBMIT_CAP = 300.0  # the longest pause between two resubmissions
@@ -136,9 +137,9 @@ def save(state: RecoveryState) -> None:
     text = json.dumps(asdict(state), indent=1).encode()
     atomic_write(_path(state.root), lambda out: out.write(text))  # the old chain or the new one, never half of one
     if state.state_uri:  # the copy in the store that watchers share (cloudtrain.jobs.watcher)
-        from cloudtrain.jobs import lineage_store
+        from cloudtrain.checkpoint import lineage
 
-        lineage_store.publish(state.state_uri, asdict(state))
+        lineage.write(state.state_uri, asdict(state))
 
 
 def restart_name(root_job_id: str, restart: int) -> str:

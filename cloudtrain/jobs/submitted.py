@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from cloudtrain.handles import JobHandle
-from cloudtrain.providers.base import JobStatus, Provider
+from cloudtrain.job_types import JobStatus
+from cloudtrain.providers.base import Provider
 
 
 def with_restart_point(status: JobStatus) -> JobStatus:

@@ -2,7 +2,7 @@
 container, a CI runner) that drives many job chains at once: each round it reads every chain's newest job and, when
 one ended preempted or lost its capacity, resubmits or moves it (cloudtrain.jobs.recovery / cloudtrain.jobs.fallback).
 
-Idempotent and shareable: each chain's state is kept in its checkpoint store (cloudtrain.jobs.lineage_store), so a
+Idempotent and shareable: each chain's state is kept in its checkpoint store (cloudtrain.checkpoint.lineage), so a
 restarted watcher, or one on another machine with an empty home, picks up the same chain; a lease in the store lets
 one watcher at a time act on a chain, and resubmissions have fixed names, so nothing is submitted twice. What the
 store holds is checked before it is used (cloudtrain.jobs.chain_file): a chain file of another shape is named with the
@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cloudtrain.backoff import SYSTEM, Backoff, Clock
+from cloudtrain.checkpoint import lineage
+from cloudtrain.checkpoint.lineage import Unreadable
 from cloudtrain.errors import CloudtrainError, TransientError
 from cloudtrain.handles import JobHandle
-from cloudtrain.jobs import lineage_store
-from cloudtrain.jobs.chain_file import Unreadable
+from cloudtrain.job_types import JobStatus
 from cloudtrain.jobs.recovery import RESUBMIT_CAP, RecoveryState, advance, begin, continues, load, save
 from cloudtrain.providers import get_provider
-from cloudtrain.providers.base import JobStatus
 
 Log = Callable[[str], None]
 
@@ -40,7 +40,7 @@ def attach(handle: JobHandle, log: Log = print) -> RecoveryState:
     where = local.state_uri if local and local.state_uri else None
     if where is None:
         uri = provider.describe(handle).checkpoint_uri
-        where = lineage_store.state_uri(uri) if uri else None
+        where = lineage.state_uri(uri) if uri else None
     try:
         shared = read_shared(where) if where else None
     except Unreadable as exc:
@@ -63,7 +63,7 @@ def attach(handle: JobHandle, log: Log = print) -> RecoveryState:
 
 def read_shared(uri: str) -> RecoveryState | None:
     """The chain state a store keeps at ``uri``, checked (Unreadable, naming the file, when it is not one)."""
-    data = lineage_store.read(uri)
+    data = lineage.read(uri)
     return None if data is None else RecoveryState.from_dict(data, uri)
 
 
@@ -76,7 +76,7 @@ def round_once(watched: list[Watched], owner: str, *, poll: float, clock: Clock 
             continue
         state, held = item.state, True
         if state.state_uri:
-            held = lineage_store.take_lease(state.state_uri, owner, clock, log=log)
+            held = lineage.take_lease(state.state_uri, owner, clock, log=log)
             try:
                 fresh = read_shared(state.state_uri)  # what another watcher may have done meanwhile
             except Unreadable as exc:  # this watcher's copy stands; its next save replaces the file
@@ -107,19 +107,19 @@ def round_once(watched: list[Watched], owner: str, *, poll: float, clock: Clock 
                                 backoff=Backoff(base=poll, cap=max(RESUBMIT_CAP, poll)), mover=mover)  # type: ignore[arg-type]
         except CloudtrainError:
             if state.state_uri:  # another watcher (one with the job's secrets, say) may take the chain at once
-                lineage_store.release(state.state_uri, owner)
+                lineage.release(state.state_uri, owner)
             raise
         if following is None:
             item.final = status
             log(f"{state.root}: chain ended {status.state.value} ({status.handle}, {state.restarts} resubmission(s))")
             if state.state_uri:
-                lineage_store.release(state.state_uri, owner)
+                lineage.release(state.state_uri, owner)
 
 
 def watch(handles: list[JobHandle], *, poll: float = 30.0, clock: Clock = SYSTEM, log: Log = print,
           owner: str | None = None, rounds: int | None = None, mover: object = None) -> list[Watched]:
     """Drive every chain until each has ended (or ``rounds`` rounds went by)."""
-    owner = owner or lineage_store.owner_id()
+    owner = owner or lineage.owner_id()
     watched = [Watched(attach(h, log)) for h in handles]
     done = 0
     while any(w.final is None for w in watched) and (rounds is None or done < rounds):

@@ -1,5 +1,6 @@
 """A Plan is pure data: what a provider would send, and what each node would run. Printable, JSON-serialisable.
-(Its notebook view is attached from above, by cloudtrain/show/reprs.py.)"""
+(Its text, ``print(plan)``, and its notebook view are attached from above, by cloudtrain/show/formatting.py and
+cloudtrain/show/reprs.py: nothing here points up at them.)"""
 
 from __future__ import annotations
 
@@ -7,31 +8,15 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cloudtrain.job_types import NodeCommand
+
+__all__ = ["NodeCommand", "Plan"]  # NodeCommand lives in cloudtrain.job_types
+
 if TYPE_CHECKING:
     from cloudtrain.bundle.packaging import Package
     from cloudtrain.platforms.catalog import Machine
     from cloudtrain.platforms.images import Runtime
     from cloudtrain.spec.model import JobSpec
-
-
-@dataclass(frozen=True)
-class NodeCommand:
-    """What one node runs: the bootstrap command and environment, and the torchrun line it will derive."""
-
-    rank: int
-    argv: list[str]
-    env: dict[str, str]
-    torchrun: list[str]
-
-    @property
-    def nproc_per_node(self) -> int:
-        """Processes on this node as it will run them (read off the torchrun line, the source of truth); 0 where
-        only the node knows (one per GPU of a VM size the plan cannot see)."""
-        value = self.torchrun[self.torchrun.index("--nproc-per-node") + 1]
-        return int(value) if value.isdigit() else 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "argv": self.argv, "env": self.env, "torchrun": self.torchrun}
 
 
 @dataclass(repr=False)
@@ -62,12 +47,6 @@ class Plan:
     def __repr__(self) -> str:
         return (f"<Plan {self.provider} {self.job_id}: {self.spec.nodes} node(s) x {self.nproc_per_node} process(es), "
                 f"package {self.package.digest[:19]}>")
-
-    def __str__(self) -> str:
-        """The summary `cloudtrain plan` prints (without the request)."""
-        from cloudtrain.show.formatting import plan_text
-
-        return plan_text(self, request=False)
 
     def __enter__(self) -> Plan:
         return self

@@ -3,6 +3,19 @@ provider, each the whole of that provider (see cloudtrain/registry.py for the ro
 
 No provider folder imports another; the core reaches them only through the registry."""
 
-from cloudtrain.registry import get_provider
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cloudtrain import registry
+
+if TYPE_CHECKING:
+    from cloudtrain.providers.base import Provider
 
 __all__ = ["get_provider"]
+
+
+def get_provider(name: str) -> Provider:
+    """The provider ``name``, found through the registry (its extra checked installed)."""
+    found: Provider = registry.get_provider(name)
+    return found

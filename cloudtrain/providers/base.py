@@ -7,104 +7,25 @@ here and call small ``_hooks`` in each provider, so checks and derived operation
 from __future__ import annotations
 
 import builtins
-import enum
 import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from cloudtrain import registry
 from cloudtrain.errors import CapacityError, CloudtrainError, HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
+from cloudtrain.job_types import TYPED, Capability, JobState, JobStatus, NodeCommand
 from cloudtrain.naming import check_job_name
 
 if TYPE_CHECKING:
     from cloudtrain.bundle.packaging import Package
-    from cloudtrain.plan.model import NodeCommand, Plan
+    from cloudtrain.plan.model import Plan
     from cloudtrain.spec.model import JobSpec
 
-
-class JobState(str, enum.Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    PREEMPTED = "preempted"
-
-    @property
-    def terminal(self) -> bool:
-        return self in {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED}
-
-
-class Capability(str, enum.Enum):
-    """What a provider can do, declared in ``Provider.capabilities`` and checked before anything is sent: a plan
-    (spot, several nodes, accelerators), ``resubmit`` (cloudtrain's recovery resubmits a preempted job) and
-    ``preempt`` (``cloudtrain preempt`` rehearses a spot interruption)."""
-
-    MULTI_NODE = "multi_node"  # a job of several nodes
-    SPOT = "spot"  # preemptible capacity (spot, low priority, a preemptible partition)
-    ACCELERATORS = "accelerators"  # GPUs (spec.accelerator)
-    RESUBMIT = "resubmit"  # Provider._resubmit: an ended job submitted again from the definition the platform holds
-    PREEMPT = "preempt"  # Provider._preempt: every node of a running job gets SIGTERM, as from the platform
-
-    __hash__ = str.__hash__  # so "spot" in capabilities is also true (plugins written before the enum use strings)
-
-
-# The keys of JobStatus.to_dict() that are typed fields: where a provider puts what the core reads.
-TYPED = ("output_uri", "checkpoint_uri", "restarts", "max_restarts", "nodes", "restart_resumes", "recovery")
-_ALWAYS = ("output_uri", "checkpoint_uri")  # shown as null when unknown; the others only when set
-
-
-@dataclass
-class JobStatus:
-    """One job as its platform describes it. What the core reads is typed (below ``details``); ``details`` holds
-    the platform's own facts (shown by ``status``, never read by the core). ``to_dict()`` (``-o json``) puts both
-    in one flat object, as earlier releases did."""
-
-    handle: JobHandle
-    name: str
-    state: JobState
-    message: str = ""
-    created_at: float | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-    # -- read by the core ---------------------------------------------------------------------------------
-    output_uri: str | None = None  # where the job's outputs are (`cloudtrain outputs`), as the platform holds it
-    checkpoint_uri: str | None = None  # the store a restart resumes from (status says from which checkpoint)
-    restarts: int | None = None  # restarts so far (the platform's, or cloudtrain's); None: not counted
-    max_restarts: int | None = None  # what the spec allowed, as the platform holds it (recovery reads it)
-    nodes: builtins.list[dict[str, Any]] | None = None  # per node: rank, pid, exit_code, outcome, log ...
-    restart_resumes: str | None = None  # set by the CLI: what a restart would start from
-    recovery: dict[str, Any] | None = None  # set by `wait --recover`: the chain of resubmissions
-
-    def __post_init__(self) -> None:
-        for key in TYPED:  # a provider written before these fields were typed put them in details
-            if key in self.details:
-                value = self.details.pop(key)
-                if getattr(self, key) is None:
-                    setattr(self, key, value)
-
-    def facts(self) -> dict[str, Any]:
-        """Everything known beyond state, message and times: the typed fields that are set, then details."""
-        typed = {k: getattr(self, k) for k in TYPED if getattr(self, k) is not None or k in _ALWAYS}
-        return {**typed, **self.details}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "handle": str(self.handle),
-            "name": self.name,
-            "state": self.state.value,
-            "message": self.message,
-            "created_at": self.created_at,
-            "started_at": self.started_at,
-            "ended_at": self.ended_at,
-            **self.facts(),
-        }
+# what plugins import from here (the types live in cloudtrain.job_types)
+__all__ = ["TYPED", "Capability", "JobState", "JobStatus", "Provider"]
 
 
 class _ByName:

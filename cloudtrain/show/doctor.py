@@ -36,13 +36,14 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from cloudtrain import registry
 from cloudtrain.errors import ProviderNotFound
+from cloudtrain.job_types import Check
 from cloudtrain.regular_files import read_text
 from cloudtrain.spec import settings as config
 
@@ -50,18 +51,6 @@ PACKAGE = "cloudtrain"
 PLACEHOLDER = "plans show a placeholder and submit refuses"  # what an unset staging setting means, in a check
 _COLORS = {"ok": "\033[32m", "warn": "\033[33m", "missing": "\033[31m"}
 _RESET = "\033[0m"
-
-
-@dataclass(frozen=True)
-class Check:
-    area: str  # "cloudtrain" or a provider's name
-    name: str  # "extra", "credentials", "region", "torch" ...
-    status: str  # "ok", "warn" or "missing"
-    detail: str  # what was found (versions, names of variables and files; never a secret value)
-    fix: str = ""  # the command or step that fixes it; "" when ok
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
 
 
 def diagnose(providers: Sequence[str] | None = None, env: Mapping[str, str] | None = None,

@@ -9,30 +9,21 @@ import os
 import shlex
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from cloudtrain import registry
+from cloudtrain.job_types import Summary
 from cloudtrain.node.durations import format_duration
+from cloudtrain.plan.model import Plan
 
 if TYPE_CHECKING:
-    from cloudtrain.plan.model import Plan
-    from cloudtrain.providers.base import JobStatus
+    from cloudtrain.job_types import JobStatus
     from cloudtrain.spec.model import JobSpec
 
 _CODES = {"red": "31", "green": "32", "yellow": "33", "blue": "34", "bold": "1", "dim": "2"}
 STATE_COLOURS = {"succeeded": "green", "running": "blue", "pending": "yellow", "stopping": "yellow",
                  "failed": "red", "cancelled": "dim", "preempted": "yellow", "ok": "green", "warn": "yellow",
                  "missing": "red"}
-
-
-@dataclass(frozen=True)
-class Summary:
-    """What a provider adds to a plan's summary (its ``plan_summary`` hook in the registry)."""
-
-    where: str = ""  # the account-side place the job goes, e.g. "project p, region us-central1"
-    instance: str = ""  # each node's machine when the catalog names none ("this machine")
-    max_wait: int | None = None  # spot: the seconds the platform waits for capacity plus runs, default included
 
 
 def colour_enabled(stream: TextIO) -> bool:
@@ -211,11 +202,6 @@ def provider_summary(plan: Plan) -> Summary:
     return decl.load("plan_summary")(plan) if decl.plan_summary else Summary()
 
 
-def where(*places: tuple[str, str | None]) -> str:
-    """A "where" line from (what, value) pairs, e.g. ``where(("region", "us-east-1"))``: what summary hooks return."""
-    return ", ".join(f"{what} {value}" for what, value in places if value)
-
-
 def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
@@ -245,3 +231,11 @@ def status_text(status: JobStatus, colour: bool = False) -> str:
                 lines.append(f"    {node[key]}")
         lines += [f"    warning: {line}" for line in node.get("warnings") or []]
     return "\n".join(lines)
+
+
+def _plan_str(plan: Plan) -> str:
+    """The summary `cloudtrain plan` prints (without the request): ``print(plan)``."""
+    return plan_text(plan, request=False)
+
+
+Plan.__str__ = _plan_str  # type: ignore[method-assign,assignment]  # attached from above: Plan is data below

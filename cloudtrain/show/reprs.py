@@ -12,8 +12,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from cloudtrain.job_types import JobStatus
 from cloudtrain.plan.model import Plan
-from cloudtrain.providers.base import JobStatus
 from cloudtrain.show.formatting import estimate_text, size, status_text, watchdog_text
 
 if TYPE_CHECKING:

@@ -11,9 +11,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from cloudtrain.job_types import Check
 from cloudtrain.show.doctor import (
     PLACEHOLDER,
-    Check,
     Context,
     Unparsable,
     dmi,

@@ -16,6 +16,7 @@ from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.bundle.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
+from cloudtrain.job_types import Capability, JobStatus, Summary, where
 from cloudtrain.plan.model import Plan
 from cloudtrain.plan.node_commands import bootstrap_args, launcher_note
 from cloudtrain.platforms import catalog
@@ -26,8 +27,7 @@ from cloudtrain.providers.aws.clients import aws_errors, configured_region, sess
 from cloudtrain.providers.aws.images import runtime_for
 from cloudtrain.providers.aws.status import describe_details, job_state
 from cloudtrain.providers.aws.validate import check_request
-from cloudtrain.providers.base import Capability, JobStatus, Provider
-from cloudtrain.show.formatting import Summary, where
+from cloudtrain.providers.base import Provider
 from cloudtrain.spec.model import JobSpec, project_options
 from cloudtrain.spec.settings import lookup, placeholder_note
 

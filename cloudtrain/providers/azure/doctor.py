@@ -6,7 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from cloudtrain.show.doctor import Check, Context, dmi, env_path, extra_check, json_file, no_credentials, setting, shown
+from cloudtrain.job_types import Check
+from cloudtrain.show.doctor import Context, dmi, env_path, extra_check, json_file, no_credentials, setting, shown
 
 _IDENTITY = "an Azure VM, whose managed identity"
 _WORKSPACE_KEYS = ("subscription_id", "resource_group", "workspace")

@@ -20,6 +20,7 @@ from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.bundle.staging import STAGED, new_job_id
 from cloudtrain.errors import HandleError, SpecError, TransientError, UserError
 from cloudtrain.handles import JobHandle
+from cloudtrain.job_types import Capability, JobStatus, Summary, where
 from cloudtrain.plan.model import Plan
 from cloudtrain.plan.node_commands import bootstrap_args
 from cloudtrain.platforms import catalog
@@ -27,8 +28,7 @@ from cloudtrain.providers.azure import PROVIDER, rest, schema
 from cloudtrain.providers.azure import job as aj
 from cloudtrain.providers.azure.status import job_state
 from cloudtrain.providers.azure.workspace import CAPACITY, azure_errors, ml_client, workspace_of
-from cloudtrain.providers.base import Capability, JobStatus, Provider
-from cloudtrain.show.formatting import Summary, where
+from cloudtrain.providers.base import Provider
 from cloudtrain.spec.model import JobSpec
 
 # azure-ai-ml logs "experimental field/class" for queue_settings (spot) on every plan; cloudtrain chose the field

@@ -7,10 +7,10 @@ import configparser
 from collections.abc import Mapping
 from pathlib import Path
 
+from cloudtrain.job_types import Check
 from cloudtrain.providers.gcp.clients import DEFAULT_REGION  # a light module: google.* loads inside calls
 from cloudtrain.show.doctor import (
     PLACEHOLDER,
-    Check,
     Context,
     dmi,
     env_path,

@@ -19,11 +19,12 @@ from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.bundle.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
 from cloudtrain.errors import HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
+from cloudtrain.job_types import Capability, JobStatus, Summary, where
 from cloudtrain.plan.model import Plan
 from cloudtrain.plan.node_commands import bootstrap_args
 from cloudtrain.platforms import catalog
 from cloudtrain.platforms.images import Runtime, custom
-from cloudtrain.providers.base import Capability, JobStatus, Provider
+from cloudtrain.providers.base import Provider
 from cloudtrain.providers.gcp import PROVIDER
 from cloudtrain.providers.gcp import request as rq
 from cloudtrain.providers.gcp.clients import (
@@ -43,7 +44,6 @@ from cloudtrain.providers.gcp.images import runtime_for
 from cloudtrain.providers.gcp.machines import machine_for
 from cloudtrain.providers.gcp.schema import check_request
 from cloudtrain.providers.gcp.status import describe_details, job_state
-from cloudtrain.show.formatting import Summary, where
 from cloudtrain.spec.model import JobSpec, project_options
 from cloudtrain.spec.settings import lookup, placeholder_note
 

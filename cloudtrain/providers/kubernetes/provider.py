@@ -21,12 +21,13 @@ from cloudtrain.bundle.packaging import BUNDLE_NAME, Package
 from cloudtrain.bundle.staging import STAGED, bundle_prefix, cloud_locations, lineage_id, new_job_id, stage_bundle
 from cloudtrain.errors import CloudtrainError, HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
+from cloudtrain.job_types import Capability, JobStatus, Summary, where
 from cloudtrain.naming import shortened
 from cloudtrain.plan.model import Plan
 from cloudtrain.plan.node_commands import bootstrap_args, job_env
 from cloudtrain.platforms.catalog import Machine
 from cloudtrain.platforms.images import Runtime, custom
-from cloudtrain.providers.base import Capability, JobStatus, Provider
+from cloudtrain.providers.base import Provider
 from cloudtrain.providers.kubernetes import PROVIDER, schema
 from cloudtrain.providers.kubernetes import request as rq
 from cloudtrain.providers.kubernetes.kube import Kube
@@ -34,7 +35,6 @@ from cloudtrain.providers.kubernetes.node import RESERVED, pytorchjob_env
 from cloudtrain.providers.kubernetes.options import KubernetesOptions
 from cloudtrain.providers.kubernetes.settings import platform_setting
 from cloudtrain.providers.kubernetes.status import job_state, native_of, status_fields
-from cloudtrain.show.formatting import Summary, where
 from cloudtrain.spec.model import JobSpec
 from cloudtrain.spec.settings import lookup, placeholder_note, with_defaults
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from cloudtrain.show.doctor import Check, Context, extra_check
+from cloudtrain.job_types import Check
+from cloudtrain.show.doctor import Context, extra_check
 
 
 def checks(ctx: Context) -> list[Check]:

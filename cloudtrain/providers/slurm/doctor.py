@@ -9,8 +9,9 @@ import shlex
 import shutil
 import subprocess
 
+from cloudtrain.job_types import Check
 from cloudtrain.providers.slurm.clients import SSH_ENV
-from cloudtrain.show.doctor import PLACEHOLDER, Check, Context, setting, setting_check
+from cloudtrain.show.doctor import PLACEHOLDER, Context, setting, setting_check
 
 PROGRAMS = ("sbatch", "srun", "squeue", "scontrol", "scancel")
 

@@ -22,18 +22,18 @@ from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.bundle.staging import bundle_prefix, default_output_uri, lineage_id, new_job_id
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
+from cloudtrain.job_types import Capability, JobState, JobStatus, Summary
 from cloudtrain.node.outcome import warned_message
 from cloudtrain.plan.model import Plan
 from cloudtrain.plan.node_commands import bootstrap_args, job_env
 from cloudtrain.platforms.catalog import Machine
-from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider
+from cloudtrain.providers.base import Provider
 from cloudtrain.providers.slurm import PROVIDER, clients
 from cloudtrain.providers.slurm import request as rq
 from cloudtrain.providers.slurm.files import SharedFiles
 from cloudtrain.providers.slurm.node import PORT_BASE, PORT_SPAN
 from cloudtrain.providers.slurm.options import SlurmOptions
 from cloudtrain.providers.slurm.status import job_state
-from cloudtrain.show.formatting import Summary
 from cloudtrain.spec.model import JobSpec
 from cloudtrain.spec.settings import lookup, placeholder_note, with_defaults
 

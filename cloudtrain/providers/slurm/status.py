@@ -4,7 +4,7 @@ page included."""
 from __future__ import annotations
 
 from cloudtrain import contract
-from cloudtrain.providers.base import JobState
+from cloudtrain.job_types import JobState
 
 # state -> (cloudtrain's state, what it means)
 STATES: dict[str, tuple[JobState, str]] = {
