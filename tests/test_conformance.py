@@ -38,6 +38,7 @@ class ToyHarness(Harness):
         self.project = project
         self.provider = registry.get_provider("toy")  # found through its entry point
         self.status_table = [(native, state) for native, state in STATES.items()]
+        self.native_states = tuple(STATES)
 
     def state_of(self, native: Any) -> JobState:
         from toyprov.provider import job_state
@@ -53,6 +54,7 @@ class LocalHarness(Harness):
         self.project = project
         self.provider = registry.get_provider("local")
         self.status_table = [(state.value, state) for state in JobState]  # a local job's states are cloudtrain's
+        self.native_states = tuple(state.value for state in JobState)
 
     def state_of(self, native: Any) -> JobState:
         return JobState(native)
@@ -62,18 +64,23 @@ class LocalHarness(Harness):
 
 
 class AwsHarness(Harness):
-    status_table = [(("InProgress", "Starting"), JobState.PENDING), (("InProgress", "Training"), JobState.RUNNING),
-                    (("InProgress", "Interrupted"), JobState.PENDING), (("Stopping", "Stopping"), JobState.STOPPING),
-                    (("Completed", "Completed"), JobState.SUCCEEDED), (("Failed", "Failed"), JobState.FAILED),
-                    (("Stopped", "Stopped"), JobState.CANCELLED),
-                    (("Stopped", "MaxWaitTimeExceeded"), JobState.PREEMPTED)]
+    status_table = [  # Interrupted, Restarting: spot capacity reclaimed, SageMaker starts the job again (not an end)
+        *((("InProgress", s), JobState.PENDING) for s in ("Starting", "Pending", "LaunchingMLInstances",
+                                                           "PreparingTrainingStack", "Downloading",
+                                                           "DownloadingTrainingImage", "Interrupted", "Restarting")),
+        *((("InProgress", s), JobState.RUNNING) for s in ("Training", "Uploading", "Updating")),
+        (("Stopping", "Stopping"), JobState.STOPPING), (("Completed", "Completed"), JobState.SUCCEEDED),
+        (("Failed", "Failed"), JobState.FAILED), (("Stopped", "Stopped"), JobState.CANCELLED),
+        (("Stopped", "MaxWaitTimeExceeded"), JobState.PREEMPTED), (("Stopped", "MaxRuntimeExceeded"), JobState.FAILED),
+        (("Deleting", ""), JobState.CANCELLED)]
 
     def __init__(self, project: Path, front: Any) -> None:
         from botocore.config import Config
 
         from cloudtrain.providers.aws.provider import SageMakerProvider
+        from cloudtrain.providers.aws.status import NATIVE_STATES
 
-        self.project, self.front = project, front
+        self.project, self.front, self.native_states = project, front, NATIVE_STATES
         self.provider = SageMakerProvider(client_config=Config(read_timeout=1, connect_timeout=2,
                                                                retries={"max_attempts": 3, "mode": "standard"}),
                                           log_poll=0.2)
@@ -95,15 +102,21 @@ class AwsHarness(Harness):
 
 class AzureHarness(Harness):
     fields = {"providers": {"azure": {"subscription_id": "sub-1", "resource_group": "rg-1", "workspace": "ws-1"}}}
-    status_table = [(("Starting", ""), JobState.PENDING), (("Running", ""), JobState.RUNNING),
-                    (("CancelRequested", ""), JobState.STOPPING), (("Completed", ""), JobState.SUCCEEDED),
-                    (("Failed", "UserError: exit code 1"), JobState.FAILED), (("Canceled", ""), JobState.CANCELLED)]
+    status_table = [  # NotResponding, Paused, Unknown: not an end
+        *(((s, ""), JobState.PENDING) for s in ("NotStarted", "Starting", "Provisioning", "Preparing", "Queued",
+                                                 "NotResponding", "Paused", "Unknown")),
+        (("Running", ""), JobState.RUNNING), (("Finalizing", ""), JobState.RUNNING),
+        (("CancelRequested", ""), JobState.STOPPING), (("Completed", ""), JobState.SUCCEEDED),
+        (("Failed", ""), JobState.FAILED), (("Failed", "Execution failed. UserError: exit code 1"), JobState.FAILED),
+        (("Canceled", ""), JobState.CANCELLED)]
 
     def __init__(self, project: Path, fake: Any) -> None:
         from cloudtrain.providers.azure.provider import AzureMLProvider
+        from cloudtrain.providers.azure.status import NATIVE_STATES
         from tests.fakes.azureml import PREEMPTED
 
         self.project, self.fake = project, fake
+        self.native_states = tuple((status, "") for status in NATIVE_STATES)
         self.provider = AzureMLProvider(log_poll=0.2)
         self.status_table = [*self.status_table, (("Failed", PREEMPTED), JobState.PREEMPTED)]
 
@@ -111,6 +124,9 @@ class AzureHarness(Harness):
         from cloudtrain.providers.azure.status import job_state
 
         return job_state(*native)[0]
+
+    def native_word(self, native: Any) -> Any:
+        return native[0], ""  # the status; the error only tells a preemption from a failure
 
     def lose_next_submit_reply(self) -> None:
         self.fake.lose_next_job_reply = True
@@ -126,18 +142,26 @@ class AzureHarness(Harness):
 
 
 class GcpHarness(Harness):
-    status_table = [(("JOB_STATE_QUEUED", "", False), JobState.PENDING),
-                    (("JOB_STATE_RUNNING", "", True), JobState.RUNNING),
-                    (("JOB_STATE_CANCELLING", "", True), JobState.STOPPING),
-                    (("JOB_STATE_SUCCEEDED", "", True), JobState.SUCCEEDED),
-                    (("JOB_STATE_FAILED", "exit code 1", True), JobState.FAILED),
-                    (("JOB_STATE_CANCELLED", "", True), JobState.CANCELLED)]
+    status_table = [  # (state, error, started: it ran before)
+        *(((s, "", False), JobState.PENDING) for s in ("JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_PAUSED",
+                                                       "JOB_STATE_UNSPECIFIED")),
+        (("JOB_STATE_PENDING", "", True), JobState.PENDING),  # Vertex restarts it (a worker restart, a preemption)
+        (("JOB_STATE_RUNNING", "", True), JobState.RUNNING), (("JOB_STATE_UPDATING", "", True), JobState.RUNNING),
+        (("JOB_STATE_CANCELLING", "", True), JobState.STOPPING),
+        (("JOB_STATE_SUCCEEDED", "", True), JobState.SUCCEEDED),
+        (("JOB_STATE_FAILED", "exit code 1", True), JobState.FAILED),
+        (("JOB_STATE_EXPIRED", "", True), JobState.FAILED),
+        (("JOB_STATE_PARTIALLY_SUCCEEDED", "", True), JobState.FAILED),
+        (("JOB_STATE_FAILED", "The replica workerpool1-0 was preempted", True), JobState.PREEMPTED),
+        (("JOB_STATE_CANCELLED", "", True), JobState.CANCELLED)]
 
     def __init__(self, project: Path, fake: Any) -> None:
         from cloudtrain.providers.gcp.provider import VertexProvider
+        from cloudtrain.providers.gcp.status import NATIVE_STATES
         from tests.fakes.vertex import PREEMPTED_ERROR
 
         self.project, self.fake = project, fake
+        self.native_states = tuple((state, "", False) for state in NATIVE_STATES)
         self.provider = VertexProvider(log_poll=0.2)
         self.status_table = [*self.status_table,
                              (("JOB_STATE_FAILED", PREEMPTED_ERROR["message"], True), JobState.PREEMPTED)]
@@ -146,6 +170,9 @@ class GcpHarness(Harness):
         from cloudtrain.providers.gcp.status import job_state
 
         return job_state(*native)[0]
+
+    def native_word(self, native: Any) -> Any:
+        return native[0], "", False  # the state; the error and the start tell a preemption or a restart
 
     def lose_next_submit_reply(self) -> None:
         self.fake.lose_next_create_reply = 3
@@ -166,16 +193,19 @@ class KubernetesHarness(Harness):
 
     def __init__(self, project: Path, fake: Any) -> None:
         from cloudtrain.providers.kubernetes.provider import KubernetesProvider
-        from cloudtrain.providers.kubernetes.status import TABLE
+        from cloudtrain.providers.kubernetes.status import NATIVE_STATES, TABLE
 
         self.project, self.fake = project, fake
         self.provider = KubernetesProvider(log_poll=0.2)
-        self.status_table = list(TABLE)
+        self.status_table, self.native_states = list(TABLE), NATIVE_STATES
 
     def state_of(self, native: Any) -> JobState:
         from cloudtrain.providers.kubernetes.status import job_state
 
         return job_state(native)[0]
+
+    def native_word(self, native: Any) -> Any:
+        return type(native)(native.kind, native.condition)  # the deciding condition; the rest is what it found
 
     def lose_next_submit_reply(self) -> None:
         self.fake.lose_next_create_reply = True

@@ -290,9 +290,13 @@ class SlurmHarness(Harness):
         self.status_table = [*((native, state) for native, (state, _) in STATES.items()),
                              (("FAILED", "143:0"), JobState.FAILED), (("CANCELLED by 0", "0:15"), JobState.CANCELLED),
                              ("RUNNING+", JobState.RUNNING)]
+        self.native_states = tuple(STATES)  # every state of squeue's man page
 
     def state_of(self, native: Any) -> JobState:
         return job_state(*native)[0] if isinstance(native, tuple) else job_state(native)[0]
+
+    def native_word(self, native: Any) -> Any:
+        return (native[0] if isinstance(native, tuple) else native).split()[0].rstrip("+")
 
     def lose_next_submit_reply(self) -> None:
         self.provider.lose_next_reply = True  # type: ignore[attr-defined]

@@ -60,7 +60,7 @@ def test_a_plugin_package_runs_the_shipped_suite_without_a_cloudtrain_checkout(t
                            "tests/test_toy.py", "-W", "error::pytest.PytestUnknownMarkWarning"],
                           cwd=package, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "7 passed" in done.stdout and "1 deselected" in done.stdout, done.stdout[-2000:]
+    assert "12 passed" in done.stdout and "1 deselected" in done.stdout, done.stdout[-2000:]
     probe = subprocess.run([sys.executable, "-c", "import cloudtrain, tests.conftest"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert probe.returncode != 0 and "No module named 'tests" in probe.stderr  # no checkout on that path

@@ -12,6 +12,15 @@ _STARTING = {"Starting", "Pending", "LaunchingMLInstances", "PreparingTrainingSt
 # Managed spot: "Interrupted" then "Restarting" while SageMaker waits for capacity and starts the job again on new
 # instances (within MaxWaitTimeInSeconds). Not an end: the job resumes from checkpoint.uri.
 _SPOT_WAIT = {"Interrupted", "Restarting"}
+# Every (TrainingJobStatus, SecondaryStatus) pair SageMaker reports, both vocabularies in full as botocore's model has
+# them (tests/test_aws.py holds them equal): the conformance suite maps each.
+NATIVE_STATES: tuple[tuple[str, str], ...] = (
+    *(("InProgress", s) for s in ("Starting", "Pending", "LaunchingMLInstances", "PreparingTrainingStack",
+                                  "Downloading", "DownloadingTrainingImage", "Training", "Uploading", "Updating",
+                                  "Interrupted", "Restarting")),
+    ("Stopping", "Stopping"), ("Completed", "Completed"), ("Failed", "Failed"), ("Stopped", "Stopped"),
+    ("Stopped", "MaxRuntimeExceeded"), ("Stopped", "MaxWaitTimeExceeded"), ("Deleting", ""),
+)
 
 
 def job_state(primary: str, secondary: str | None) -> tuple[JobState, str]:
@@ -30,6 +39,8 @@ def job_state(primary: str, secondary: str | None) -> tuple[JobState, str]:
         return JobState.FAILED, "failed"
     if primary == "Stopping":
         return JobState.STOPPING, "stopping"
+    if primary == "Deleting":  # DeleteTrainingJob on an ended job: its record (and how it ended) goes with it
+        return JobState.CANCELLED, "being deleted on SageMaker (DeleteTrainingJob)"
     if primary == "Stopped":
         if secondary == "MaxWaitTimeExceeded":
             return JobState.PREEMPTED, "spot capacity did not come back within max_wait; resubmit to resume " \

@@ -8,6 +8,10 @@ from cloudtrain.providers.base import JobState
 
 _PENDING = {"NotStarted", "Starting", "Provisioning", "Preparing", "Queued"}
 _RUNNING = {"Running", "Finalizing"}
+# Every job status of Azure ML's REST API (its JobStatus enum; tests/test_azure.py holds them equal): the conformance
+# suite maps each.
+NATIVE_STATES = ("NotStarted", "Starting", "Provisioning", "Preparing", "Queued", "Running", "Finalizing",
+                 "CancelRequested", "Completed", "Failed", "Canceled", "NotResponding", "Paused", "Unknown")
 
 
 def is_preemption(error: str) -> bool:

@@ -24,7 +24,10 @@ _STATES = {
     "JOB_STATE_PAUSED": (JobState.PENDING, "paused"),
     "JOB_STATE_EXPIRED": (JobState.FAILED, "expired (max_runtime)"),
     "JOB_STATE_UPDATING": (JobState.RUNNING, "updating"),
+    "JOB_STATE_UNSPECIFIED": (JobState.PENDING, "state not given yet"),
 }
+# Every state of Vertex's JobState enum (tests/test_gcp.py holds them equal): the conformance suite maps each.
+NATIVE_STATES = tuple(_STATES)
 
 
 def job_state(state: str, error: str = "", started: bool = False) -> tuple[JobState, str]:

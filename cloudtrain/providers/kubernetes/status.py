@@ -107,6 +107,11 @@ def status_fields(obj: dict[str, Any], native: Native, context: str | None) -> d
 
 
 # native -> cloudtrain's state: the conformance suite's table (tests/test_conformance.py)
+# Every condition that can decide a job's state, per kind (TrainJob: none yet, or one of its conditions; PyTorchJob:
+# the Training Operator's): the conformance suite finds each in TABLE.
+_CONDITIONS = {"TrainJob": ("", "Suspended", "Complete", "Failed"),
+               "PyTorchJob": ("Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended")}
+NATIVE_STATES = tuple(Native(kind, condition) for kind, conditions in _CONDITIONS.items() for condition in conditions)
 TABLE: list[tuple[Native, JobState]] = [
     (Native("TrainJob", ""), JobState.PENDING),
     (Native("TrainJob", "Suspended", "Suspended"), JobState.PENDING),

@@ -21,6 +21,7 @@ from cloudtrain.bundle.staging import bundle_prefix, new_job_id, stage_bundle
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.home.paths import cloudtrain_home
+from cloudtrain.naming import shortened
 from cloudtrain.plan.model import Plan
 from cloudtrain.plan.node_commands import bootstrap_args, job_env
 from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider
@@ -62,7 +63,7 @@ class ToyProvider(Provider):
         queue = lookup("toy", "queue", options.queue) or PROVIDER.placeholders["queue"]
         notes = [placeholder_note("toy", "queue")] if queue == PROVIDER.placeholders["queue"] else []
         spool = self.spool()
-        job_id = new_job_id(spec.name)
+        job_id = shortened(new_job_id(spec.name), 48)  # the spool's rule (PROVIDER.name_pattern): the stamp stays
         prefix = bundle_prefix((spool / "store").as_uri(), package)
         bootstrap = str(storage.local_path(storage.join(prefix, BOOTSTRAP_NAME)))
         args = bootstrap_args(spec, bundle=storage.join(prefix, BUNDLE_NAME), digest=package.digest, workdir="work",
