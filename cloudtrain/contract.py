@@ -4,9 +4,8 @@ string literal: tests/test_contract.py finds any), and docs/node-contract.md is 
 
     python -m cloudtrain.contract > docs/node-contract.md      # a test fails when the file is out of date
 
-Standard library only, Python 3.8: nodes import it (the runtime, checkpoints, node watch) from the bundle's lib/.
-The bootstrap, which runs before the bundle is unpacked, keeps its own copy of the names and codes it uses; a test
-keeps the two equal.
+Standard library only, Python 3.8: nodes import it (the node entry, the runtime, checkpoints, node watch) from the
+bundle's lib/. The bootstrap's first stage, which runs before the bundle is unpacked, names no variable.
 """
 
 from __future__ import annotations
@@ -136,18 +135,18 @@ SUPERVISOR_FD, GRACE_PERIOD, PROCESS_TAG, RANK_REPORTS, SECRET_ARG_PREFIX, FORCE
     "CLOUDTRAIN_SECRET_ARG_", "CLOUDTRAIN_FORCE_CPU")
 HOME, CONFIG, PROFILE, PLUGINS = "CLOUDTRAIN_HOME", "CLOUDTRAIN_CONFIG", "CLOUDTRAIN_PROFILE", "CLOUDTRAIN_PLUGINS"
 REQUIRE_PROCESS_GROUP, STOP_REASON_FILE = "CLOUDTRAIN_REQUIRE_PROCESS_GROUP", "CLOUDTRAIN_STOP_REASON_FILE"
+PLATFORM, MASTER_OVERRIDE = "CLOUDTRAIN_PLATFORM", "CLOUDTRAIN_MASTER_OVERRIDE"
 SPOT_NOTICE, METADATA_URL = "CLOUDTRAIN_SPOT_NOTICE", "CLOUDTRAIN_METADATA_URL"
 SECRET_FIELD_PREFIX, STEP_REPORT_SECONDS = "CLOUDTRAIN_SECRET_", "CLOUDTRAIN_STEP_REPORT_SECONDS"
 CHECKPOINT_REQUEST, CHECKPOINT_SIGNAL = "CLOUDTRAIN_CHECKPOINT_REQUEST", "CLOUDTRAIN_CHECKPOINT_SIGNAL"
 
 # cloudtrain's node variables a script's args (and resume_args) may name as ${NAME}: the node replaces each with its
 # value before torchrun starts (no shell involved; $${NAME} stands for the text ${NAME}), and a plan refuses any
-# other ${NAME} (INPUT_PREFIX: one for each input the spec declares). The bootstrap keeps a copy of the pattern.
+# other ${NAME} (INPUT_PREFIX: one for each input the spec declares).
 ARG_VARIABLE = r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)\}"
-ARG_VARIABLES = (CHECKPOINT_DIR, OUTPUT_DIR, CHECKPOINT_URI, OUTPUT_URI, NODE_RANK, NNODES, JOB_ID,
-                 "CLOUDTRAIN_PLATFORM", STRATEGY)
+ARG_VARIABLES = (CHECKPOINT_DIR, OUTPUT_DIR, CHECKPOINT_URI, OUTPUT_URI, NODE_RANK, NNODES, JOB_ID, PLATFORM, STRATEGY)
 
-# Exit codes: the CLI's, and a node's (the bootstrap's copy must match: tests/test_contract.py).
+# Exit codes: the CLI's, and a node's.
 EXIT_FAILED = 1
 EXIT_USAGE = 2  # bad input (the CLI), a node that cannot start (the bootstrap)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT

@@ -5,8 +5,8 @@ from __future__ import annotations
 from cloudtrain.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE  # the one table of exit codes
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "CapacityError", "CloudtrainError", "CredentialsError",
-           "HandleError", "HomeError", "PackagingError", "ProviderNotFound", "ProviderNotInstalled", "SpecError",
-           "TransientError", "UserError"]
+           "HandleError", "HomeError", "NodeStartError", "PackagingError", "ProviderNotFound", "ProviderNotInstalled",
+           "SpecError", "TransientError", "UserError"]
 
 
 class CloudtrainError(Exception):
@@ -63,6 +63,12 @@ class CredentialsError(UserError):
 class HomeError(UserError):
     """cloudtrain's own files (``CLOUDTRAIN_HOME``: the job database, the local store, job folders) cannot be written
     or read: a full disk, a read-only folder, a locked database. Names the path; nothing is left half-written."""
+
+
+class NodeStartError(UserError):
+    """A node cannot start: its environment does not say its place in the cluster, its node contract or requirements
+    fail. The node says why in one line, records it in its status file and exits EXIT_USAGE (cloudtrain/node/entry.py);
+    the planner, deriving the same place for a plan (cloudtrain/node/launch.py), reports it as bad input."""
 
 
 class TransientError(CloudtrainError):

@@ -1,6 +1,7 @@
-"""What tests that run a node's bootstrap on this machine share: a bundle laid out as packaging lays it out and the
-environment a one-node job's node sees. Python 3.8 reads it (tests/test_bootstrap.py runs there too, in
-`nox -s bootstrap`): the standard library and the tests' own helpers only."""
+"""What tests that run a node's bootstrap on this machine share: its first stage loaded from its file, a bundle laid
+out as packaging lays it out and the environment a one-node job's node sees. Python 3.8 reads it
+(tests/test_bootstrap.py runs there too, in `nox -s bootstrap`): the standard library and the tests' own helpers
+only."""
 
 from __future__ import annotations
 
@@ -8,11 +9,21 @@ import importlib.util
 import os
 import tarfile
 from pathlib import Path
+from typing import Any
 
 from tests.emulators import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 STANDINS = Path(__file__).resolve().parent / "standins"  # a torchrun for interpreters no torch wheel exists for
+
+
+def load_bootstrap() -> Any:
+    """entrypoints/bootstrap.py, the node's first stage, loaded from its file (it is no module of a package)."""
+    spec = importlib.util.spec_from_file_location("cloudtrain_bootstrap", REPO / "entrypoints" / "bootstrap.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_bundle(folder: Path, script: str) -> Path:

@@ -1,10 +1,11 @@
-"""The in-node bootstrap, on its own: every test here also runs under the oldest Python an image cloudtrain picks
-can carry (3.8: Azure's torch 1.13 environment), in `nox -s bootstrap`. So this module imports nothing of
-cloudtrain's but the bootstrap file itself, and writes nothing newer than Python 3.8 reads."""
+"""The node's start, on its own: the bootstrap's first stage (entrypoints/bootstrap.py: fetch, verify, unpack) and the
+launch derivation the node entry runs (cloudtrain/node/launch.py). Every test here also runs under the oldest Python
+an image cloudtrain picks can carry (3.8: Azure's torch 1.13 environment), in `nox -s bootstrap`. So this module
+imports nothing of cloudtrain's but the bootstrap file and the node-side modules a node runs (standard library only),
+and writes nothing newer than Python 3.8 reads."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,42 +14,35 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain import contract
+from cloudtrain.errors import NodeStartError
+from cloudtrain.node import launch
 from tests.emulators import free_port
-from tests.node_support import REPO, make_bundle, node_env
+from tests.node_support import REPO, load_bootstrap, make_bundle, node_env
 
-
-def _load_bootstrap():  # a module loaded from its file
-    spec = importlib.util.spec_from_file_location("cloudtrain_bootstrap", REPO / "entrypoints" / "bootstrap.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("cloudtrain_bootstrap", module)  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return sys.modules["cloudtrain_bootstrap"]
-
-
-boot = _load_bootstrap()
-LOCAL = boot.load_contract(REPO / "cloudtrain" / "providers" / "local" / "node.py")  # cloudtrain's own contract
+boot = load_bootstrap()
+LOCAL = launch.load_contract(REPO / "cloudtrain" / "providers" / "local" / "node.py")  # cloudtrain's own contract
 
 
 def test_local_contract_c10d_torchrun_line() -> None:
     env = {"CLOUDTRAIN_NNODES": "2", "CLOUDTRAIN_NODE_RANK": "1", "CLOUDTRAIN_MASTER_ADDR": "127.0.0.1",
            "CLOUDTRAIN_MASTER_PORT": "29555", "CUDA_VISIBLE_DEVICES": ""}
-    cluster = boot.detect_cluster(LOCAL, env, "auto")
+    cluster = launch.detect_cluster(LOCAL, env, "auto")
     assert (cluster.nnodes, cluster.node_rank, cluster.nproc_per_node, cluster.rdzv) == (2, 1, 1, "c10d")
-    argv = boot.torchrun_argv(cluster, ["train.py", "--lr", "1"], "job-1", python="py")
+    argv = launch.torchrun_argv(cluster, ["train.py", "--lr", "1"], "job-1", python="py")
     assert argv == ["py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts",
                     "0", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29555", "--rdzv-id", "job-1",
                     "--rdzv-conf", "is_host=0", "--local-addr", "localhost", "train.py", "--lr", "1"]
     # node 0 names itself 127.0.0.1, which c10d sorts first: global rank 0 lives on node 0, as on every cloud
-    first = boot.detect_cluster(LOCAL, {**env, "CLOUDTRAIN_NODE_RANK": "0"}, "auto")
+    first = launch.detect_cluster(LOCAL, {**env, "CLOUDTRAIN_NODE_RANK": "0"}, "auto")
     assert first.local_addr == "127.0.0.1" and sorted(["localhost", first.local_addr])[0] == first.local_addr
 
 
 def test_static_rendezvous_honours_node_rank_and_module_target() -> None:
     env = {"CLOUDTRAIN_NNODES": "4", "CLOUDTRAIN_NODE_RANK": "3", "CLOUDTRAIN_MASTER_ADDR": "algo-1",
            "CLOUDTRAIN_MASTER_PORT": "7777", "CLOUDTRAIN_RDZV": "static", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
-    cluster = boot.detect_cluster(LOCAL, env, "auto")
-    argv = boot.torchrun_argv(cluster, ["-m", "pkg.train", "x"], "j")
+    cluster = launch.detect_cluster(LOCAL, env, "auto")
+    argv = launch.torchrun_argv(cluster, ["-m", "pkg.train", "x"], "j")
     assert argv[argv.index("--nproc-per-node") + 1] == "4"
     assert argv[argv.index("--node-rank") + 1] == "3"
     assert argv[argv.index("--master-addr") + 1] == "algo-1"
@@ -58,8 +52,8 @@ def test_static_rendezvous_honours_node_rank_and_module_target() -> None:
 def test_workers_write_to_files_the_bootstrap_echoes() -> None:
     """torchrun redirects each worker's output to its own files (cloudtrain/node/worker_echo.py echoes them): its own
     --tee waits up to 0.1 s per file at exit for threads that poll them."""
-    cluster = boot.detect_cluster(LOCAL, {"CLOUDTRAIN_NNODES": "1", "CUDA_VISIBLE_DEVICES": ""}, "2")
-    argv = boot.torchrun_argv(cluster, ["train.py"], "j", workdir="/w")
+    cluster = launch.detect_cluster(LOCAL, {"CLOUDTRAIN_NNODES": "1", "CUDA_VISIBLE_DEVICES": ""}, "2")
+    argv = launch.torchrun_argv(cluster, ["train.py"], "j", workdir="/w")
     assert argv[argv.index("--redirects") + 1] == "3" and argv[argv.index("--log-dir") + 1] == "/w/worker-logs"
     assert "--tee" not in argv
 
@@ -69,18 +63,18 @@ def test_slurm_contract_under_the_nodes_python() -> None:
     """What an srun task of a Slurm job sees (its GPUs as Slurm's --gpus-per-node gives them), read by Slurm's
     node contract on the node's oldest Python: static ranks from SLURM_NODEID, the first node of the expanded
     SLURM_JOB_NODELIST (its address, where srun gives one) as rendezvous host."""
-    slurm = boot.load_contract(REPO / "cloudtrain" / "providers" / "slurm" / "node.py")
+    slurm = launch.load_contract(REPO / "cloudtrain" / "providers" / "slurm" / "node.py")
     env = {"SLURM_JOB_ID": "77", "SLURM_NODEID": "1", "SLURM_NNODES": "3", "SLURM_JOB_NODELIST": "gpu[09-10],x1",
            "SLURMD_NODENAME": "gpu10", "CUDA_VISIBLE_DEVICES": "0,1"}
-    cluster = boot.detect_cluster(slurm, env, "auto")
+    cluster = launch.detect_cluster(slurm, env, "auto")
     assert (cluster.nnodes, cluster.node_rank, cluster.nproc_per_node, cluster.rdzv) == (3, 1, 2, "static")
-    argv = boot.torchrun_argv(cluster, ["train.py"], "job")
+    argv = launch.torchrun_argv(cluster, ["train.py"], "job")
     assert argv[argv.index("--master-addr") + 1] == "gpu09" and argv[argv.index("--node-rank") + 1] == "1"
     assert slurm.expand_hostlist("r[1-2]n[08-09]") == ["r1n08", "r1n09", "r2n08", "r2n09"]
-    requeued = boot.detect_cluster(slurm, {**env, "SLURM_RESTART_COUNT": "1", "SLURM_LAUNCH_NODE_IPADDR": "10.1.0.9"})
+    requeued = launch.detect_cluster(slurm, {**env, "SLURM_RESTART_COUNT": "1", "SLURM_LAUNCH_NODE_IPADDR": "10.1.0.9"})
     assert requeued.master_addr == "10.1.0.9" and requeued.master_port == cluster.master_port + 1
-    with pytest.raises(boot.BootstrapError, match="SLURMD_NODENAME"):
-        boot.detect_cluster(slurm, {**env, "SLURMD_NODENAME": "gpu09"})
+    with pytest.raises(NodeStartError, match="SLURMD_NODENAME"):
+        launch.detect_cluster(slurm, {**env, "SLURMD_NODENAME": "gpu09"})
 
 @pytest.mark.parametrize(
     ("env", "nproc", "message"),
@@ -92,8 +86,8 @@ def test_slurm_contract_under_the_nodes_python() -> None:
     ],
 )
 def test_bad_node_environment(env: dict, nproc: str, message: str) -> None:
-    with pytest.raises(boot.BootstrapError, match=message):
-        boot.detect_cluster(LOCAL, env, nproc)
+    with pytest.raises(NodeStartError, match=message):
+        launch.detect_cluster(LOCAL, env, nproc)
 
 
 def test_a_bundle_member_escaping_the_folder_is_refused(tmp_path: Path) -> None:
@@ -108,6 +102,45 @@ def test_a_bundle_member_escaping_the_folder_is_refused(tmp_path: Path) -> None:
 
 
 # -- a whole node, on this interpreter --------------------------------------------------------------------
+
+
+def _node(tmp_path: Path, bundle: Path, env: dict, *python_flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *python_flags, str(REPO / "entrypoints" / "bootstrap.py"), "--bundle",
+                           str(bundle), "--workdir", str(tmp_path / "work"), "--script", "train.py",
+                           "--nproc-per-node", "1", "--status-file", str(tmp_path / "status.json")],
+                          env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_a_node_that_cannot_start_after_unpacking_says_why_and_exits_as_a_bad_bundle_does(tmp_path: Path) -> None:
+    """Its first stage hands a sound bundle over to the node entry the bundle carries; where the node's environment
+    gives it no place in the cluster, the node entry ends it with one line, its status and the usage exit code, as
+    the first stage ends a node whose bundle is bad (tests/test_bundle_errors.py)."""
+    env = {**node_env(tmp_path), "CLOUDTRAIN_NODE_RANK": "1"}
+    result = _node(tmp_path, make_bundle(tmp_path, "print('never')\n"), env)
+    out = result.stdout + result.stderr
+    assert result.returncode == contract.EXIT_USAGE, out
+    assert "Traceback" not in out and "never" not in out
+    assert "[cloudtrain] error: node rank 1 is outside 0..0" in result.stdout, out
+    recorded = json.loads((tmp_path / "status.json").read_text())
+    assert (recorded["outcome"], recorded["returncode"]) == ("failed", contract.EXIT_USAGE)
+    assert recorded["error"] == "node rank 1 is outside 0..0" and recorded["ended"] >= recorded["started"]
+
+
+def test_a_bundle_without_cloudtrains_node_side_is_one_clear_error(tmp_path: Path) -> None:
+    """A hand-made bundle (only src/) carries no node entry: the first stage says so in one line and exits with the
+    usage code, rather than a traceback from an import. Python runs isolated (-I -S), so no cloudtrain installed
+    beside it stands in for the bundle's."""
+    script = tmp_path / "train.py"
+    script.write_text("print('never')\n")
+    bundle = tmp_path / "bundle.tar.gz"
+    with tarfile.open(bundle, "w:gz") as tar:
+        tar.add(script, arcname="src/train.py")
+    result = _node(tmp_path, bundle, node_env(tmp_path), "-I", "-S")
+    out = result.stdout + result.stderr
+    assert result.returncode == contract.EXIT_USAGE and "Traceback" not in out, out
+    assert "has no node entry (cloudtrain/node/entry.py" in result.stdout and "stage it again" in result.stdout, out
+    recorded = json.loads((tmp_path / "status.json").read_text())
+    assert recorded["outcome"] == "failed" and "has no node entry" in recorded["error"]
 
 TRAIN = '''
 import os, sys

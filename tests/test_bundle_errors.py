@@ -1,6 +1,7 @@
 """A malformed bundle given to the bootstrap (issue 15, item 13): the node reports one clear error and exits 2
-(a usage error, not a crash), leaves nothing half-unpacked, and writes its status file. The bootstrap runs as a real
-process, as a node runs it; no digest is passed, so the unpacking itself is what meets the bad archive."""
+(contract.EXIT_USAGE, the one code the bootstrap's first stage keeps its own copy of: a usage error, not a crash),
+leaves nothing half-unpacked, and writes its status file. The bootstrap runs as a real process, as a node runs it; no
+digest is passed, so the unpacking itself is what meets the bad archive."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.bundle.packaging import build_package
+from cloudtrain.contract import EXIT_USAGE
 from tests.conftest import REPO
 
 BOOTSTRAP = REPO / "entrypoints" / "bootstrap.py"
@@ -81,18 +83,19 @@ def test_a_malformed_bundle_is_one_clear_error_exit_2(tmp_path: Path, case: str)
     workdir, status = tmp_path / "node", tmp_path / "node.status.json"
     result = _node(bundle, workdir, status)
     out = result.stdout + result.stderr
-    assert result.returncode == 2, out
+    assert result.returncode == EXIT_USAGE, out
     assert "Traceback" not in out
     assert "[cloudtrain] error: bundle" in out, out
     assert not (workdir / "bundle").exists(), "nothing half-unpacked is left"
     recorded = json.loads(status.read_text())
-    assert recorded["outcome"] == "failed" and recorded["returncode"] == 2 and recorded["error"].startswith("bundle")
+    assert recorded["outcome"] == "failed" and recorded["returncode"] == EXIT_USAGE
+    assert recorded["error"].startswith("bundle")
 
 
 def test_a_missing_or_unreadable_bundle_path(tmp_path: Path) -> None:
     for bundle in (tmp_path / "nothing-here", tmp_path):  # no file; a folder without bundle.tar.gz
         result = _node(bundle, tmp_path / "node", tmp_path / "s.json")
-        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.returncode == EXIT_USAGE and "Traceback" not in result.stderr
         assert "not found" in result.stdout + result.stderr
 
 

@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import registry
-from cloudtrain.plan.node_commands import bootstrap_module
+from cloudtrain.node import launch
 
-boot = bootstrap_module()
 SAGEMAKER, AZUREML, VERTEX = (registry.node_contract(name) for name in ("aws", "azure", "gcp"))
 NODE_COUNTS = (1, 2, 3, 4, 8, 12)
 NETWORK = ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "RDMAV_FORK_SAFE", "NCCL_SOCKET_IFNAME", "NCCL_PROTO")
@@ -105,9 +104,9 @@ def test_sagemaker_nodes_match_sagemakers_own_torchrun_driver(instance: str, tmp
             (base / "input" / "config" / "resourceconfig.json").write_text(json.dumps(config))
             env = {"SAGEMAKER_BASE_DIR": str(base),
                    "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(INSTANCES[instance]))}
-            cluster = boot.detect_cluster(SAGEMAKER, env, "auto")
-            ours.append((boot.torchrun_argv(cluster, ["train.py", "--lr", "0.1"], "job", python="python3"),
-                         boot.launcher_env(SAGEMAKER, cluster, env)))
+            cluster = launch.detect_cluster(SAGEMAKER, env, "auto")
+            ours.append((launch.torchrun_argv(cluster, ["train.py", "--lr", "0.1"], "job", python="python3"),
+                         launch.launcher_env(SAGEMAKER, cluster, env)))
     oracle = sagemaker_oracle(cases)
     assert set(oracle["efa"]) == SAGEMAKER.EFA_INSTANCES
     assert set(oracle["rdma"]) == SAGEMAKER.EFA_RDMA_INSTANCES
@@ -133,7 +132,7 @@ def test_the_jobs_own_network_settings_win_over_the_launchers(tmp_path: Path) ->
     (tmp_path / "input" / "config").mkdir(parents=True)
     (tmp_path / "input" / "config" / "resourceconfig.json").write_text(json.dumps(config))
     env = {"SAGEMAKER_BASE_DIR": str(tmp_path), "NCCL_PROTO": "LL128", "CUDA_VISIBLE_DEVICES": ""}
-    added = boot.launcher_env(SAGEMAKER, boot.detect_cluster(SAGEMAKER, env, "auto"), env)
+    added = launch.launcher_env(SAGEMAKER, launch.detect_cluster(SAGEMAKER, env, "auto"), env)
     assert "NCCL_PROTO" not in added and added["FI_PROVIDER"] == "efa" and added["NCCL_SOCKET_IFNAME"] == "ethwe"
 
 
@@ -143,11 +142,11 @@ def test_azureml_nodes_follow_its_pytorch_distribution_contract(nodes: int) -> N
         # what Azure ML sets on each node with PyTorchDistribution(process_count_per_instance=1)
         env = {"AZUREML_RUN_ID": "job", "MASTER_ADDR": "10.0.0.4", "MASTER_PORT": "6105", "NODE_RANK": str(rank),
                "WORLD_SIZE": str(nodes), "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
-        cluster = boot.detect_cluster(AZUREML, env, "auto")
-        mine, target = split_torchrun(boot.torchrun_argv(cluster, ["train.py"], "job"))
+        cluster = launch.detect_cluster(AZUREML, env, "auto")
+        mine, target = split_torchrun(launch.torchrun_argv(cluster, ["train.py"], "job"))
         assert mine == {"nnodes": str(nodes), "nproc-per-node": "8", "max-restarts": "0", "node-rank": str(rank),
                         "master-addr": "10.0.0.4", "master-port": "6105"} and target == ["train.py"]
-        assert boot.launcher_env(AZUREML, cluster, env) == {}  # Azure ML's launcher adds nothing beyond the contract
+        assert launch.launcher_env(AZUREML, cluster, env) == {}  # Azure ML's launcher adds nothing beyond the contract
 
 
 @pytest.mark.parametrize("nodes", NODE_COUNTS)
@@ -159,10 +158,10 @@ def test_vertex_nodes_follow_cluster_spec_with_vertex_host_names(nodes: int) -> 
         task = {"type": "workerpool0", "index": 0} if rank == 0 else {"type": "workerpool1", "index": rank - 1}
         env = {"CLUSTER_SPEC": json.dumps({"cluster": cluster_spec, "task": task, "environment": "cloud",
                                            "job": "{}"}),
-               # what Vertex also sets for PyTorch, counting nodes; the bootstrap derives the same from CLUSTER_SPEC
+               # what Vertex also sets for PyTorch, counting nodes; the node derives the same from CLUSTER_SPEC
                "MASTER_ADDR": primary[0].split(":")[0], "MASTER_PORT": "2222", "RANK": str(rank),
                "WORLD_SIZE": str(nodes), "CUDA_VISIBLE_DEVICES": "0,1"}
-        cluster = boot.detect_cluster(VERTEX, env, "auto")
-        mine, _ = split_torchrun(boot.torchrun_argv(cluster, ["train.py"], "job"))
+        cluster = launch.detect_cluster(VERTEX, env, "auto")
+        mine, _ = split_torchrun(launch.torchrun_argv(cluster, ["train.py"], "job"))
         assert (mine["nnodes"], mine["node-rank"], mine["master-addr"], mine["master-port"], mine["nproc-per-node"]) \
             == (env["WORLD_SIZE"], env["RANK"], env["MASTER_ADDR"], env["MASTER_PORT"], "2")

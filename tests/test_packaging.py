@@ -12,7 +12,7 @@ import pytest
 
 from cloudtrain.bundle.packaging import PackageLimits, build_package
 from cloudtrain.errors import PackagingError
-from cloudtrain.plan.node_commands import bootstrap_module
+from tests.node_support import load_bootstrap
 from tests.support import make_tree
 
 
@@ -97,7 +97,7 @@ def _tar_with(tmp_path: Path, member: tarfile.TarInfo, data: bytes = b"x") -> Pa
 
 @pytest.mark.parametrize("name", ["../escape.txt", "/abs/escape.txt", "src/../../escape.txt"])
 def test_bootstrap_refuses_paths_outside(tmp_path: Path, name: str) -> None:
-    boot = bootstrap_module()
+    boot = load_bootstrap()
     archive = _tar_with(tmp_path, tarfile.TarInfo(name))
     dest = tmp_path / "out" / "bundle"
     with pytest.raises(boot.BootstrapError, match="outside"):
@@ -106,7 +106,7 @@ def test_bootstrap_refuses_paths_outside(tmp_path: Path, name: str) -> None:
 
 
 def test_bootstrap_refuses_links(tmp_path: Path) -> None:
-    boot = bootstrap_module()
+    boot = load_bootstrap()
     link = tarfile.TarInfo("src/evil")
     link.type = tarfile.SYMTYPE
     link.linkname = "/etc/passwd"
@@ -117,7 +117,7 @@ def test_bootstrap_refuses_links(tmp_path: Path) -> None:
 
 def test_bootstrap_extracts_a_real_bundle(tmp_path: Path) -> None:
     root = make_tree(tmp_path / "src")
-    boot = bootstrap_module()
+    boot = load_bootstrap()
     with build_package(root) as package:
         boot.safe_extract(package.path, tmp_path / "out")
         assert boot.sha256_of(package.path) == package.digest
@@ -148,7 +148,7 @@ def test_cli_allow_secret_flag(cli, tmp_path: Path) -> None:
 
 
 def test_bootstrap_refuses_huge_members_before_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    boot = bootstrap_module()
+    boot = load_bootstrap()
     monkeypatch.setattr(boot, "MAX_MEMBER_BYTES", 1000)
     archive = _tar_with(tmp_path, tarfile.TarInfo("src/huge.bin"), b"\0" * 5000)
     with pytest.raises(boot.BootstrapError, match="over the 1000 limit"):
@@ -157,7 +157,7 @@ def test_bootstrap_refuses_huge_members_before_writing(tmp_path: Path, monkeypat
 
 
 def test_bootstrap_refuses_a_bomb_by_total_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    boot = bootstrap_module()
+    boot = load_bootstrap()
     monkeypatch.setattr(boot, "MAX_TOTAL_BYTES", 10_000)
     path = tmp_path / "bomb.tar.gz"
     with tarfile.open(path, "w:gz") as tar:  # 20 zero-filled members: tiny compressed, large expanded
@@ -188,7 +188,7 @@ def test_workers_get_the_exit_guard_and_the_images_own_sitecustomize(tmp_path: P
     threads finish before finalization) and still runs the sitecustomize it shadows, as an image may have one."""
     root = make_tree(tmp_path / "src")
     with build_package(root) as package:
-        bootstrap_module().safe_extract(package.path, tmp_path / "out")
+        load_bootstrap().safe_extract(package.path, tmp_path / "out")
     image_site = tmp_path / "image-site"
     image_site.mkdir()
     (image_site / "sitecustomize.py").write_text("import os\nos.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n")

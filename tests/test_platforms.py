@@ -1,4 +1,5 @@
-"""The bootstrap derives one ClusterInfo from each platform's own contract, and trains under each, emulated."""
+"""A node derives one ClusterInfo (cloudtrain/node/launch.py) from each platform's own contract, and trains under
+each, emulated."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import registry
-from cloudtrain.plan.node_commands import bootstrap_module
+from cloudtrain.errors import NodeStartError
+from cloudtrain.node import launch
 from tests.conftest import REPO, status_json
 
-boot = bootstrap_module()
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
 SAGEMAKER, AZUREML, VERTEX = (registry.node_contract(name) for name in ("aws", "azure", "gcp"))
 
@@ -30,11 +31,11 @@ def test_sagemaker_resourceconfig(tmp_path: Path, current: str) -> None:
     config.parent.mkdir(parents=True)
     hosts = ["algo-3", "algo-1", "algo-2"]  # the file need not list them in order
     config.write_text(json.dumps({"current_host": current, "hosts": hosts, "network_interface_name": "eth0"}))
-    cluster = boot.detect_cluster(SAGEMAKER, {**CPU, "SAGEMAKER_BASE_DIR": str(tmp_path)}, "auto")
+    cluster = launch.detect_cluster(SAGEMAKER, {**CPU, "SAGEMAKER_BASE_DIR": str(tmp_path)}, "auto")
     assert cluster.platform == "sagemaker" and cluster.rdzv == "static"
     expected = sagemaker_driver(hosts, current)
     assert {k: getattr(cluster, k) for k in expected} == expected
-    argv = boot.torchrun_argv(cluster, ["train.py"], "job")
+    argv = launch.torchrun_argv(cluster, ["train.py"], "job")
     assert argv[argv.index("--node-rank") + 1] == str(expected["node_rank"])
     assert argv[argv.index("--master-addr") + 1] == "algo-1" and argv[argv.index("--master-port") + 1] == "7777"
 
@@ -42,14 +43,14 @@ def test_sagemaker_resourceconfig(tmp_path: Path, current: str) -> None:
 def test_sagemaker_env_variables_without_the_file() -> None:
     env = {**CPU, "SAGEMAKER_BASE_DIR": "/nonexistent", "SM_HOSTS": '["algo-2","algo-1"]',
            "SM_CURRENT_HOST": "algo-2"}
-    cluster = boot.detect_cluster(SAGEMAKER, env, "4")
+    cluster = launch.detect_cluster(SAGEMAKER, env, "4")
     assert (cluster.nnodes, cluster.node_rank, cluster.master_addr, cluster.nproc_per_node) == (2, 1, "algo-1", 4)
 
 
 def test_azureml_variables() -> None:
     env = {**CPU, "AZUREML_RUN_ID": "r1", "MASTER_ADDR": "10.0.0.4", "MASTER_PORT": "6105", "NODE_RANK": "1",
            "WORLD_SIZE": "3", "SAGEMAKER_BASE_DIR": "/nonexistent"}
-    cluster = boot.detect_cluster(AZUREML, env, "auto")
+    cluster = launch.detect_cluster(AZUREML, env, "auto")
     assert (cluster.platform, cluster.nnodes, cluster.node_rank, cluster.master_addr, cluster.master_port) == (
         "azureml", 3, 1, "10.0.0.4", 6105)
 
@@ -63,7 +64,7 @@ def test_vertex_cluster_spec_ignores_world_size(task: dict, rank: int) -> None:
     # some Vertex containers set WORLD_SIZE to the node count and MASTER_ADDR to something else: never used
     env = {**CPU, "CLUSTER_SPEC": json.dumps(spec), "WORLD_SIZE": "4", "MASTER_ADDR": "wrong",
            "SAGEMAKER_BASE_DIR": "/nonexistent"}
-    cluster = boot.detect_cluster(VERTEX, env, "auto")
+    cluster = launch.detect_cluster(VERTEX, env, "auto")
     assert (cluster.platform, cluster.nnodes, cluster.node_rank, cluster.master_addr, cluster.master_port) == (
         "vertex", 4, rank, "cmle-wp0-0", 2222)
 
@@ -72,8 +73,8 @@ def test_vertex_cluster_spec_ignores_world_size(task: dict, rank: int) -> None:
                                   '"index": 0}}', '{"cluster": {"workerpool0": ["host-without-port"]}, "task": '
                                   '{"type": "workerpool0", "index": 0}}'])
 def test_vertex_bad_cluster_spec(spec: str) -> None:
-    with pytest.raises(boot.BootstrapError, match="CLUSTER_SPEC"):
-        boot.detect_cluster(VERTEX, {"CLUSTER_SPEC": spec, "SAGEMAKER_BASE_DIR": "/nonexistent"}, "1")
+    with pytest.raises(NodeStartError, match="CLUSTER_SPEC"):
+        launch.detect_cluster(VERTEX, {"CLUSTER_SPEC": spec, "SAGEMAKER_BASE_DIR": "/nonexistent"}, "1")
 
 
 def test_each_contract_module_is_what_its_provider_declares() -> None:
@@ -134,5 +135,5 @@ def test_two_nodes_train_under_each_platform_contract(cli, tmp_path: Path, platf
 
 @pytest.mark.parametrize("env", [{"SM_HOSTS": "not json", "SM_CURRENT_HOST": "algo-1"}, {"SM_HOSTS": '["algo-1"]'}])
 def test_sagemaker_bad_host_configuration(env: dict) -> None:
-    with pytest.raises(boot.BootstrapError, match="SageMaker host configuration"):
-        boot.detect_cluster(SAGEMAKER, {**env, "SAGEMAKER_BASE_DIR": "/nonexistent"}, "1")
+    with pytest.raises(NodeStartError, match="SageMaker host configuration"):
+        launch.detect_cluster(SAGEMAKER, {**env, "SAGEMAKER_BASE_DIR": "/nonexistent"}, "1")

@@ -1,34 +1,20 @@
-"""What each node runs: the bootstrap command line, and the torchrun line the bootstrap will derive from it.
+"""What each node runs: the bootstrap command line, and the torchrun line the node will derive from it.
 
-The torchrun line is computed by the bootstrap's own code (loaded from ``entrypoints/bootstrap.py``) under the
-platform's node contract (the provider's ``node.py``, the same module the node loads from its bundle), so what a
-plan shows is what a node does.
+The torchrun line is computed by the node's own code (cloudtrain/node/launch.py, which the node runs from its bundle)
+under the platform's node contract (the provider's ``node.py``, the same module the node loads from its bundle), so
+what a plan shows is what a node does.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from functools import cache
 from types import ModuleType
 from typing import Any
 
 from cloudtrain import contract
-from cloudtrain.home.paths import resource_dir
+from cloudtrain.node import launch
 from cloudtrain.node.secret_values import split_args
 from cloudtrain.plan.model import NodeCommand
 from cloudtrain.spec.model import JobSpec
-
-
-@cache
-def bootstrap_module() -> ModuleType:
-    path = resource_dir("entrypoints") / "bootstrap.py"
-    spec = importlib.util.spec_from_file_location("cloudtrain_bootstrap", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("cloudtrain_bootstrap", module)  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def bootstrap_args(spec: JobSpec, *, bundle: str, digest: str, workdir: str, job_id: str, contract: str,
@@ -122,15 +108,13 @@ NPROC_ON_NODE = "<one per GPU>"  # in a node line whose process count only the n
 
 def node_command(rank: int, python: str, bootstrap_path: str, args: list[str], env: dict[str, str],
                  seen: dict[str, str], contract: ModuleType, job_id: str) -> NodeCommand:
-    """One node's command, and the torchrun line its bootstrap derives under ``seen`` (the variables the platform
+    """One node's command, and the torchrun line the node derives under ``seen`` (the variables the platform
     gives that node, as its contract describes them, plus ``env``) with ``contract``. The node is sent ``env``."""
-    boot = bootstrap_module()
-    parsed, user_args = boot.parse_args(args)
+    parsed, user_args = launch.parse_args(args)
     known = parsed.nproc_per_node != "auto"
-    cluster = boot.detect_cluster(contract, {**env, **seen}, parsed.nproc_per_node if known else "1")
-    target = [parsed.script, *user_args] if parsed.script else ["-m", parsed.module, *user_args]
-    torchrun = boot.torchrun_argv(boot.reachable(cluster, {**env, **seen}), target, job_id, python=python,
-                                  workdir=parsed.workdir)
+    cluster = launch.detect_cluster(contract, {**env, **seen}, parsed.nproc_per_node if known else "1")
+    torchrun = launch.torchrun_argv(launch.reachable(cluster, {**env, **seen}), launch.target(parsed, user_args),
+                                    job_id, python=python, workdir=parsed.workdir)
     if not known:
         torchrun[torchrun.index("--nproc-per-node") + 1] = NPROC_ON_NODE
     return NodeCommand(rank=rank, argv=[python, bootstrap_path, *args], env=env, torchrun=torchrun)

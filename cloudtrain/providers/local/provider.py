@@ -437,11 +437,11 @@ def shared_cores_env(nodes: int) -> dict[str, str]:
 
 
 def visible_gpus() -> int:
-    """This machine's GPUs, counted as a node counts its own (the bootstrap's rule: CUDA_VISIBLE_DEVICES, else the
-    driver's device list), without importing torch."""
-    from cloudtrain.plan.node_commands import bootstrap_module
+    """This machine's GPUs, counted as a node counts its own (cloudtrain/node/launch.py: CUDA_VISIBLE_DEVICES, else
+    the driver's device list), without importing torch."""
+    from cloudtrain.node.launch import visible_gpus as counted
 
-    return int(bootstrap_module().visible_gpus(dict(os.environ)))
+    return counted(dict(os.environ))
 
 
 def crowded_note(nodes: int, procs: int, cpus: int | None = None) -> str | None:
