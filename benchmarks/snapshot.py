@@ -10,7 +10,7 @@ gcp-storage-emulator, Azurite, on 127.0.0.1), interleaved (ABBA) so both sides s
     the folder, read the zip's central directory, upload while hashing, re-check the file did not change, write
     the manifest, retention) vs a whole process uploading the same file with the SDK's best configuration
     (benchmarks/transfer.py's baselines). Target >= 1.0x (throughput, baseline / cloudtrain).
-(b) restore: ``python -m cloudtrain.checkpoint.store restore URI DIR`` (list, manifest, download, verify sha256,
+(b) restore: ``python -m cloudtrain.checkpoint restore URI DIR`` (list, manifest, download, verify sha256,
     put the file back under its own name) vs the SDK's best download of the object. Target >= 1.0x.
 (c) blocked: what training waits for. The worker's ``torch.save`` is the script's own call, untouched; publishing
     runs in the node's bootstrap, after the file is complete. Measured here as the time a training loop in this
@@ -129,7 +129,7 @@ def bench(scheme: str, tmp: Path, mb: int, repeat: int) -> dict[str, float]:
 
     def our_restore() -> float:
         shutil.rmtree(mine, ignore_errors=True)
-        return transfer.timed([py, "-m", "cloudtrain.checkpoint.store", "restore", uri, str(mine)], env,
+        return transfer.timed([py, "-m", "cloudtrain.checkpoint", "restore", uri, str(mine)], env,
                               f"{scheme}-restore")
 
     downloads = {v: sdk_download(v) for v in transfer.DOWNLOADS[scheme][1]}
@@ -151,7 +151,7 @@ def blocked(tmp: Path, mb: int) -> None:
     """(c) on the file store: a training loop beside a publish, and save end -> published by a real sync thread."""
     from cloudtrain import contract
     from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
-    from cloudtrain.node import steps
+    from cloudtrain.checkpoint import sync as checkpoint_sync
 
     folder, store = tmp / "blocked" / "out", tmp / "blocked" / "store"
     snap = checkpoint_snapshots.Snapshotter(folder, store.as_uri() + "/beside", keep=2, quiet=0.0)
@@ -167,7 +167,7 @@ def blocked(tmp: Path, mb: int) -> None:
     shutil.rmtree(folder)
     env = {contract.CHECKPOINT_DIR: str(folder), contract.CHECKPOINT_URI: store.as_uri() + "/sync",
            contract.CHECKPOINT_INTERVAL: "60"}
-    sync = steps.PlainSync(env, tmp)
+    sync = checkpoint_sync.PlainSync(env, tmp)
     make_ckpt(folder, mb)
     done = time.perf_counter()
     while not list((store / "sync").rglob("manifest.json")):

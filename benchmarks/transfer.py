@@ -7,7 +7,7 @@ A sharded checkpoint (one large file and many small ones, >= 500 MB by default) 
 (moto's S3 server, gcp-storage-emulator, Azurite; started as tests/emulators.py starts them, on 127.0.0.1). Then, per
 store, interleaved so that both sides see the same emulator state and machine load:
 
-(a) restore: ``python -m cloudtrain.checkpoint.store restore URI DIR`` (list, read the manifest, download, verify
+(a) restore: ``python -m cloudtrain.checkpoint restore URI DIR`` (list, read the manifest, download, verify
     every sha256, move into place: a whole process) vs a whole process that downloads the same objects with the SDK's
     best transfer: boto3's TransferManager (every file submitted at once), google-cloud-storage's transfer_manager (or
     its plain serial download), azure-storage-blob's concurrent download. Each SDK is tried in each of its
@@ -313,7 +313,7 @@ def bench_store(scheme: str, root: str, source: Path, names: list[str], files: l
 
     def our_restore() -> float:
         shutil.rmtree(ours_dir, ignore_errors=True)
-        return timed([py, "-m", "cloudtrain.checkpoint.store", "restore", root, str(ours_dir)], env,
+        return timed([py, "-m", "cloudtrain.checkpoint", "restore", root, str(ours_dir)], env,
                      f"{scheme}-restore")
 
     if "restore" not in parts:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from cloudtrain.checkpoint import parts as checkpoint_parts
+from cloudtrain.checkpoint import restore as checkpoint_restore
 from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.checkpoint.parts import PARTS, NodeParts, PartSync
@@ -72,7 +73,7 @@ def test_a_restart_restores_every_nodes_files_to_each_node(tmp_path: Path) -> No
     node1.poll()
     assert node0.poll() == 5
     for node in ("again0", "again1"):
-        checkpoint_store.restore_latest(uri, tmp_path / node)
+        checkpoint_restore.restore_latest(uri, tmp_path / node)
         assert sorted(p.name for p in (tmp_path / node / "checkpoint-5").iterdir()) == [
             "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"]
 

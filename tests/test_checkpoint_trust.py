@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import storage
+from cloudtrain.checkpoint import restore as checkpoint_restore
+from cloudtrain.checkpoint import retention as checkpoint_retention
 from cloudtrain.checkpoint import store as checkpoint_store
 from tests.conftest import REPO
 
@@ -63,7 +65,7 @@ def test_junk_in_the_store_never_blocks_a_restore(store_root: str, tmp_path: Pat
         _put(store_root, f"{checkpoint_store.step_dir(step)}/manifest.json", body)
 
     messages: list[str] = []
-    found = checkpoint_store.restore_latest(store_root, tmp_path / "restore", log=messages.append)
+    found = checkpoint_restore.restore_latest(store_root, tmp_path / "restore", log=messages.append)
     assert found is not None and found.step == 20
     assert not [m for m in messages if "retry" in m or "Traceback" in m], messages
     for step in junk:
@@ -72,9 +74,10 @@ def test_junk_in_the_store_never_blocks_a_restore(store_root: str, tmp_path: Pat
     assert [m for m in messages if "step-5 is not a checkpoint folder" in m]
     assert sorted(p.name for p in (tmp_path / "restore").iterdir()) == [checkpoint_store.step_dir(20)]
 
-    assert checkpoint_store.apply_retention(store_root, keep=2) == []  # the junk is newer: may be somebody's in flight
+    # the junk is newer: may be somebody's in flight
+    assert checkpoint_retention.apply_retention(store_root, keep=2) == []
     _publish(store_root, tmp_path, 100)
-    assert checkpoint_store.apply_retention(store_root, keep=2) == [10, *junk]  # older than the newest: removed
+    assert checkpoint_retention.apply_retention(store_root, keep=2) == [10, *junk]  # older than the newest: removed
     assert [c.step for c in checkpoint_store.list_complete(store_root)] == [20, 100]
     assert storage.store_for(store_root).exists(f"{store_root}/step-5/state.pt")  # not cloudtrain's: never deleted
 
@@ -103,7 +106,7 @@ def test_restore_is_confined_to_its_folder(store_root: str, tmp_path: Path) -> N
 
     target = tmp_path / "a" / "b" / "restore"
     messages: list[str] = []
-    found = checkpoint_store.restore_latest(store_root, target, log=messages.append)
+    found = checkpoint_restore.restore_latest(store_root, target, log=messages.append)
     assert not outside.exists()
     written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")
                      if p.is_file() and not p.is_relative_to(tmp_path / "local"))
@@ -116,7 +119,7 @@ def test_restore_is_confined_to_its_folder(store_root: str, tmp_path: Path) -> N
 
 def _restore_in_another_process(root: str, target: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "cloudtrain.checkpoint.store", "restore", root, str(target)],
+    done = subprocess.run([sys.executable, "-m", "cloudtrain.checkpoint", "restore", root, str(target)],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "is corrupt" in done.stderr
@@ -124,7 +127,7 @@ def _restore_in_another_process(root: str, target: Path) -> dict:
 
 
 def _restored_step(root: str, target: Path) -> int | None:
-    found = checkpoint_store.restore_latest(root, target, log=lambda _m: None)
+    found = checkpoint_restore.restore_latest(root, target, log=lambda _m: None)
     return found.step if found else None
 
 
@@ -133,19 +136,19 @@ def test_retention_counts_only_checkpoints_that_verify(store_root: str, tmp_path
     retention after the next save (another process) keeps the newest checkpoint that verifies."""
     for step in (10, 20, 30):
         _publish(store_root, tmp_path, step)
-    assert checkpoint_store.apply_retention(store_root, keep=2) == [10]
+    assert checkpoint_retention.apply_retention(store_root, keep=2) == [10]
     _put(store_root, f"{checkpoint_store.step_dir(30)}/{SHARD}", b"bit rot")
     assert _restore_in_another_process(store_root, tmp_path / "restore") == {"step": 20}
     assert [c.step for c in checkpoint_store.list_complete(store_root)] == [20]
 
     _publish(store_root, tmp_path, 25)  # the resumed job's next save
-    assert checkpoint_store.apply_retention(store_root, keep=2) == []
+    assert checkpoint_retention.apply_retention(store_root, keep=2) == []
     assert [c.step for c in checkpoint_store.list_complete(store_root)] == [20, 25]
     assert _restored_step(store_root, tmp_path / "again") == 25
 
     # step 30 published again (the resumed job got there): it counts, and the marker of the old one goes
     _publish(store_root, tmp_path, 30)
-    assert checkpoint_store.apply_retention(store_root, keep=2) == [20]
+    assert checkpoint_retention.apply_retention(store_root, keep=2) == [20]
     assert [c.step for c in checkpoint_store.list_complete(store_root)] == [25, 30]
     names = storage.store_for(store_root).list(storage.join(store_root, checkpoint_store.step_dir(30)))
     assert [n.rsplit("/", 1)[1] for n in names] == [SHARD, "manifest.json"]
@@ -158,7 +161,7 @@ def test_a_corrupt_checkpoint_older_than_the_newest_verified_one_is_removed(stor
     assert _restored_step(store_root, tmp_path / "restore") == 10
     for step in (30, 40):
         _publish(store_root, tmp_path, step)
-        checkpoint_store.apply_retention(store_root, keep=2)
+        checkpoint_retention.apply_retention(store_root, keep=2)
     assert [c.step for c in checkpoint_store.list_complete(store_root)] == [30, 40]
     assert sorted({u.split("/step-")[1].split("/")[0] for u in storage.store_for(store_root).list(store_root)}) == \
         ["000000030", "000000040"]

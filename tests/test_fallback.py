@@ -19,6 +19,7 @@ import boto3
 import pytest
 
 from cloudtrain import storage
+from cloudtrain.checkpoint import restore as checkpoint_restore
 from cloudtrain.checkpoint import store as checkpoints
 from cloudtrain.checkpoint.copy import carry_newest
 from cloudtrain.handles import JobHandle
@@ -138,7 +139,7 @@ def test_copy_is_verified_resumable_and_skips_a_corrupt_newest(clouds: tuple[Sag
     assert copied is not None and copied.step == 10 and copied.skipped == 0
     assert any("step-000000020 is corrupt" in line for line in said)
     assert any("2/2 files" in line for line in said)  # progress
-    restored = checkpoints.restore_latest(target, tmp_path / "restored", log=lambda _m: None)
+    restored = checkpoint_restore.restore_latest(target, tmp_path / "restored", log=lambda _m: None)
     assert restored is not None and restored.step == 10
     # taken up again (a copy cut short): files already there with the right hash are skipped
     storage.store_for(target).delete([storage.join(target, "step-000000010", "manifest.json")])
@@ -183,7 +184,7 @@ def test_a_job_whose_capacity_is_gone_moves_on_with_its_checkpoint(clouds: tuple
     sent = next(iter(front.received.values()))
     target = sent["Environment"]["CLOUDTRAIN_CHECKPOINT_URI"]  # cloudtrain's protocol, not CheckpointConfig
     assert target.startswith(f"s3://{BUCKET}/cloudtrain/checkpoints/")
-    restored = checkpoints.restore_latest(target, project / "restored", log=lambda _m: None)
+    restored = checkpoint_restore.restore_latest(target, project / "restored", log=lambda _m: None)
     assert restored is not None and restored.step == 7
     assert (project / "restored" / "step-000000007" / "model.pt").read_bytes() == b"weights" * 50_000
     assert any("carried step 7" in line for line in said)

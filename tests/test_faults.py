@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from cloudtrain import storage
+from cloudtrain.checkpoint import restore as checkpoint_restore
+from cloudtrain.checkpoint import retention as checkpoint_retention
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.errors import CloudtrainError
 from tests.emulators import Emulator, ensure
@@ -49,7 +51,7 @@ def _save(folder: Path, files: list[dict[str, Any]], root: str, step: int, log: 
     remote = storage.join(root, checkpoint_store.step_dir(step))
     checkpoint_store.upload_files(folder, files, remote, log=log)
     checkpoint_store.publish(remote, step, files, world_size=1, log=log)
-    storage.with_retries(lambda: checkpoint_store.apply_retention(root, KEEP, log=log), f"retention under {root}",
+    storage.with_retries(lambda: checkpoint_retention.apply_retention(root, KEEP, log=log), f"retention under {root}",
                          log=log)
 
 
@@ -121,7 +123,7 @@ def test_checkpoints_survive_storage_faults(faulty: Faulty, tmp_path: Path) -> N
         assert sorted(complete) == published[-KEEP:], "retention kept the wrong checkpoints"
         for step in published[-KEEP:]:
             verify(step, complete)
-        found = checkpoint_store.restore_latest(root, tmp_path / "restore", log=messages.append)
+        found = checkpoint_restore.restore_latest(root, tmp_path / "restore", log=messages.append)
     assert found is not None and found.step == published[-1], "restore must take the newest complete checkpoint"
     restored = tmp_path / "restore" / checkpoint_store.step_dir(found.step) / "__0_0.distcp"
     assert restored.read_bytes() == (sources[found.step] / "__0_0.distcp").read_bytes()
@@ -177,7 +179,7 @@ def test_restore_survives_a_read_cut_short(faulty: Faulty, what: Callable[[Reque
     with faulty.proxy.calm():
         _publish_small(faulty.root, tmp_path, (10, 20))
     with faulty.proxy.calm(), faulty.proxy.fail_matching(what, kind=kind, times=1):
-        found = checkpoint_store.restore_latest(faulty.root, tmp_path / "restore", log=lambda _m: None)
+        found = checkpoint_restore.restore_latest(faulty.root, tmp_path / "restore", log=lambda _m: None)
     assert faulty.proxy.injected[kind] == 1
     assert found is not None and found.step == 20
 
@@ -229,7 +231,7 @@ def test_a_bit_flipped_in_transit_does_not_condemn_a_good_checkpoint(faulty: Fau
         shard = f"{checkpoint_store.step_dir(20)}/__0_0.distcp"
         messages: list[str] = []
         with faulty.proxy.fail_matching(lambda r: r.method == "GET" and r.mentions(shard), kind="flip", times=1):
-            found = checkpoint_store.restore_latest(faulty.root, tmp_path / "restore", log=messages.append)
+            found = checkpoint_restore.restore_latest(faulty.root, tmp_path / "restore", log=messages.append)
         assert faulty.proxy.injected["flip"] == 1
         assert found is not None and found.step == 20, messages
         assert not [m for m in messages if "corrupt" in m], messages

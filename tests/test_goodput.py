@@ -17,6 +17,7 @@ import pytest
 
 from cloudtrain import storage
 from cloudtrain.checkpoint import download as checkpoint_download
+from cloudtrain.checkpoint import restore as checkpoint_restore
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.storage import transfer
 from tests.conftest import REPO
@@ -194,7 +195,7 @@ def test_a_restart_in_place_verifies_its_own_copy_and_downloads_only_the_rest(
 
     monkeypatch.setattr(checkpoint_download, "fetch_objects", recorded)
     lines: list[str] = []
-    found = checkpoint_store.restore_latest(uri, tmp_path / "node", log=lines.append, earlier=[earlier])
+    found = checkpoint_restore.restore_latest(uri, tmp_path / "node", log=lines.append, earlier=[earlier])
     assert found is not None and found.step == 7
     assert sorted(fetched) == ["b.distcp", "c.pt"]
     target = tmp_path / "node" / checkpoint_store.step_dir(7)

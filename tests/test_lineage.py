@@ -73,7 +73,7 @@ def test_a_local_checkpoint_uri_is_never_sent_to_cloud_nodes(clouds: None, tmp_p
 
 def run_module(*args: str, lineage: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "CLOUDTRAIN_LINEAGE": lineage, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "cloudtrain.checkpoint.store", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "cloudtrain.checkpoint", *args], env=env,
                           capture_output=True, text=True)
 
 

@@ -15,7 +15,7 @@ TRAIN = '''
 import os, sys
 import torch
 import torch.distributed as dist
-from cloudtrain.checkpoint import store as checkpoint_store
+from cloudtrain.checkpoint import restore as checkpoint_restore
 from cloudtrain.runtime import Checkpointer
 
 dist.init_process_group("gloo")
@@ -25,7 +25,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 if sys.argv[1] == "resume":
     def listed_again(*args, **kwargs):
         raise AssertionError("the Checkpointer listed the store although its node had restored it")
-    checkpoint_store.restore_latest = listed_again
+    checkpoint_restore.restore_latest = listed_again
 ckpt = Checkpointer(model, opt)
 step = ckpt.restore()
 print("rank %d resumed at %d" % (dist.get_rank(), step), flush=True)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cloudtrain import storage
+from cloudtrain.checkpoint import restore as checkpoint_restore
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.home.procs import kill_tagged, signal_group
 from cloudtrain.providers.local.provider import LocalProvider
@@ -176,7 +177,7 @@ def test_corrupt_newest_checkpoint_never_poisons_the_plain_script_folder(tmp_pat
     assert folders and not [f for f in folders if f.endswith(".partial") or "step-000000030" in f], folders
     # step 30 was trained again and published over the corrupt one; 40 is new: three verified checkpoints
     assert [c.step for c in checkpoint_store.list_complete(store.as_uri())] == [20, 30, 40]
-    assert checkpoint_store.restore_latest(store.as_uri(), tmp_path / "check") is not None
+    assert checkpoint_restore.restore_latest(store.as_uri(), tmp_path / "check") is not None
     assert torch.load(tmp_path / "check" / checkpoint_store.step_dir(40) / "state.pt")["step"] == 40
 
 

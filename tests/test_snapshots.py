@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from cloudtrain.checkpoint import restore as checkpoint_restore
 from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
 from cloudtrain.checkpoint import store as checkpoint_store
+from cloudtrain.checkpoint import sync as checkpoint_sync
 from cloudtrain.checkpoint.manifest import MANIFEST
 
 
@@ -83,7 +85,7 @@ def test_restore_puts_the_files_back_under_their_names_and_nothing_beside(tmp_pa
     (root / "config.json").write_text("{}")
     assert snap.poll() == 20  # the script's own step
     fresh = tmp_path / "node2" / "out"
-    report = checkpoint_store.restore_report(uri, fresh)
+    report = checkpoint_restore.restore_report(uri, fresh)
     assert report["step"] == 20 and report["entries"] == ["checkpoint-20", "config.json"]
     assert sorted(p.relative_to(fresh).as_posix() for p in fresh.rglob("*")) == [
         "checkpoint-20", "checkpoint-20/optimizer.pt", "checkpoint-20/trainer_state.json", "config.json"]
@@ -182,7 +184,7 @@ def test_a_folder_of_one_family_takes_its_newest_member(tmp_path: Path) -> None:
     assert snap.poll(final=True) == 7
     assert published(uri) == [(7, ["checkpoints/checkpoint_2/model.pt", "ckpt/step-7/x.pt"])]
     fresh = tmp_path / "fresh"
-    checkpoint_store.restore_report(uri, fresh)
+    checkpoint_restore.restore_report(uri, fresh)
     assert sorted(p.relative_to(fresh).as_posix() for p in fresh.rglob("*.pt")) == [
         "checkpoints/checkpoint_2/model.pt", "ckpt/step-7/x.pt"]
 
@@ -281,7 +283,7 @@ def test_a_file_beside_the_step_folders_is_no_checkpoint_of_its_own(tmp_path: Pa
     snap = checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=0.0, step_folders=False)
     for step in (5, 10):
         save(root / f"step-{step}" / "state.pt", float(step))
-    assert checkpoint_store.sync_dir(root, uri, final=True) == [5, 10]
+    assert checkpoint_sync.sync_dir(root, uri, final=True) == [5, 10]
     save(root / "final.pt", 9.0)
     assert snap.poll() is None and snap.poll(final=True) is None
     assert [step for step, _ in published(uri)] == [5, 10]
@@ -315,7 +317,7 @@ def test_a_checkpoint_rewritten_faster_than_it_uploads_is_still_published(tmp_pa
     assert snap.poll() is not None  # from a copy: a rewrite during the upload no longer voids it
     newest = checkpoint_store.list_complete(uri)[-1]
     fresh = tmp_path / "restored"
-    checkpoint_store.restore_latest(uri, fresh)
+    checkpoint_restore.restore_latest(uri, fresh)
     assert torch.load(fresh / "ckpt.pt")["w"][0].item() == 2.0  # the version that was copied, whole
     assert newest.manifest["entries"] == ["ckpt.pt"]
     assert not list(tmp_path.glob(".out.snapshot*"))  # the copy is gone
@@ -340,11 +342,10 @@ def test_a_torn_step_folder_of_the_default_layout_is_never_published(tmp_path: P
     wrote nothing) was published as the newest checkpoint, and every restart failed loading it. Now it stays
     unpublished, said at the end; step 5 stands."""
     from cloudtrain import contract
-    from cloudtrain.node import steps
 
     for var in (contract.CHECKPOINT_URI, contract.CHECKPOINT_DIR, contract.CHECKPOINT_LAYOUT, contract.NNODES):
-        # PlainSync adopts the node's environment into this process: set, then unset, so that monkeypatch puts each
-        # back as it was (absent) at the end, and no later test of this worker runs with this test's store
+        # the node adopts its environment into its process: set, then unset, so that monkeypatch puts each back as
+        # it was (absent) at the end, and no later test of this worker runs with this test's store
         monkeypatch.setenv(var, "")
         monkeypatch.delenv(var)
     uri = store(tmp_path)
@@ -353,7 +354,7 @@ def test_a_torn_step_folder_of_the_default_layout_is_never_published(tmp_path: P
     whole = (tmp_path / "ckpt" / "step-10" / "state.pt").read_bytes()
     (tmp_path / "ckpt" / "step-10" / "state.pt").write_bytes(whole[: len(whole) // 3])
     save(tmp_path / "ckpt" / "step-10" / "empty.pt", 0.0)
-    sync = steps.PlainSync({contract.CHECKPOINT_URI: uri, contract.CHECKPOINT_DIR: "ckpt"}, tmp_path)
+    sync = checkpoint_sync.PlainSync({contract.CHECKPOINT_URI: uri, contract.CHECKPOINT_DIR: "ckpt"}, tmp_path)
     assert sync.finish() is None
     assert [step for step, _ in published(uri)] == [5]
     assert any("step-10" in line and "state.pt is incomplete" in line for line in sync.unpublished())

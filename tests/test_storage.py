@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.checkpoint import retention as checkpoint_retention
 from cloudtrain.checkpoint import store as checkpoint_store
+from cloudtrain.checkpoint import sync as checkpoint_sync
 from cloudtrain.testing.stores import StoreConformance, write_checkpoint
 
 
@@ -20,8 +22,8 @@ def test_plain_script_sync_publishes_complete_folders_and_leaves_runtime_dirs_al
     for step in (1, 2):
         (plain / checkpoint_store.step_dir(step)).mkdir(parents=True)
         (plain / checkpoint_store.step_dir(step) / "state.pt").write_bytes(b"x" * step)
-    assert checkpoint_store.sync_dir(plain, remote, final=False) == [1]  # step 2 may still be being written
-    assert checkpoint_store.sync_dir(plain, remote, final=True) == [2]
+    assert checkpoint_sync.sync_dir(plain, remote, final=False) == [1]  # step 2 may still be being written
+    assert checkpoint_sync.sync_dir(plain, remote, final=True) == [2]
     assert [c.step for c in checkpoint_store.list_complete(remote)] == [1, 2]
 
     # a Checkpointer's directory: a folder it is still writing (no .metadata yet) or pruning is never published
@@ -30,7 +32,7 @@ def test_plain_script_sync_publishes_complete_folders_and_leaves_runtime_dirs_al
     (managed / checkpoint_store.step_dir(7) / "__0_0.distcp").write_bytes(b"half")
     (managed / checkpoint_store.step_dir(8)).mkdir()
     (managed / checkpoint_store.RUNTIME_MARKER).touch()
-    assert checkpoint_store.sync_dir(managed, remote, final=True) == []
+    assert checkpoint_sync.sync_dir(managed, remote, final=True) == []
     assert [c.step for c in checkpoint_store.list_complete(remote)] == [1, 2]
 
     # a plain script that saves with torch.distributed.checkpoint itself (a .metadata file) is published too,
@@ -38,8 +40,8 @@ def test_plain_script_sync_publishes_complete_folders_and_leaves_runtime_dirs_al
     (plain / checkpoint_store.step_dir(3)).mkdir()
     (plain / checkpoint_store.step_dir(3) / ".metadata").write_bytes(b"dcp")
     (plain / checkpoint_store.step_dir(3) / "__0_0.distcp").write_bytes(b"shard")
-    assert checkpoint_store.sync_dir(plain, remote, final=True, keep=3) == [3]
-    assert checkpoint_store.sync_dir(plain, remote, final=True, keep=3) == []
+    assert checkpoint_sync.sync_dir(plain, remote, final=True, keep=3) == [3]
+    assert checkpoint_sync.sync_dir(plain, remote, final=True, keep=3) == []
     assert [c.step for c in checkpoint_store.list_complete(remote)] == [1, 2, 3]
 
 
@@ -55,7 +57,7 @@ def test_temp_files_of_a_killed_uploader_are_removed(tmp_path: Path) -> None:
     for step in (10, 20, 30):
         write_checkpoint(tmp_path / "local", root, step)
     assert not list((base / checkpoint_store.step_dir(10)).glob(".*.part"))
-    checkpoint_store.apply_retention(root, keep=2)
+    checkpoint_retention.apply_retention(root, keep=2)
     assert sorted(p.name for p in base.iterdir()) == [checkpoint_store.step_dir(20), checkpoint_store.step_dir(30)]
 
 

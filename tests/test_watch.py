@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain.checkpoint import lineage
 from cloudtrain.handles import JobHandle
-from cloudtrain.jobs import lineage_store, recovery
+from cloudtrain.jobs import recovery
 from cloudtrain.jobs.watcher import Watched, watch
 from cloudtrain.plan import cost
 from cloudtrain.providers.base import JobState
@@ -27,7 +28,7 @@ from tests.fakes.vertex import VertexFake
 
 @pytest.fixture(autouse=True)
 def quick_lease(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lineage_store, "SETTLE_SECONDS", 0.3)  # a lease's write-settle-read, shortened for tests
+    monkeypatch.setattr(lineage, "SETTLE_SECONDS", 0.3)  # a lease's write-settle-read, shortened for tests
 
 
 def test_two_watchers_resubmit_once_and_a_restarted_one_picks_up_the_chain(
@@ -51,7 +52,7 @@ def test_two_watchers_resubmit_once_and_a_restarted_one_picks_up_the_chain(
     for name in ("a", "b"):
         final = results[name][0].final
         assert final is not None and final.state is JobState.SUCCEEDED
-    shared = lineage_store.read(lineage_store.state_uri(ckpt))
+    shared = lineage.read(lineage.state_uri(ckpt))
     assert shared is not None and len(shared["chain"]) == 2 and shared["chain"][0] == str(run.handle)
 
     # a watcher restarted elsewhere (an empty home) picks the chain up from the store: nothing new is submitted
@@ -174,8 +175,8 @@ def test_a_lease_too_far_ahead_is_taken_over_and_the_preempted_job_resubmitted_o
     vertex.scripts = [["JOB_STATE_PENDING", "PREEMPTED"], ["JOB_STATE_PENDING", "JOB_STATE_SUCCEEDED"]]
     run = Job(script="train_ddp.py", source_dir=str(project), spot=True, max_restarts=2,
               checkpoint={"uri": ckpt}).submit("gcp")
-    state = lineage_store.state_uri(ckpt)
-    lineage_store.publish(state.rsplit("/", 1)[0] + "/lease.json",
+    state = lineage.state_uri(ckpt)
+    lineage.write(state.rsplit("/", 1)[0] + "/lease.json",
                           {"owner": "ahead:1:feed", "expires": time.time() + 5 * 365 * 86400})
     said: list[str] = []
     done = watch([run.handle], poll=0.05, owner="b", log=said.append, rounds=200)

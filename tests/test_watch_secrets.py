@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.jobs import lineage_store
+from cloudtrain.checkpoint import lineage
 from tests.conftest import cli_env, status_json, wait_for
 from tests.slurm_cluster import PARTITION, SlurmCluster, slurm, slurm_cluster  # noqa: F401 - fixtures
 
@@ -110,7 +110,7 @@ class Setup:
         assert [p.read_text() for p in self.marks.glob("slurm-*")] == ["ok"], self.node_logs()  # the real values
         [kept] = [json.loads(p.read_text()) for p in (self.home / "recovery").glob("*.json")]
         assert [h.split("://")[0] for h in kept["chain"]] == ["local", "slurm"]
-        shared_state = lineage_store.read(lineage_store.state_uri(self.store.as_uri()))  # kept by watchers only
+        shared_state = lineage.read(lineage.state_uri(self.store.as_uri()))  # kept by watchers only
         assert shared_state == (kept if watched else None)  # the same, to the byte: no value only one of them has
         assert self.s.leaks(self.home, self.store) == []
 

@@ -15,13 +15,15 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cloudtrain import storage
 from cloudtrain.checkpoint.manifest import MANIFEST, CorruptCheckpoint, checked_files, step_dir
 from cloudtrain.checkpoint.store import Checkpoint, list_complete
 from cloudtrain.errors import CloudtrainError
 
-Log = Callable[[str], None]
+if TYPE_CHECKING:  # only in annotations: nodes may run Python 3.8, where collections.abc types take no [...]
+    Log = Callable[[str], None]
 
 
 @dataclass

@@ -196,3 +196,14 @@ def containers(files: Files) -> frozenset:
         if None not in children and len(families) == 1 and "" not in families:
             found.add(top)
     return frozenset(found)
+
+
+def working_files(src: Path) -> set[str]:
+    """The files in the script's working folder (the unpacked source), by relative path: what a script writes there
+    beside its checkpoint folder is told apart from what was there before it ran."""
+    found: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        rel = os.path.relpath(dirpath, src)
+        found.update(name if rel == "." else os.path.join(rel, name) for name in filenames)
+    return found

@@ -18,7 +18,7 @@ does; anything else (and a folder, which may still gain files) once nothing in t
 period. After the workers exited, everything that is complete is final. A file whose bytes change while it is
 uploaded makes that snapshot void (its manifest is never written); the next one is taken when it has settled.
 
-The ``step-<N>/`` folders cloudtrain's own layout uses are published per folder as before (checkpoint_store.sync_dir).
+The ``step-<N>/`` folders cloudtrain's own layout uses are published per folder as before (sync.sync_dir).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from cloudtrain.checkpoint.files import (
 )
 from cloudtrain.checkpoint.manifest import LAYOUT_DIR, is_dir_layout, step_dir, step_of
 from cloudtrain.checkpoint.parts import NodeParts, Part
+from cloudtrain.checkpoint.retention import apply_retention
 
 QUIET = 2.0  # seconds a snapshot must stay unchanged before it is taken for complete (CLOUDTRAIN_CHECKPOINT_QUIET)
 LIVE_AFTER = 10  # a file of no known format that changed at this many scans in a row is a log, not a checkpoint
@@ -364,7 +365,7 @@ class Snapshotter:
         self.members = self._checkpoint_entries(snapshot)
         self.log(f"published {', '.join(chosen)} from {self.root} as {folder}")
         try:  # the checkpoint stands; what retention misses now, the next publish's retention removes
-            checkpoint_store.apply_retention(self.uri, self.keep, log=self.log)
+            apply_retention(self.uri, self.keep, log=self.log)
         except Exception as exc:
             self.log(f"retention under {self.uri} failed ({exc}); the next publish tries again")
         return step

@@ -11,13 +11,13 @@ own values, else the environment of the watcher that moves the job. docs/secrets
 from __future__ import annotations
 
 import copy
-import math
 import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from cloudtrain import contract
+from cloudtrain.checkpoint.lineage import Unreadable, is_number
 from cloudtrain.errors import UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.node import secret_values as sv
@@ -27,10 +27,6 @@ _ARG_FIELDS = ("args", "resume_args", "requirements")  # split_args' order: CLOU
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _held: dict[str, dict[str, str]] = {}  # chain root -> the values this process submitted it with (a foreground
 # submit that moves its own job later takes them from here, not from a file)
-
-
-class Unreadable(UserError):
-    """A state file (or a lease) that is not what cloudtrain writes there."""
 
 
 # -- secrets --------------------------------------------------------------------------------------------------------
@@ -131,10 +127,6 @@ def fill(kept: dict[str, Any], refs: list[dict[str, Any]], root: str, what: str,
 
 
 # -- checks ---------------------------------------------------------------------------------------------------------
-
-
-def is_number(value: Any, least: float = -math.inf) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= least
 
 
 def _count(value: Any) -> bool:

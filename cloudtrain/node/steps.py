@@ -1,7 +1,8 @@
 """What a node does around torchrun, loaded by the bootstrap from the bundle's lib/ once it is unpacked: restore the
 newest checkpoint before the workers start, publish a plain script's checkpoints while they run and after they end,
 and copy the node's logs and outputs to the job's output location. Standard library only, Python 3.8, but for the
-storage client a URI needs (imported on first use, from the image or the job's requirements).
+storage client a URI needs (imported on first use, from the image or the job's requirements). The checkpoint work
+itself is cloudtrain/checkpoint's (restore.py, sync.py, parts.py): here is only when the node does it and what it says.
 
 Each step runs in the bootstrap's own process (the plain-script sync in a thread of it), not as a Python process of
 its own: a process per step paid start-up, cloudtrain's imports and the storage client's import again, on the path
@@ -16,12 +17,12 @@ import functools
 import os
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from cloudtrain import contract
+from cloudtrain.checkpoint.files import working_files
 from cloudtrain.node import events
 
 
@@ -71,16 +72,6 @@ def fresh_checkpoint_folder(env: dict[str, str], workdir: Path) -> Path | None:
     return kept
 
 
-def working_files(src: Path) -> set[str]:
-    """The files in the script's working folder (the unpacked source), by relative path."""
-    found: set[str] = set()
-    for dirpath, dirnames, filenames in os.walk(src):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-        rel = os.path.relpath(dirpath, src)
-        found.update(name if rel == "." else os.path.join(rel, name) for name in filenames)
-    return found
-
-
 def stray_files(before: set[str], env: dict[str, str], src: Path) -> list[str]:
     """Files the script wrote into its working folder outside the checkpoint folder: a restarted node, a new
     machine, starts without them, so a checkpoint written there (the PyTorch DDP tutorial's snapshot.pt) would be
@@ -114,9 +105,9 @@ def restore_checkpoint(env: dict[str, str], cwd: Path, earlier: Path | None = No
     started = time.monotonic()
     _adopt(env)
     try:
-        from cloudtrain.checkpoint import store as checkpoint_store
+        from cloudtrain.checkpoint import restore as checkpoint_restore
 
-        report = checkpoint_store.restore_report(uri, _local(env, cwd), [earlier] if earlier else None)
+        report = checkpoint_restore.restore_report(uri, _local(env, cwd), [earlier] if earlier else None)
     except Exception as exc:  # a storage client that is missing or breaks: the node stops, saying why
         return f"restoring checkpoints from {uri} failed: {exc!r}"
     if report["error"]:
@@ -152,162 +143,21 @@ def _folder_bytes(folder: Path) -> int:
     return total
 
 
-class PlainSync:
-    """Node 0 publishes what a plain script writes into its checkpoint folder while it runs, from a thread of the
-    bootstrap: cloudtrain's own ``step-<N>`` folders one by one (checkpoint_store.sync_dir, every
-    CLOUDTRAIN_CHECKPOINT_INTERVAL seconds) and any other layout as snapshots (checkpoint_snapshots, looked at every
-    second: taking one needs two looks a quiet period apart)."""
-
-    LOOK_EVERY = 1.0
-
-    def __init__(self, env: dict[str, str], cwd: Path, world_size: int = 0, nodes: int = 1) -> None:
-        _adopt(env)
-        from cloudtrain.checkpoint import parts as checkpoint_parts
-        from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
-        from cloudtrain.checkpoint import store as checkpoint_store
-
-        self.checkpoints = checkpoint_store
-        self.local, self.uri = _local(env, cwd), env[contract.CHECKPOINT_URI]
-        self.world_size = world_size
-        # on several nodes, the files the other nodes' ranks write into a folder entry reach it through the store
-        self.parts = checkpoint_parts.NodeParts(self.uri, nodes, self.local.parent / f".{self.local.name}.parts") \
-            if nodes > 1 else None
-        self.left: dict[str, str] = {}  # step-<N> folders not published at the end, with why
-        self.folder_parts: dict[str, list[Any]] = {}  # step-<N> folder -> the other nodes' parts it was judged with
-        self.keep = contract.keep_count(env.get(contract.CHECKPOINT_KEEP))
-        self.every = float(env.get(contract.CHECKPOINT_INTERVAL) or contract.SYNC_EVERY)
-        # the script's own folder (checkpoint.dir): every entry is its own, step-<N> folders too; else cloudtrain's
-        # step-<N> folders are published one by one (sync_dir) and only the other entries as snapshots
-        self.own_layout = env.get(contract.CHECKPOINT_LAYOUT) == contract.SCRIPT_LAYOUT
-        self.snapshots = checkpoint_snapshots.Snapshotter(
-            self.local, self.uri, self.keep, checkpoint_snapshots.quiet_period(env), world_size=world_size,
-            step_folders=self.own_layout, parts=self.parts)
-        self.cwd, self.before = cwd, working_files(cwd)  # to tell a folder the script never writes (a typo)
-        self.empty_look, self.empty_said = time.monotonic() + self.every, False  # one look an interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cloudtrain-checkpoint-sync", daemon=True)
-        self._thread.start()
-
-    def _pass(self, final: bool) -> None:
-        if (self.local / self.checkpoints.RUNTIME_MARKER).exists():
-            return  # the Checkpointer publishes its own folders
-        if not self.own_layout:
-            self._sync_step_folders(final)
-        self.snapshots.poll(final=final)
-
-    def _sync_step_folders(self, final: bool) -> None:
-        from cloudtrain.checkpoint.manifest import step_of
-
-        published = self.checkpoints.sync_dir(self.local, self.uri, final=final, keep=self.keep, judge=self._judge)
-        if self.parts is not None:
-            for name in [n for n in self.folder_parts if step_of(n, False) in published]:
-                self.parts.taken(self.folder_parts.pop(name))
-
-    def _judge(self, folder: Path, final: bool) -> tuple[str | None, list[tuple[Path, list[dict[str, Any]]]]]:
-        """Whether a ``step-<N>`` folder is a checkpoint: none of its files torn or empty, every node's files of it
-        in the store (with DCP, a shard of every rank). Returns why not (said once; kept at the end), or None and
-        the other nodes' files of it (their folder, their descriptions relative to it)."""
-        from cloudtrain.checkpoint.files import broken, marker_missing
-
-        name = folder.name
-        rels = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-        why, parts = broken(folder, rels), []
-        if why is None and self.parts is not None:  # every node's files of it, DCP shards counted over all
-            found, problems = self.parts.complete([name], [f"{name}/{rel}" for rel in rels], final, self.world_size)
-            why, parts = problems.get(name), found[name]
-        elif why is None:
-            missing = marker_missing(name, [f"{name}/{rel}" for rel in rels], self.world_size)
-            why = f"no node holds its {missing}" if missing else None
-        if why is not None:
-            if final:
-                self.left[name] = why
-            return why, []
-        self.folder_parts[name] = parts
-        cut = len(name) + 1
-        return None, [(part.root / name, [{**f, "path": f["path"][cut:]} for f in part.files]) for part in parts]
-
-    def _run(self) -> None:
-        next_sync = time.monotonic() + self.every  # step folders: the first pass after one interval, as before
-        while not self._stop.wait(min(self.every, self.LOOK_EVERY)):
-            try:
-                if not self.own_layout and time.monotonic() >= next_sync:
-                    next_sync = time.monotonic() + self.every
-                    self._sync_step_folders(final=False)
-                if not (self.local / self.checkpoints.RUNTIME_MARKER).exists():
-                    self.snapshots.poll()
-                self._empty_while_running()
-            except Exception as exc:  # the final sync tries again and decides the job's outcome
-                print(f"[cloudtrain] warning: {exc}; trying again", file=sys.stderr, flush=True)
-
-    def _holds_nothing(self) -> bool:
-        try:
-            return not any(not name.startswith(".") for name in os.listdir(self.local))
-        except OSError:
-            return True
-
-    def _empty_while_running(self) -> None:
-        """Said once, after one interval: the checkpoint folder is still empty while the script writes files
-        elsewhere under its working folder (``--checkpoint-dir ckpts`` for a script that saves into ``ckpt``)."""
-        if self.empty_said or time.monotonic() < self.empty_look or not self._holds_nothing():
-            return
-        self.empty_look = time.monotonic() + self.every  # the working folder is walked once an interval, no more
-        elsewhere = sorted(working_files(self.cwd) - self.before)
-        if elsewhere:
-            self.empty_said = True
-            log(f"warning: {self._empty_line(elsewhere)}")
-
-    def _empty_line(self, elsewhere: list[str]) -> str:
-        if not elsewhere:  # no sign of a folder mixed up (a script that failed early, or never saves): the fact
-            return f"the checkpoint folder {self.local} stayed empty: nothing was published to the checkpoint store"
-        shown = ", ".join(elsewhere[:3]) + (f" and {len(elsewhere) - 3} more" if len(elsewhere) > 3 else "")
-        return (f"the checkpoint folder {self.local} is empty while the script wrote {shown}: nothing is published "
-                "to the checkpoint store; is checkpoint.dir (--checkpoint-dir) the folder the script saves into?")
-
-    def finish(self) -> str | None:
-        """After the workers exited (also after SIGTERM): everything they left is final; publish it. Returns why the
-        job's checkpoints are not all in the store (which fails the node), or None."""
-        from cloudtrain.errors import CloudtrainError
-
-        self._stop.set()
-        self._thread.join()  # a pass under way finishes what the final one would do anyway
-        try:
-            self._pass(final=True)
-        except CloudtrainError as exc:
-            return str(exc)
-        except Exception as exc:
-            return f"the final checkpoint sync failed ({exc}); the checkpoint files are still in {self.local}"
-        finally:
-            if self.parts is not None:
-                self.parts.close()
-        if (self.local / self.checkpoints.RUNTIME_MARKER).exists():
-            return self.checkpoints.runtime_unpublished(self.local)
-        return None
-
-    def unpublished(self) -> list[str]:
-        """After ``finish``: what the checkpoint folder holds that is not in the store (torn, or still being written
-        when the workers ended), each with why."""
-        lines = [f"not published (it stays on this node only): {line}" for line in
-                 [*(f"{self.local / name} ({why})" for name, why in sorted(self.left.items())),
-                  *self.snapshots.unpublished]]
-        if self._holds_nothing() and not self.snapshots.published:  # the end of every job says it, not only a stop
-            lines.append(self._empty_line(sorted(working_files(self.cwd) - self.before)))
-        return lines
-
-
 def start_checkpoint_sync(env: dict[str, str], cwd: Path, node_rank: int, world_size: int = 0) -> Any:
     """Node 0 publishes what a plain script writes into its checkpoint folder, while it runs; on several nodes each
     other node uploads what its ranks write there, for node 0 to publish with its own (checkpoint_parts)."""
     if not env.get(contract.CHECKPOINT_URI):
         return None
     nodes = int(env.get(contract.NNODES) or 1)
-    if node_rank == 0:
-        return PlainSync(env, cwd, world_size, nodes)
-    if nodes < 2:
+    if node_rank != 0 and nodes < 2:
         return None
     _adopt(env)
     from cloudtrain.checkpoint import parts as checkpoint_parts
     from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
+    from cloudtrain.checkpoint import sync as checkpoint_sync
 
+    if node_rank == 0:
+        return checkpoint_sync.PlainSync(env, cwd, world_size, nodes, log=log)
     return checkpoint_parts.PartSync(_local(env, cwd), env[contract.CHECKPOINT_URI], node_rank,
                                      checkpoint_snapshots.quiet_period(env))
 

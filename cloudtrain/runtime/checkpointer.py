@@ -9,6 +9,10 @@ drains the upload and raises ``Preempted``. Where the node writes its checkpoint
 cloudtrain/node/spot_notice.py), the same all_reduce makes every rank save at that step, and training goes on until
 the SIGTERM.
 
+This module is the torch face of the checkpoint component: state dicts in and out, DCP, the collectives between
+ranks. What files a rank uploads, the publish, retention, the markers and which step to restore are
+cloudtrain/checkpoint's (saves.py and the modules it calls), which the node's own restore and sync share.
+
 A save that cannot be written or published (the store refuses it, or stays unreachable through every retry) is
 known to every rank: each raises ``CheckpointNotPublished`` at its next ``wait()`` (the next save, a stop, or
 ``close()``), saying where the files still are, so no rank hangs in a collective the others left. ``close()`` saves
@@ -19,9 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -39,18 +41,18 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from cloudtrain import contract, storage
+from cloudtrain.checkpoint import restore as checkpoint_restore
+from cloudtrain.checkpoint import saves
 from cloudtrain.checkpoint import store as checkpoint_store
+from cloudtrain.checkpoint.retention import prune_local
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.node import events
 from cloudtrain.runtime.data import ResumableSampler
 from cloudtrain.runtime.logs import get_logger
 from cloudtrain.runtime.rng import rng_state, set_rng_state
 from cloudtrain.runtime.stager import HostStager, StagingUnavailable, state_device
-from cloudtrain.storage.transfer import threads as transfer_threads
 
 EXIT_PREEMPTED = contract.EXIT_PREEMPTED
-_UNKNOWN = object()  # the node restored nothing for this Checkpointer: it restores itself
-_node_restore_used = False  # the node's restore serves the first restore of this worker process only
 
 
 class CheckpointNotPublished(checkpoint_store.CheckpointNotPublished, RuntimeError):
@@ -64,17 +66,6 @@ class Preempted(SystemExit):
     def __init__(self, step: int) -> None:
         super().__init__(EXIT_PREEMPTED)
         self.step = step
-
-
-def _reason(exc: BaseException) -> str:
-    return exc.message if isinstance(exc, CloudtrainError) else str(exc)  # without the remedy: one is added later
-
-
-def write_threads() -> int:
-    """Files each rank writes per checkpoint (DCP's FileSystemWriter ``thread_count``): written, hashed, uploaded
-    and restored in parallel. The node's CPUs shared by its ranks, at most the transfer threads."""
-    per_rank = (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    return max(1, min(transfer_threads(), per_rank))
 
 
 _crc_lock = threading.Lock()
@@ -108,32 +99,6 @@ def _without_zip_crc() -> Any:
                 setter(_crc_before)
 
 
-def _env_seconds(name: str) -> float | None:
-    value = os.environ.get(name)
-    return float(value) if value else None
-
-
-class _CheckpointRequest:
-    """The node's checkpoint request file (contract.CHECKPOINT_REQUEST): each write of it is one request."""
-
-    def __init__(self) -> None:
-        self.path = os.environ.get(contract.CHECKPOINT_REQUEST)
-        self.seen = 0  # the node removes an earlier run's file: one there already is a notice before our first step
-
-    def _stamp(self) -> int:
-        try:
-            return os.stat(self.path).st_mtime_ns if self.path else 0
-        except OSError:
-            return 0
-
-    def new(self) -> bool:
-        stamp = self._stamp()  # one stat per step: ~1 us
-        if stamp == self.seen:
-            return False
-        self.seen = stamp
-        return stamp != 0
-
-
 class Checkpointer:
     """Create it on every rank (it makes process groups, a collective) after the model and optimizer.
 
@@ -145,23 +110,18 @@ class Checkpointer:
                  every_steps: int | None = None, every_seconds: float | None = None, keep: int | None = None,
                  async_save: bool = True) -> None:
         self.model, self.optimizer, self.scheduler, self.sampler = model, optimizer, scheduler, sampler
-        self.uri = uri or os.environ.get(contract.CHECKPOINT_URI) or None
-        job = os.environ.get(contract.JOB_ID, "job")
-        self.local_dir = Path(local_dir or os.environ.get(contract.CHECKPOINT_DIR)
-                              or f"/tmp/cloudtrain-checkpoints/{job}")
+        settings = saves.Settings.resolve(uri, local_dir, every_seconds, keep)
+        self.uri, self.local_dir, self.every_seconds, self.keep = \
+            settings.uri, settings.local_dir, settings.every_seconds, settings.keep
         self.every_steps = every_steps
-        self.every_seconds = every_seconds if every_seconds is not None else \
-            _env_seconds(contract.CHECKPOINT_INTERVAL)
-        self.keep = contract.keep_count(str(keep) if keep else os.environ.get(contract.CHECKPOINT_KEEP))
         self.async_save = async_save
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.save_group = dist.new_group(backend="gloo")
         self.control_group = dist.new_group(backend="gloo")
         self.log = get_logger("cloudtrain.checkpoint")
-        if self.local_rank == 0:  # before any step folder exists: the bootstrap's plain-script sync keeps out
-            self.local_dir.mkdir(parents=True, exist_ok=True)
-            (self.local_dir / checkpoint_store.RUNTIME_MARKER).touch()
+        if self.local_rank == 0:
+            saves.claim_folder(self.local_dir)
         self.blocked_seconds: list[float] = []  # training time lost per save (staging), for benchmarks
         self._saved_at = time.monotonic()  # when the newest save stopped blocking training
         self.last_saved_step: int | None = None
@@ -174,7 +134,7 @@ class Checkpointer:
         self._last_save = time.monotonic()
         self._restored_at: float | None = None  # when restore() loaded a checkpoint: the next step() says how long
         self._previous_handler: Any = None
-        self._request = _CheckpointRequest()  # the node's ask on a spot notice (cloudtrain/node/spot_notice.py)
+        self._request = saves.CheckpointRequest()  # the node's ask on a spot notice (cloudtrain/node/spot_notice.py)
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -222,14 +182,14 @@ class Checkpointer:
         if step == self.last_saved_step:
             return
         folder = self.local_dir / checkpoint_store.step_dir(step)
-        self._clear_own(folder)
+        saves.clear_rank_files(folder, self.rank)
         extra = folder / "extra" / f"rank-{self.rank}.pt"
         extra.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         torch.save(self._extra_state(step), extra)
-        writer = dcp.FileSystemWriter(str(folder), thread_count=write_threads(), sync_files=False)
+        writer = dcp.FileSystemWriter(str(folder), thread_count=saves.write_threads(), sync_files=False)
         write: Any
         staged = self._stage(state) if self.async_save else None
         if staged is not None:  # the copy is whole: DCP writes it from the host buffers while training goes on
@@ -266,20 +226,6 @@ class Checkpointer:
                              "dcp.async_save instead (training is blocked longer)")
             return None
 
-    def _clear_own(self, folder: Path) -> None:
-        """Remove this rank's files of an earlier attempt at this step before writing them again: a file is never
-        rewritten in place, since a file:// store may hold the same file (a hard link: storage.local)."""
-        if not folder.is_dir():
-            return
-        for rel in self._my_files(folder):
-            (folder / rel).unlink(missing_ok=True)
-
-    def _my_files(self, folder: Path) -> list[str]:
-        mine = [p.name for p in folder.glob(f"__{self.rank}_*.distcp")]
-        if self.rank == 0:
-            mine.append(".metadata")
-        return [*sorted(mine), f"extra/rank-{self.rank}.pt"]
-
     def _finish(self, write: Any, step: int, folder: Path) -> None:
         """Write, hash and upload this rank's files; then every rank learns whether the step was published."""
         described: list[dict[str, Any]] = []
@@ -288,68 +234,41 @@ class Checkpointer:
             if write is not None:
                 with _without_zip_crc():
                     write()
-            if self.uri:  # each file hashed while the uploads run, not in a pass of its own before them
-                remote = storage.join(self.uri, checkpoint_store.step_dir(step))
-                # written once, never in place (_clear_own): a file:// store may link them instead of copying
-                described = checkpoint_store.describe_and_upload(folder, self._my_files(folder), remote,
-                                                            log=self.log.warning, immutable=True)
+            if self.uri:
+                described = saves.upload_rank_files(folder, self.rank, self.uri, step, log=self.log.warning)
         except BaseException as exc:  # the others must still meet us in the collectives below
-            error = f"rank {self.rank}: {_reason(exc)}"
+            error = f"rank {self.rank}: {saves.reason(exc)}"
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, {"error": error, "files": described}, group=self.save_group)
         verdict: list[Any] = [[g["error"] for g in gathered if g["error"]]]
         if self.rank == 0 and self.uri and not verdict[0]:
             try:
-                remote = storage.join(self.uri, checkpoint_store.step_dir(step))
                 files = [f for g in gathered for f in g["files"]]
-                checkpoint_store.publish(remote, step, files, world_size=self.world_size, log=self.log.warning)
+                remote = saves.publish_save(self.uri, step, files, self.world_size, log=self.log.warning)
                 self.log.info(f"checkpoint step {step} published to {remote}")
                 events.emit("checkpoint", step=step, bytes=sum(int(f.get("size") or 0) for f in files),
                             blocked_s=round(self.blocked_seconds[-1], 3) if self.blocked_seconds else None,
                             publish_s=round(time.monotonic() - self._saved_at, 3))
             except BaseException as exc:
-                verdict[0] = [f"rank 0: {_reason(exc)}"]
+                verdict[0] = [f"rank 0: {saves.reason(exc)}"]
         dist.broadcast_object_list(verdict, src=0, group=self.save_group)  # rank 0's publish: news to the others
         if verdict[0]:
             self._not_published(step, folder, verdict[0])
             return
-        if self.rank == 0:
-            (self.local_dir / checkpoint_store.UNPUBLISHED_MARKER).unlink(missing_ok=True)
-        if self.rank == 0 and self.uri:
-            try:  # the checkpoint stands; what retention misses now, the next save's retention removes
-                storage.with_retries(lambda: checkpoint_store.apply_retention(self.uri or "", self.keep,
-                                                                         log=self.log.info),
-                                     f"retention under {self.uri}", log=self.log.warning)
-            except Exception as exc:
-                self.log.warning(f"retention after step {step} failed: {exc}")
+        if self.rank == 0:  # the checkpoint stands; what retention misses now, the next save's retention removes
+            saves.after_publish(self.local_dir, self.uri, self.keep, step, log=self.log.info, warn=self.log.warning)
         self.last_saved_step = step
-        self._prune_local(step)
+        if self.local_rank == 0:  # local disk keeps the newest folder only (the bucket keeps ``keep``)
+            prune_local(self.local_dir, step)
 
     def _not_published(self, step: int, folder: Path, errors: list[str]) -> None:
-        where = f"to {self.uri}" if self.uri else "locally"
-        message = (f"checkpoint step {step} was not saved {where}: {errors[0]}"
-                   + (f" (and {len(errors) - 1} more rank(s))" if len(errors) > 1 else "")
-                   + f"; its files are still in {folder}")
+        message = saves.unpublished_message(step, self.uri, folder, errors)
         self._error = CheckpointNotPublished(message, remedy="check that the checkpoint store is writable and "
                                                      "reachable from the job")
         if self.rank == 0:
             self.log.warning(message)
             # the bootstrap's final sync reads this: the job cannot end "succeeded" with the state on a node's disk
-            with contextlib.suppress(OSError):
-                marker = {"step": step, "error": message}
-                (self.local_dir / checkpoint_store.UNPUBLISHED_MARKER).write_text(json.dumps(marker))
-
-    def _prune_local(self, newest: int) -> None:
-        """Local disk keeps the newest folder only (the bucket keeps ``keep``); never mirrored to the bucket."""
-        if self.local_rank != 0:
-            return
-        for folder in self.local_dir.glob("step-*"):
-            if folder.name != checkpoint_store.step_dir(newest) and not folder.name.endswith(".partial"):
-                try:
-                    if int(folder.name.split("-")[1]) < newest:
-                        shutil.rmtree(folder, ignore_errors=True)
-                except ValueError:
-                    continue
+            checkpoint_store.mark_unpublished(self.local_dir, step, message)
 
     def wait(self) -> None:
         """Block until the in-flight save is written, uploaded and published; raise CheckpointNotPublished (on
@@ -384,13 +303,13 @@ class Checkpointer:
         Where this node's bootstrap restored the same store into the same folder before the workers started
         (``contract.RESTORED_STEP``), the first restore of each worker loads that step: the store is not listed,
         nor anything downloaded, a second time."""
-        restored = self._restored_by_node()
-        if self.uri and self.local_rank == 0 and restored is _UNKNOWN:
-            checkpoint_store.restore_latest(self.uri, self.local_dir, log=self.log.warning)
+        restored = saves.node_restored_step(self.uri, self.local_dir)
+        if self.uri and self.local_rank == 0 and restored is saves.UNKNOWN:
+            checkpoint_restore.restore_latest(self.uri, self.local_dir, log=self.log.warning)
         dist.barrier(group=self.control_group)
         choice: list[Any] = [None]
         if self.rank == 0:
-            choice[0] = self._newest_local() if restored is _UNKNOWN else restored
+            choice[0] = saves.newest_local(self.local_dir, self.uri) if restored is saves.UNKNOWN else restored
         dist.broadcast_object_list(choice, src=0, group=self.control_group)
         step = choice[0]
         if step is None:
@@ -414,32 +333,6 @@ class Checkpointer:
         self._restored_at = time.monotonic()
         self.log.info(f"resumed from step {step} ({folder})")
         return int(step)
-
-    def _restored_by_node(self) -> Any:
-        """The step the bootstrap restored for this Checkpointer (None: nothing to restore), or _UNKNOWN."""
-        global _node_restore_used
-        value, env = os.environ.get(contract.RESTORED_STEP), os.environ
-        if _node_restore_used or value is None or self.uri != env.get(contract.CHECKPOINT_URI) or \
-                not env.get(contract.CHECKPOINT_DIR) or \
-                Path(env[contract.CHECKPOINT_DIR]).resolve() != self.local_dir.resolve():
-            return _UNKNOWN
-        _node_restore_used = True  # a later restore in this process (after saves) looks at the store again
-        if value == "none":
-            return None
-        step = int(value)
-        if not (self.local_dir / checkpoint_store.step_dir(step) / checkpoint_store.MANIFEST).is_file():
-            return _UNKNOWN  # not where the bootstrap left it: look for ourselves
-        return step
-
-    def _newest_local(self) -> int | None:
-        steps = []
-        for folder in self.local_dir.glob("step-*"):
-            if (folder / checkpoint_store.MANIFEST).is_file() or (not self.uri and (folder / ".metadata").is_file()):
-                try:
-                    steps.append(int(folder.name.split("-")[1]))
-                except ValueError:
-                    continue
-        return max(steps) if steps else None
 
 
 def save_final_model(model: torch.nn.Module, uri: str | None = None, name: str = "model.pt") -> str | None:

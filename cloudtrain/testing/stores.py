@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import contract, storage
+from cloudtrain.checkpoint import restore as checkpoint_restore
+from cloudtrain.checkpoint import retention as checkpoint_retention
 from cloudtrain.checkpoint import store as checkpoint_store
 
 _UPLOADER = """
@@ -81,7 +83,7 @@ class StoreConformance:
             write_checkpoint(tmp_path / "local", store_root, step)
         write_checkpoint(tmp_path / "local", store_root, 40, publish=False)  # cut off before its manifest
         assert [c.step for c in checkpoint_store.list_complete(store_root)] == [10, 20, 30]
-        assert checkpoint_store.apply_retention(store_root, keep=2) == [10]
+        assert checkpoint_retention.apply_retention(store_root, keep=2) == [10]
         assert [c.step for c in checkpoint_store.list_complete(store_root)] == [20, 30]
         # the partial step 40 is newer than the newest complete one: left alone, it may still be in flight
         assert any("step-000000040" in u for u in storage.store_for(store_root).list(store_root))
@@ -89,7 +91,7 @@ class StoreConformance:
         store = storage.store_for(store_root)
         store.write_bytes(storage.join(store_root, checkpoint_store.step_dir(30), "__0_0.distcp"), b"bit rot")
         messages: list[str] = []
-        found = checkpoint_store.restore_latest(store_root, tmp_path / "restore", log=messages.append)
+        found = checkpoint_restore.restore_latest(store_root, tmp_path / "restore", log=messages.append)
         assert found is not None and found.step == 20
         assert any("corrupt" in m and "falling back" in m for m in messages)
         restored = tmp_path / "restore" / checkpoint_store.step_dir(20)
@@ -99,7 +101,7 @@ class StoreConformance:
 
     def test_retention_never_deletes_the_last_complete(self, store_root: str, tmp_path: Path) -> None:
         write_checkpoint(tmp_path / "local", store_root, 5)
-        assert checkpoint_store.apply_retention(store_root, keep=1) == []
+        assert checkpoint_retention.apply_retention(store_root, keep=1) == []
         assert [c.step for c in checkpoint_store.list_complete(store_root)] == [5]
 
     def test_upload_killed_mid_checkpoint_falls_back_to_the_previous(self, store_root: str, tmp_path: Path) -> None:
@@ -124,7 +126,7 @@ class StoreConformance:
         uploaded = store.list(remote)
         assert 2 <= len(uploaded) < 200 and not any(u.endswith(checkpoint_store.MANIFEST) for u in uploaded)
         assert [c.step for c in checkpoint_store.list_complete(store_root)] == [10]
-        found = checkpoint_store.restore_latest(store_root, tmp_path / "restore")
+        found = checkpoint_restore.restore_latest(store_root, tmp_path / "restore")
         assert found is not None and found.step == 10
 
     def test_an_unknown_scheme_is_a_clear_error(self) -> None:

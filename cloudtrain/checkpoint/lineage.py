@@ -1,17 +1,22 @@
-"""A job chain's recovery state kept in its checkpoint store, beside its checkpoints (``<checkpoint.uri>/_cloudtrain/
-lineage.json``), and the lease that lets one watcher at a time drive it: a watcher on another machine, or one
-restarted with an empty home, picks up the same chain, and two watchers never both resubmit.
+"""The store side of a job chain's lineage: its recovery state kept in its checkpoint store, beside its checkpoints
+(``<checkpoint.uri>/_cloudtrain/lineage.json``), and the lease that lets one watcher at a time drive it: a watcher
+on another machine, or one restarted with an empty home, picks up the same chain, and two watchers never both
+resubmit.
 
 The lease is an object holding its owner and when it expires. Object stores offer no portable compare-and-swap, so
 taking it is write, wait, read back: two watchers that write at once both read back the last writer's and only it
 goes on. A watcher renews it on every round; one that dies leaves it to expire (``LEASE_SECONDS``). Whatever the
 store holds is checked before it is trusted: a lease of another shape, or one that expires further ahead than a lease
 lasts (a watcher whose clock ran ahead wrote it), holds no chain, and is said so.
+
+Stdlib only, like the rest of the component; what a chain's state may hold is checked client-side
+(cloudtrain/jobs/chain_file.py), and the watchers that drive chains are cloudtrain/jobs/watcher.py.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import uuid
@@ -20,12 +25,20 @@ from typing import Any
 
 from cloudtrain import storage
 from cloudtrain.backoff import SYSTEM, Clock
-from cloudtrain.jobs.chain_file import Unreadable, is_number
+from cloudtrain.errors import UserError
 
 LEASE_SECONDS = 120.0  # a watcher silent this long is taken for dead; another may take the chain over
 CLOCK_SKEW_SECONDS = 60.0  # how far two watchers' clocks may disagree and a lease still be trusted
 SETTLE_SECONDS = 1.0  # between writing the lease and reading it back (how long the store takes to agree)
 _FOLDER = "_cloudtrain"  # not step-<N>: never taken for a checkpoint, never deleted by retention
+
+
+class Unreadable(UserError):
+    """A state file (or a lease) that is not what cloudtrain writes there."""
+
+
+def is_number(value: Any, least: float = -math.inf) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= least
 
 
 def state_uri(checkpoint_uri: str) -> str:
@@ -36,7 +49,8 @@ def _lease_uri(state: str) -> str:
     return state.rsplit("/", 1)[0] + "/lease.json"
 
 
-def publish(uri: str, data: dict[str, Any]) -> None:
+def write(uri: str, data: dict[str, Any]) -> None:
+    """The JSON object ``data`` at ``uri`` (a chain's state, a lease), with retries."""
     storage.with_retries(lambda: storage.write_bytes(uri, json.dumps(data, indent=1).encode()), f"writing {uri}")
 
 
@@ -95,7 +109,7 @@ def take_lease(state: str, owner: str, clock: Clock = SYSTEM, settle: float | No
     if held and held["owner"] != owner and held["expires"] > now:
         return False
     renewing = bool(held and held["owner"] == owner)
-    publish(uri, {"owner": owner, "expires": now + LEASE_SECONDS})
+    write(uri, {"owner": owner, "expires": now + LEASE_SECONDS})
     if not renewing:
         clock.sleep(SETTLE_SECONDS if settle is None else settle)
         held = lease(uri, clock.time())
@@ -106,4 +120,4 @@ def release(state: str, owner: str) -> None:
     uri = _lease_uri(state)
     held = lease(uri, None)
     if held and held["owner"] == owner:
-        publish(uri, {"owner": owner, "expires": 0})
+        write(uri, {"owner": owner, "expires": 0})

@@ -1,0 +1,108 @@
+"""Restore: bring the newest checkpoint that verifies from a store to a node's folder (stdlib only).
+
+Restore takes the newest checkpoint whose files all verify; a corrupt or partial one is skipped with a warning,
+never loaded, and a corrupt one is marked in the store (store.quarantine). Nothing the store holds decides where a
+restore writes: manifest paths are checked before anything is downloaded, and files land in a staging folder beside
+the target folder (download.py), which receives only checkpoints that verified. A job never resumes another job's
+checkpoints by accident: the lineage each manifest records is checked first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cloudtrain import storage
+from cloudtrain.checkpoint import store as checkpoint_store
+from cloudtrain.checkpoint.download import Restored, download, log_line
+from cloudtrain.checkpoint.manifest import MANIFEST, Checkpoint, CorruptCheckpoint, is_dir_layout, step_dir
+from cloudtrain.errors import CloudtrainError
+from cloudtrain.storage.paths import is_within
+
+if TYPE_CHECKING:  # only in annotations: nodes may run Python 3.8, where collections.abc types take no [...]
+    Log = Callable[[str], None]
+
+_print = log_line
+
+
+def _restored_already(target: Path, checkpoint: Checkpoint) -> bool:
+    try:
+        return bool(json.loads((target / MANIFEST).read_text()) == checkpoint.manifest)
+    except (OSError, ValueError, RecursionError):
+        return False
+
+
+def check_lineage(uri: str, candidates: list[Checkpoint]) -> None:
+    """Refuse to resume from checkpoints another job wrote (a different lineage recorded in their manifests).
+    Manifests without a lineage (written before it existed) are accepted."""
+    mine = os.environ.get(checkpoint_store.LINEAGE_ENV)
+    theirs = {str(c.manifest["lineage"]) for c in candidates if c.manifest.get("lineage")}
+    if mine and theirs and mine not in theirs:
+        raise CloudtrainError(f"the checkpoints under {uri} belong to another job (lineage {', '.join(sorted(theirs))}"
+                              f", this job is {mine}): not resuming from them",
+                              remedy="give this job its own checkpoint.uri; to continue that job on purpose, set "
+                                     f"env {checkpoint_store.LINEAGE_ENV} to its lineage")
+
+
+def restore_latest(uri: str, local_root: Path, log: Log = _print, earlier: list[Path] | None = None,
+                   moved: list[Restored] | None = None, refused: list[str] | None = None) -> Checkpoint | None:
+    """Bring the newest checkpoint that verifies to ``local_root/step-<N>``; fall back to older ones, saying so.
+    A checkpoint that does not verify is marked in the store (``store.quarantine``). Files this node already holds of it
+    (in ``local_root`` or the ``earlier`` folders: what an earlier run on this machine left) are verified against
+    the manifest and used instead of downloads. With ``moved``, what was moved is appended there and the caller
+    says it (the node's one line), else it is logged here. With ``refused``, why each checkpoint it could not use
+    failed is appended there."""
+    candidates = checkpoint_store.list_complete(uri, log=log)
+    check_lineage(uri, candidates)
+    for checkpoint in reversed(candidates):
+        snapshot = is_dir_layout(checkpoint.manifest)  # a stack's own layout: back under the names it wrote
+        target = local_root if snapshot else local_root / step_dir(checkpoint.step)
+        if not snapshot and _restored_already(target, checkpoint):
+            return checkpoint  # already here (the bootstrap restored it before the job started)
+        try:
+            done = download(checkpoint, target, log=log, earlier=earlier)
+        except CorruptCheckpoint as exc:
+            log(f"checkpoint {checkpoint.uri} is corrupt ({exc}); falling back to the previous one")
+            checkpoint_store.quarantine(checkpoint, str(exc), log=log)
+            (refused if refused is not None else []).append(f"{checkpoint.uri} is corrupt ({exc})")
+            continue
+        except (OSError, CloudtrainError) as exc:
+            log(f"checkpoint {checkpoint.uri} could not be downloaded ({exc}); falling back to the previous one")
+            (refused if refused is not None else []).append(f"{checkpoint.uri} could not be downloaded ({exc})")
+            continue
+        if moved is None:
+            log(f"restored {checkpoint.uri} to {target} ({done.summary()})")
+        else:
+            moved.append(done)
+        return checkpoint
+    if candidates:
+        log(f"no checkpoint under {uri} verified; starting from scratch")
+    return None
+
+
+def _overlaps(uri: str, local_root: Path) -> bool:
+    if not uri.startswith("file://"):
+        return False
+    store, local = storage.local_path(uri).resolve(), local_root.resolve()
+    return is_within(store, local) or is_within(local, store)
+
+
+def restore_report(uri: str, local: Path, earlier: list[Path] | None = None) -> dict[str, Any]:
+    """The node's restore, before its workers start (the bootstrap, through cloudtrain.node.steps, or
+    ``python -m cloudtrain.checkpoint restore``): ``{"step": N or None, "error": why or None}``."""
+    if _overlaps(uri, local):
+        _print(f"warning: the checkpoint URI {uri} and CLOUDTRAIN_CHECKPOINT_DIR {local} are the same folder (or "
+               "one holds the other): the store then holds the script's own folders too; give the checkpoint "
+               "URI a folder of its own")
+    try:
+        moved: list[Restored] = []
+        refused: list[str] = []
+        found = restore_latest(uri, local, earlier=earlier, moved=moved, refused=refused)
+    except CloudtrainError as exc:  # unreadable store, or another job's checkpoints: the node stops, saying why
+        return {"step": None, "error": f"{exc.message}; {exc.remedy}" if exc.remedy else exc.message}
+    entries = found.manifest.get("entries") if found and is_dir_layout(found.manifest) else None
+    return {"step": found.step if found else None, "error": None, "entries": entries,
+            "moved": moved[0].summary() if moved else None, "refused": refused}
