@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain import contract as names
+from cloudtrain.checkpoint.files import working_files
 from cloudtrain.errors import NodeStartError
 from cloudtrain.node import launch, node_files
 
@@ -143,7 +144,7 @@ def _run(argv: list[str], unpacked: Path, early_stop: list[int], started: float,
         user_args = prepare.expand_args(user_args, env)
         argv_ = launch.torchrun_argv(launch.reachable(cluster, env), launch.target(args, user_args), args.job_id,
                                      python=sys.executable, workdir=str(workdir))
-        started_files = steps.working_files(src)
+        started_files = working_files(src)
         if early_stop:
             code, stopped = names.EXIT_PREEMPTED, True
         else:

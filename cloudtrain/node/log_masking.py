@@ -2,10 +2,11 @@
 (``node-N.log``), CloudWatch / Azure ML / Cloud Logging on clouds (they capture the node's stdout and stderr), and the
 per-worker logs torchrun writes, which go to the job's outputs.
 
-The bootstrap loads this module from the unpacked bundle (``lib/cloudtrain``) right after unpacking and routes its own
-stdout and stderr through :class:`MaskedOutput`; every process it starts (pip, torchrun and the workers' output that
-torchrun echoes, the checkpoint and log uploaders) inherits the masked descriptors. Standard library only, like the
-bootstrap itself: nothing is installed on a node at that point.
+The node entry (cloudtrain/node/entry.py) runs this module from the unpacked bundle (``lib/cloudtrain``) right after
+the bootstrap's first stage has unpacked it, and routes the node's stdout and stderr through :class:`MaskedOutput`;
+every process it starts (pip, torchrun and the workers' output that torchrun echoes, the checkpoint and log
+uploaders) inherits the masked descriptors. Standard library only, like the bootstrap itself: nothing is installed
+on a node at that point.
 
 What is masked: every value the node's environment marks as secret (by the variable's name or a well-known format,
 ``secret_values.env_secrets``; the script's secret arguments arrive as such variables too) and every well-known

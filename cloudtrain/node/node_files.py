@@ -6,8 +6,8 @@ The status file is how a local job's supervisor learns how each node ended (it e
 that a full disk cannot take that away, the bootstrap holds its room from the node's start (``reserve``: a file of
 blanks beside it, ``<status>.room``); when the end's whole-file write (a temp file renamed over the status) is refused
 for want of space, the status is written into that room in place, as failed with why, and the room renamed to the
-status (neither takes new blocks). Standard library only, Python 3.8 (entrypoints/bootstrap.py imports it from the
-bundle's lib/).
+status (neither takes new blocks). Standard library only, Python 3.8 (the node entry, cloudtrain/node/entry.py, runs it
+from the bundle's lib/).
 """
 
 from __future__ import annotations

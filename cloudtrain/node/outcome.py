@@ -1,6 +1,6 @@
 """How a node's run ends, once torchrun has exited: its outcome (succeeded, failed, preempted or stopped), the status
 the bootstrap records, the last lines its log shows, and its exit code. Standard library only, Python 3.8
-(entrypoints/bootstrap.py imports it from the bundle's lib/)."""
+(the node entry, cloudtrain/node/entry.py, runs it from the bundle's lib/)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What a node prepares before torchrun starts, once the bootstrap has unpacked the bundle: the job's requirements,
 installed into a job-private folder, and the script's arguments with cloudtrain's node variables filled in.
-Standard library only, Python 3.8 (entrypoints/bootstrap.py imports it from the bundle's lib/)."""
+Standard library only, Python 3.8 (the node entry, cloudtrain/node/entry.py, runs it from the bundle's lib/)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ A value is known to be secret in three ways:
 - by **registration**: a value found either way is masked wherever it shows up again (a log line, a command string),
   the way CI systems mask registered secrets.
 
-``entrypoints/bootstrap.py`` (stdlib only, it runs before anything is installed) masks every node's output with a
-copy of these rules; ``tests/test_log_masking.py`` keeps the two copies equal.
+Every node masks its output with these rules (cloudtrain/node/log_masking.py, run by the node entry from the bundle
+as soon as it is unpacked): standard library only, Python 3.8, as nothing is installed on a node at that point.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """torchrun, run by the node's bootstrap with SIGTERM/SIGINT forwarded to it, its stderr shown as the node shows it.
-Standard library only, Python 3.8 (entrypoints/bootstrap.py imports it from the bundle's lib/)."""
+Standard library only, Python 3.8 (the node entry, cloudtrain/node/entry.py, runs it from the bundle's lib/)."""
 
 from __future__ import annotations
 

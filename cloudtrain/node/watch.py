@@ -1,7 +1,7 @@
 """What a node's bootstrap watches while its job runs, on every provider: the local supervisor (a node never outlives
 it), the ``max_idle`` watchdog (a hung job is stopped), and what the workers left behind (did they join a process
-group, why did they fail). The bootstrap loads this from the bundle's ``lib/`` once the bundle is unpacked
-(``entrypoints/bootstrap.py`` itself stays one stdlib-only file). Standard library only.
+group, why did they fail). The node entry (cloudtrain/node/entry.py) runs it from the bundle's ``lib/`` once the
+bootstrap's first stage has unpacked the bundle. Standard library only.
 """
 
 from __future__ import annotations
