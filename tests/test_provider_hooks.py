@@ -22,7 +22,8 @@ from tests.conftest import REPO
 toy_plugin = plugins.toy_plugin  # a fixture
 
 # core modules that once named built-in providers in their logic; they must not again
-CORE = ["formatting.py", "doctor.py", "images.py", "spec.py", "spec_errors.py", "config.py"]
+CORE = ["show/formatting.py", "show/doctor.py", "platforms/images.py", "spec/model.py", "spec/messages.py",
+        "spec/settings.py"]
 
 
 def _literals(path: Path) -> list[tuple[int, str]]:
