@@ -275,7 +275,7 @@ def real_env(home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.mark.parametrize("case", ["aws-profile", "env", "cloudtrain-profile"])
 def test_aws_region_agrees_with_the_provider(real_env: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     pytest.importorskip("botocore")
-    from cloudtrain.providers.aws.clients import configured_region
+    from cloudtrain.providers import get_provider
 
     aws_files(real_env)
     monkeypatch.setenv("AWS_PROFILE", "dev")
@@ -284,13 +284,13 @@ def test_aws_region_agrees_with_the_provider(real_env: Path, monkeypatch: pytest
     if case == "cloudtrain-profile":
         write(real_env / ".config" / "cloudtrain" / "config.yaml", "default:\n  aws: {region: me-south-1}\n")
     check = find(diagnose(["aws"]), "aws", "region")
-    assert check.status == "ok" and check.detail.split()[0] == configured_region(None)
+    assert check.status == "ok" and check.detail.split()[0] == get_provider("aws").setting("region")
 
 
 @pytest.mark.parametrize("case", ["gcloud", "env", "cloudtrain-profile"])
 def test_gcp_project_and_region_agree_with_the_provider(real_env: Path, monkeypatch: pytest.MonkeyPatch,
                                                         case: str) -> None:
-    from cloudtrain.providers.gcp.clients import configured_project, configured_region
+    from cloudtrain.providers import get_provider
 
     gcloud_config(real_env / ".config" / "gcloud", "default", "[core]\nproject = g-proj\n[ai]\nregion = europe-west4\n")
     if case == "env":
@@ -300,8 +300,9 @@ def test_gcp_project_and_region_agree_with_the_provider(real_env: Path, monkeypa
         write(real_env / ".config" / "cloudtrain" / "config.yaml",
               "default:\n  gcp: {project: ct-proj, region: us-west1}\n")
     checks = diagnose(["gcp"])
-    assert find(checks, "gcp", "project").detail.split()[0] == configured_project(None)
-    assert find(checks, "gcp", "region").detail.split()[0] == configured_region(None)
+    gcp = get_provider("gcp")
+    assert find(checks, "gcp", "project").detail.split()[0] == gcp.setting("project")
+    assert find(checks, "gcp", "region").detail.split()[0] == gcp.setting("region")
 
 
 @pytest.mark.parametrize("case", ["config-json", "cloudtrain-profile"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from cloudtrain.plan.assemble import assemble
 from cloudtrain.plan.model import Plan
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import Provider
@@ -37,12 +38,12 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
         package = _package(spec, check_local_paths(spec), progress, lib)
     assert package is not None
     try:
-        plan = impl.plan(spec, package)
+        plan = assemble(impl, spec, package)
         plan.budget = budget = plan_budget(plan)  # max_cost: what it buys; refused below one hour of a list price
         # the platform holds the budget too, when nothing watches the job: its max_runtime, capped (the same
         # machines at the same rate: what the budget buys does not change)
         if budget and (cap := runtime_cap(plan)) is not None:
-            plan = impl.plan(spec.model_copy(update={"max_runtime": cap}), package)
+            plan = assemble(impl, spec.model_copy(update={"max_runtime": cap}), package)
             plan.budget = {**budget, "runtime_cap": cap}
         plan.notes += package.notes() + checkpoint_notes(plan.spec) + ([interval_note] if interval_note else [])
         if note := split_args_note(script_args(spec), spec.env):

@@ -5,12 +5,10 @@ No provider folder imports another; the core reaches them only through the regis
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from cloudtrain import registry
-
-if TYPE_CHECKING:
-    from cloudtrain.providers.base import Provider
+from cloudtrain.providers.base import Provider
 
 __all__ = ["get_provider"]
 
@@ -19,3 +17,12 @@ def get_provider(name: str) -> Provider:
     """The provider ``name``, found through the registry (its extra checked installed)."""
     found: Provider = registry.get_provider(name)
     return found
+
+
+def _setting(provider: str, key: str, explicit: Any = None) -> Any:
+    from cloudtrain.spec.settings import lookup
+
+    return lookup(provider, key, explicit)
+
+
+Provider.settings_resolver = _setting  # the one resolver, for what providers do outside a plan

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from cloudtrain import registry
-from cloudtrain.errors import CapacityError, CloudtrainError, HandleError, SpecError, UserError
+from cloudtrain.errors import CapacityError, CloudtrainError, HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.job_types import TYPED, Capability, JobState, JobStatus, NodeCommand
 from cloudtrain.naming import check_job_name
@@ -22,6 +22,7 @@ from cloudtrain.naming import check_job_name
 if TYPE_CHECKING:
     from cloudtrain.bundle.packaging import Package
     from cloudtrain.plan.model import Plan
+    from cloudtrain.providers.translation import PlanContext, Translation
     from cloudtrain.spec.model import JobSpec
 
 # what plugins import from here (the types live in cloudtrain.job_types)
@@ -47,6 +48,9 @@ class Provider(ABC):
     # How the platform words a job that ended because capacity or quota ran out (in its message or failure
     # reason), as regexes: a fallback list then moves the job on. A refusal at submit is a CapacityError.
     capacity_patterns: ClassVar[tuple[str, ...]] = ()
+    # providers.<name>.<key> outside a plan (list, describe, submit), as a plan resolves it: the one resolver
+    # (cloudtrain.spec.settings), wired in by cloudtrain.providers; a plan's settings come in its PlanContext
+    settings_resolver: ClassVar[Callable[[str, str, Any], Any] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -63,39 +67,6 @@ class Provider(ABC):
                             f"{', '.join(c.value for c in Capability)}") from None
 
     # -- public template methods ------------------------------------------------------------------------
-    def plan(self, spec: JobSpec, package: Package) -> Plan:
-        self._check_capabilities(spec)
-        from pydantic import ValidationError
-
-        try:
-            plan = self._plan(spec, package)
-        except ValidationError as exc:  # a location the provider derives from its settings that the spec refuses
-            raise self._derived_error(exc) from None
-        check_job_name(self.name, plan.job_id, self.declaration.name_pattern, self.declaration.name_rule)
-        self._check_processes(plan)
-        from cloudtrain.platforms.images import torch_note
-
-        differs = torch_note(self.name, plan.runtime, plan.spec)  # what a local try-out runs, against the nodes
-        plan.notes += [differs] if differs else []
-        if self.declaration.catalog:  # a provider that lists prices (a local job costs this computer's time)
-            from cloudtrain.platforms.catalog import estimate
-
-            plan.estimate = estimate(plan.machine, spec.nodes, self._capacity(spec), spec.max_runtime,
-                                     plan.staging.get("region"))
-        return plan
-
-    def _derived_error(self, exc: Any) -> SpecError:
-        """A value the provider set on the spec while planning (output_uri or checkpoint.uri under its staging
-        location) that the spec's own checks refuse: named with the settings it came from, not as a traceback."""
-        from cloudtrain.spec.messages import friendly_error
-
-        err = exc.errors()[0]
-        where = ".".join(str(part) for part in err["loc"]) or "the spec"
-        return SpecError(f"{where} as {self.name} derives it from its settings is not usable: {friendly_error(err)}",
-                         field=f"providers.{self.name}",
-                         remedy=f"correct providers.{self.name}'s storage setting (its staging location or bucket), or "
-                                f"set {where} yourself")
-
     def submit(self, plan: Plan) -> JobHandle:
         """Execute a plan. Refused, before anything is staged or sent, while it holds a placeholder for a setting the
         plan could not find (the provider's declared ``placeholders``)."""
@@ -192,6 +163,13 @@ class Provider(ABC):
                                       remedy="wait longer (--timeout) or check `cloudtrain logs`")
             time.sleep(poll)
 
+    def setting(self, key: str, explicit: Any = None) -> Any:
+        """``providers.<name>.<key>``: ``explicit`` (the spec's), else the environment, the profile, the platform's
+        own tools; None when none sets it. For what a provider does outside a plan (a plan asks its context)."""
+        resolver = Provider.settings_resolver
+        assert resolver is not None, "cloudtrain.providers wires the settings resolver in"
+        return resolver(self.name, key, explicit)
+
     # -- what every provider's plan shares ---------------------------------------------------------------
     def contract(self, spec: JobSpec) -> registry.Declaration:
         """The provider whose node contract this job's nodes run under: this one's (local: the emulated one's)."""
@@ -272,21 +250,6 @@ class Provider(ABC):
             raise UserError(f"provider {self.name!r} does not support: {', '.join(missing)}",
                             remedy="remove those settings or choose another provider")
 
-    @staticmethod
-    def _check_processes(plan: Plan) -> None:
-        """One process per GPU at most (NCCL cannot share a device between ranks); fewer is allowed, and said."""
-        machine, procs = plan.machine, plan.spec.procs_per_node
-        if machine is None or not machine.gpus or not isinstance(procs, int):
-            return
-        if procs > machine.gpus:
-            raise SpecError(f"{procs} processes per node, but {machine.instance_type} has {machine.gpus} GPU(s)",
-                            field="procs_per_node",
-                            remedy=f"set procs_per_node to at most {machine.gpus} (or 'auto': one per GPU), or pick "
-                                   "a larger accelerator")
-        if procs < machine.gpus:
-            plan.notes.append(f"{plan.provider}: {procs} process(es) per node use {procs} of the "
-                              f"{machine.gpus} GPUs of {machine.instance_type}")
-
     def _capacity(self, spec: JobSpec) -> str:
         """How the job is billed: on_demand or spot (Vertex adds flex_start)."""
         return "spot" if spec.spot else "on_demand"
@@ -306,8 +269,19 @@ class Provider(ABC):
                               remedy="copy the handle exactly as `cloudtrain submit` or `cloudtrain list` prints it")
         return handle
 
-    @abstractmethod
-    def _plan(self, spec: JobSpec, package: Package) -> Plan: ...
+    def _translate(self, ctx: PlanContext) -> Translation:
+        """Hook: the platform request for the job of ``ctx`` (cloudtrain.providers.translation): the planner resolved
+        the context and builds the Plan from what this returns."""
+        raise NotImplementedError
+
+    def translates(self) -> bool:
+        """Whether this provider translates (``_translate``); else it is an older plugin whose ``_plan`` composes
+        the whole Plan itself."""
+        return type(self)._translate is not Provider._translate
+
+    def _plan(self, spec: JobSpec, package: Package) -> Plan:
+        """The older hook (plugins written before ``_translate``): the whole Plan, composed by the provider."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither _translate nor _plan")
 
     @abstractmethod
     def _submit(self, plan: Plan) -> JobHandle: ...

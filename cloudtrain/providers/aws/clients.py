@@ -22,12 +22,9 @@ _LOGIN_HINT = ("log in again (`aws sso login`, or `aws configure`), or choose a 
                "see `aws sts get-caller-identity`")
 
 
-def configured_region(explicit: str | None) -> str:
-    """The spec's region, else AWS_REGION / AWS_DEFAULT_REGION, else the cloudtrain profile's, else the AWS
-    profile's ``region`` (read locally: the ``settings`` hook, through config.resolve)."""
-    from cloudtrain.spec.settings import lookup
-
-    region = lookup("aws", "region", explicit)
+def configured_region(region: str | None) -> str:
+    """The region as resolved (the spec's, else AWS_REGION / AWS_DEFAULT_REGION, else the cloudtrain profile's, else
+    the AWS profile's ``region``, read locally by the ``settings`` hook): required."""
     if not region:
         raise SpecError("no AWS region is set", field="providers.aws.region",
                         remedy="set providers.aws.region (or --set providers.aws.region=us-east-1), AWS_REGION, "

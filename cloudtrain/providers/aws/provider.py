@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cloudtrain import registry
-from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
 from cloudtrain.bundle.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
@@ -28,8 +28,8 @@ from cloudtrain.providers.aws.images import runtime_for
 from cloudtrain.providers.aws.status import describe_details, job_state
 from cloudtrain.providers.aws.validate import check_request
 from cloudtrain.providers.base import Provider
-from cloudtrain.spec.model import JobSpec, project_options
-from cloudtrain.spec.settings import lookup, placeholder_note
+from cloudtrain.providers.translation import PlanContext, Translation
+from cloudtrain.spec.model import project_options
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
@@ -63,23 +63,21 @@ class SageMakerProvider(Provider):
         return self._clients[key]
 
     # -- plan (pure: no network, no credentials) --------------------------------------------------------
-    def _target(self, spec: JobSpec) -> tuple[rq.Target, Runtime, list[str]]:
-        options = spec.providers.aws
-        region = configured_region(options.region)
+    def _target(self, ctx: PlanContext) -> tuple[rq.Target, Runtime, list[str]]:
+        spec, options = ctx.spec, ctx.spec.providers.aws
+        notes: list[str] = []
+        region = configured_region(ctx.setting("region"))
         instance_type = catalog.instance_for("aws", spec.accelerator_model, spec.gpus_per_node, options.instance_type)
-        runtime, notes = (custom(spec.image.uri), []) if spec.image.uri else runtime_for(spec, instance_type, region)
+        runtime, found = (custom(spec.image.uri), []) if spec.image.uri else runtime_for(spec, instance_type, region)
         target = rq.Target(region=region, instance_type=instance_type, image=runtime.image,
-                           role=lookup("aws", "role", options.role) or rq.PLACEHOLDER_ROLE,
-                           bucket=lookup("aws", "bucket", options.bucket) or rq.PLACEHOLDER_BUCKET)
-        return target, runtime, notes
+                           role=ctx.staged("role", rq.PLACEHOLDER_ROLE, notes),
+                           bucket=ctx.staged("bucket", rq.PLACEHOLDER_BUCKET, notes))
+        return target, runtime, [*found, *notes]
 
-    def _plan(self, spec: JobSpec, package: Package) -> Plan:
+    def _translate(self, ctx: PlanContext) -> Translation:
+        spec, package = ctx.spec, ctx.package
         assert spec.name
-        target, runtime, notes = self._target(spec)
-        if target.role == rq.PLACEHOLDER_ROLE:
-            notes.append(placeholder_note("aws", "role"))
-        if target.bucket == rq.PLACEHOLDER_BUCKET:
-            notes.append(placeholder_note("aws", "bucket"))
+        target, runtime, notes = self._target(ctx)
         home = f"s3://{target.bucket}/cloudtrain"
         job_name = new_job_id(str(spec.name))
         spec, output, located = cloud_locations(spec, home, "aws", job_name)
@@ -100,9 +98,9 @@ class SageMakerProvider(Provider):
         if note := launcher_note("aws", contract, {**env, **contract.planned(spec.nodes, 0, job_name,
                                                                              target.instance_type)}, machine.gpus):
             notes.append(note)
-        return Plan(provider=self.name, job_id=job_name, spec=spec, package=package, request=request, nodes=nodes,
-                    staging={"prefix": prefix, "bundle": f"{prefix}/{BUNDLE_NAME}", "region": target.region},
-                    notes=[*notes, *more_notes], machine=machine, image=target.image, runtime=runtime)
+        return Translation(job_id=job_name, spec=spec, request=request, nodes=nodes,
+                           staging={"prefix": prefix, "bundle": f"{prefix}/{BUNDLE_NAME}", "region": target.region},
+                           notes=[*notes, *more_notes], machine=machine, image=target.image, runtime=runtime)
 
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:
@@ -200,7 +198,7 @@ class SageMakerProvider(Provider):
             sm.stop_training_job(TrainingJobName=handle.job_id)
 
     def _list(self, limit: int) -> builtins.list[JobStatus]:
-        region = configured_region(project_options("aws").get("region"))
+        region = configured_region(self.setting("region", project_options("aws").get("region")))
         sm = self._client("sagemaker", region)
         found: list[dict[str, Any]] = []
         token = None

@@ -47,24 +47,6 @@ def gcloud_setting(key: str) -> tuple[str, str] | None:
     return None
 
 
-def configured_project(explicit: str | None) -> str | None:
-    """The spec's project, else CLOUDTRAIN_GCP_PROJECT / GOOGLE_CLOUD_PROJECT / CLOUDSDK_CORE_PROJECT, else the
-    cloudtrain profile's, else gcloud's core/project (config.resolve). None: not set anywhere."""
-    from cloudtrain.spec.settings import lookup
-
-    return lookup("gcp", "project", explicit)
-
-
-def configured_region(explicit: str | None) -> str | None:
-    """The spec's region, else CLOUDTRAIN_GCP_REGION / CLOUDSDK_AI_REGION / CLOUDSDK_COMPUTE_REGION, else the
-    cloudtrain profile's, else gcloud's ai/region or compute/region (config.resolve). None: only cloudtrain's
-    default is left (the caller says so)."""
-    from cloudtrain.spec.settings import resolve
-
-    found = resolve("gcp", "region", spec=explicit)
-    return None if found.source == "default" else found.value
-
-
 def vertex_endpoint(region: str, override: str | None = None) -> str:
     return override or os.environ.get("CLOUDTRAIN_VERTEX_ENDPOINT") or f"{region}-aiplatform.googleapis.com"
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
 from cloudtrain.bundle.staging import bundle_prefix, cloud_locations, new_job_id, stage_bundle
 from cloudtrain.errors import HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
@@ -31,8 +31,6 @@ from cloudtrain.providers.gcp.clients import (
     CAPACITY,
     DEFAULT_REGION,
     aiplatform,
-    configured_project,
-    configured_region,
     credentials_for,
     gcp_errors,
     http_session,
@@ -44,8 +42,8 @@ from cloudtrain.providers.gcp.images import runtime_for
 from cloudtrain.providers.gcp.machines import machine_for
 from cloudtrain.providers.gcp.schema import check_request
 from cloudtrain.providers.gcp.status import describe_details, job_state
+from cloudtrain.providers.translation import PlanContext, Translation
 from cloudtrain.spec.model import JobSpec, project_options
-from cloudtrain.spec.settings import lookup, placeholder_note
 
 # CustomJob fields the service sets: cleared before a job is created again from a copy.
 OUTPUT_ONLY = ("name", "state", "create_time", "start_time", "end_time", "update_time", "error", "web_access_uris",
@@ -82,10 +80,10 @@ class VertexProvider(Provider):
         return self._clients[endpoint]
 
     # -- plan (pure: no network, no credentials) --------------------------------------------------------
-    def _target(self, spec: JobSpec) -> tuple[rq.Target, Runtime, list[str]]:
+    def _target(self, ctx: PlanContext, spec: JobSpec) -> tuple[rq.Target, Runtime, list[str]]:
         options = spec.providers.gcp
         notes: list[str] = []
-        region = configured_region(options.region)
+        region = ctx.chosen("region")
         if not region:
             region = DEFAULT_REGION
             notes.append(f"gcp: no region set (providers.gcp.region, CLOUDTRAIN_GCP_REGION or gcloud's ai/region): "
@@ -94,20 +92,17 @@ class VertexProvider(Provider):
                               options.accelerator_type)
         runtime, image_notes = (custom(spec.image.uri), []) if spec.image.uri else runtime_for(spec, region)
         notes += image_notes
-        project = configured_project(options.project) or rq.PLACEHOLDER_PROJECT
-        bucket = lookup("gcp", "bucket", options.bucket) or rq.PLACEHOLDER_BUCKET
-        for value, placeholder, field in ((project, rq.PLACEHOLDER_PROJECT, "project"),
-                                          (bucket, rq.PLACEHOLDER_BUCKET, "bucket")):
-            if value == placeholder:
-                notes.append(placeholder_note("gcp", field))
+        project = ctx.staged("project", rq.PLACEHOLDER_PROJECT, notes)
+        bucket = ctx.staged("bucket", rq.PLACEHOLDER_BUCKET, notes)
         return rq.Target(project=project, region=region, bucket=bucket, machine=machine, image=runtime.image), \
             runtime, notes
 
-    def _plan(self, spec: JobSpec, package: Package) -> Plan:
+    def _translate(self, ctx: PlanContext) -> Translation:
+        spec, package = ctx.spec, ctx.package
         assert spec.name
         if spec.providers.gcp.capacity == "spot" and not spec.spot:  # the same job as `spot: true`, everywhere
             spec = spec.model_copy(update={"spot": True})
-        target, runtime, notes = self._target(spec)
+        target, runtime, notes = self._target(ctx, spec)
         home = f"gs://{target.bucket}/cloudtrain"
         job_id = new_job_id(str(spec.name))
         spec, output, located = cloud_locations(spec, home, "gcp", job_id)
@@ -129,10 +124,10 @@ class VertexProvider(Provider):
         chosen = target.machine
         machine = catalog.machine_of("gcp", chosen.machine_type, spec.accelerator_model, chosen.accelerator_count,
                                      chosen.accelerator_type)
-        return Plan(provider=self.name, job_id=job_id, spec=spec, package=package, request=request, nodes=nodes,
-                    staging={"prefix": prefix, "bundle": f"{prefix}/{BUNDLE_NAME}", "project": target.project,
-                             "region": target.region},
-                    notes=[*notes, *more_notes], machine=machine, image=target.image, runtime=runtime)
+        return Translation(job_id=job_id, spec=spec, request=request, nodes=nodes,
+                           staging={"prefix": prefix, "bundle": f"{prefix}/{BUNDLE_NAME}", "project": target.project,
+                                    "region": target.region},
+                           notes=[*notes, *more_notes], machine=machine, image=target.image, runtime=runtime)
 
     def _capacity(self, spec: JobSpec) -> str:
         capacity = spec.providers.gcp.capacity
@@ -254,8 +249,8 @@ class VertexProvider(Provider):
 
     def _list(self, limit: int) -> builtins.list[JobStatus]:
         known = project_options("gcp")
-        project = configured_project(known.get("project"))
-        region = configured_region(known.get("region")) or DEFAULT_REGION
+        project = self.setting("project", known.get("project"))
+        region = self.setting("region", known.get("region")) or DEFAULT_REGION
         if not project:
             raise SpecError("no Google Cloud project is set", field="providers.gcp.project",
                             remedy="set it in ./cloudtrain.yaml, `cloudtrain config set gcp.project ...`, "

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from cloudtrain import storage
-from cloudtrain.bundle.packaging import BUNDLE_NAME, Package
+from cloudtrain.bundle.packaging import BUNDLE_NAME
 from cloudtrain.bundle.staging import STAGED, bundle_prefix, cloud_locations, lineage_id, new_job_id, stage_bundle
 from cloudtrain.errors import CloudtrainError, HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
@@ -35,8 +35,8 @@ from cloudtrain.providers.kubernetes.node import RESERVED, pytorchjob_env
 from cloudtrain.providers.kubernetes.options import KubernetesOptions
 from cloudtrain.providers.kubernetes.settings import platform_setting
 from cloudtrain.providers.kubernetes.status import job_state, native_of, status_fields
+from cloudtrain.providers.translation import PlanContext, Translation
 from cloudtrain.spec.model import JobSpec
-from cloudtrain.spec.settings import lookup, placeholder_note, with_defaults
 
 DEFAULT_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"  # torch-distributed's own (kubeflow/trainer v2.3.0)
 CONTAINER = {"TrainJob": "node", "PyTorchJob": "pytorch"}
@@ -60,12 +60,12 @@ class KubernetesProvider(Provider):
 
     def kube(self) -> Kube:
         if self._kube is None:
-            self._kube = Kube(context=lookup(self.name, "context"))
+            self._kube = Kube(context=self.setting("context"))
         return self._kube
 
     # -- plan (pure) -------------------------------------------------------------------------------------
-    def _plan(self, spec: JobSpec, package: Package) -> Plan:
-        spec = with_defaults(spec, self.name)
+    def _translate(self, ctx: PlanContext) -> Translation:
+        spec, package = ctx.spec, ctx.package  # its settings filled once, by the planner
         assert spec.name
         options: KubernetesOptions = spec.providers.kubernetes
         notes: list[str] = []
@@ -73,9 +73,7 @@ class KubernetesProvider(Provider):
                                                                 schema.PYTORCHJOB_RESERVED)]:
             raise SpecError(f"{name} is set by Kubeflow on every node (the node contract reads it, never sets it); the "
                             "cluster refuses a job that sets it", field=f"env.{name}", remedy=f"remove {name} from env")
-        staging = options.staging or PROVIDER.placeholders["staging"]
-        if not options.staging:
-            notes.append(placeholder_note(self.name, "staging"))
+        staging = ctx.staged("staging", PROVIDER.placeholders["staging"], notes)
         job_id, renamed = job_name(new_job_id(spec.name), options.api, spec.nodes)
         notes += renamed
         namespace = options.namespace or default_namespace()
@@ -116,11 +114,12 @@ class KubernetesProvider(Provider):
         notes += plan_notes(spec, options, staging, prefix, target)
         request = {"api": options.api, "context": options.context, "namespace": namespace, "object": body,
                    "configmaps": target.parts, "secret": rq.secret(job_id, target)}
-        return Plan(provider=self.name, job_id=job_id, spec=spec, package=package, request=request, nodes=nodes,
-                    staging={"prefix": prefix, "bundle": storage.join(prefix, BUNDLE_NAME), "folder": staging},
-                    notes=notes, machine=_machine(spec, options), image=image or f"{options.runtime}'s own image",
-                    runtime=_runtime(image, options),
-                    estimate={"available": False, "reason": "none: a cluster's nodes are its own (no list prices)"})
+        return Translation(job_id=job_id, spec=spec, request=request, nodes=nodes,
+                           staging={"prefix": prefix, "bundle": storage.join(prefix, BUNDLE_NAME), "folder": staging},
+                           notes=notes, machine=_machine(spec, options),
+                           image=image or f"{options.runtime}'s own image", runtime=_runtime(image, options),
+                           estimate={"available": False,
+                                     "reason": "none: a cluster's nodes are its own (no list prices)"})
 
     # -- submit ------------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:
@@ -270,7 +269,7 @@ class KubernetesProvider(Provider):
         self.kube().patch(res, self._namespace(handle), handle.job_id, {**mark, "spec": spec})
 
     def _list(self, limit: int) -> builtins.list[JobStatus]:
-        namespace = lookup(self.name, "namespace") or default_namespace()
+        namespace = self.setting("namespace") or default_namespace()
         found = []
         for res in (rq.TRAINJOB, rq.PYTORCHJOB):
             try:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain import storage
-from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
 from cloudtrain.bundle.staging import bundle_prefix, default_output_uri, lineage_id, new_job_id
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
@@ -34,8 +34,8 @@ from cloudtrain.providers.slurm.files import SharedFiles
 from cloudtrain.providers.slurm.node import PORT_BASE, PORT_SPAN
 from cloudtrain.providers.slurm.options import SlurmOptions
 from cloudtrain.providers.slurm.status import job_state
+from cloudtrain.providers.translation import PlanContext, Translation
 from cloudtrain.spec.model import JobSpec
-from cloudtrain.spec.settings import lookup, placeholder_note, with_defaults
 
 _JOB_NAME = re.compile(r"^[a-z0-9-]+-\d{8}-\d{6}-[0-9a-f]{4}(-r\d+)?$")  # cloudtrain's job ids (staging.new_job_id)
 
@@ -60,14 +60,12 @@ class SlurmProvider(Provider):
         self.lose_next_reply = False
 
     # -- plan (pure) -------------------------------------------------------------------------------------
-    def _plan(self, spec: JobSpec, package: Package) -> Plan:
-        spec = with_defaults(spec, self.name)
+    def _translate(self, ctx: PlanContext) -> Translation:
+        spec, package = ctx.spec, ctx.package  # its settings filled once, by the planner
         assert spec.name
         options = spec.providers.slurm
-        notes = []
-        staging = options.staging or PROVIDER.placeholders["staging"]
-        if not options.staging:
-            notes.append(placeholder_note(self.name, "staging"))
+        notes: list[str] = []
+        staging = ctx.staged("staging", PROVIDER.placeholders["staging"], notes)
         job_id = new_job_id(spec.name)
         home = Path(staging).as_uri()
         spec = spec.model_copy(deep=True)
@@ -101,17 +99,17 @@ class SlurmProvider(Provider):
                             "ends preempted (max_restarts 0)"))
         notes.append(f"slurm: the rendezvous is the first node, port {PORT_BASE} + (job id x 7 + restarts) mod "
                      f"{PORT_SPAN}: known once Slurm gives the job its id")
-        return Plan(provider=self.name, job_id=job_id, spec=spec, package=package, request=request, nodes=nodes,
-                    staging={"prefix": prefix, "bundle": storage.join(prefix, BUNDLE_NAME), "folder": staging},
-                    notes=notes, machine=_machine(spec, options), image=_environment(options),
-                    estimate={"available": False, "reason": "none: Slurm lists no prices (the cluster's own "
-                                                            "allocation or fair-share accounting applies)"})
+        return Translation(job_id=job_id, spec=spec, request=request, nodes=nodes,
+                           staging={"prefix": prefix, "bundle": storage.join(prefix, BUNDLE_NAME), "folder": staging},
+                           notes=notes, machine=_machine(spec, options), image=_environment(options),
+                           estimate={"available": False, "reason": "none: Slurm lists no prices (the cluster's own "
+                                                                   "allocation or fair-share accounting applies)"})
 
     # -- submit ------------------------------------------------------------------------------------------
     def commands(self, login: str | None = None) -> clients.Commands:
         """Slurm's commands here, or on the login host: the plan's, else the one configured (environment, profile:
         a handle alone does not say)."""
-        return clients.Commands(login or lookup(self.name, "login"))
+        return clients.Commands(login or self.setting("login"))
 
     def _submit(self, plan: Plan) -> JobHandle:
         request, handle = plan.request, self.handle(plan.job_id)

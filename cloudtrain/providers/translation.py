@@ -1,0 +1,79 @@
+"""What the planner hands a provider and what the provider hands back (issue 39.1): the core assembles every plan,
+a provider translates it.
+
+The planner (cloudtrain/plan/planner.py) resolves one ``PlanContext`` for the chosen provider: the spec with every
+``providers.<name>`` setting filled once (through the one resolver, cloudtrain.spec.settings), the package, and the
+settings as the platform's own tools add to them. The provider's ``_translate(ctx)`` returns a ``Translation``: the
+platform request and what the nodes run, where the bundle goes, the machine and runtime, its own notes. The planner
+then builds the Plan and adds the checks, the estimate, the budget and the shared notes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cloudtrain.job_types import NodeCommand
+
+if TYPE_CHECKING:
+    from cloudtrain.bundle.packaging import Package
+    from cloudtrain.platforms.catalog import Machine
+    from cloudtrain.platforms.images import Runtime
+    from cloudtrain.spec.model import JobSpec
+
+
+@dataclass
+class PlanContext:
+    """One plan's inputs, resolved by the planner for one provider."""
+
+    provider: str
+    spec: JobSpec  # every providers.<provider> setting the spec leaves unset filled from the environment or profile
+    package: Package
+    # key -> (the value the spec, environment, profile, the platform's tools or the default give, or None; where it
+    # came from: "default" for cloudtrain's own; the plan note for a setting found nowhere): the planner's resolver,
+    # asked at most once per key
+    resolve: Callable[[str], tuple[Any, str, str]]
+    _found: dict[str, tuple[Any, str, str]] = field(default_factory=dict, repr=False)
+
+    def setting(self, key: str) -> Any:
+        """``providers.<provider>.<key>`` as the plan uses it: the spec's, else the environment's, the profile's or
+        the platform's own tools' (gcloud, az, ~/.kube/config), else its default; None when none sets it."""
+        return self._resolved(key)[0]
+
+    def chosen(self, key: str) -> Any:
+        """The setting where someone set it (the spec, the environment, the profile, the platform's tools); None
+        where only cloudtrain's default is left (the provider says which it uses)."""
+        value, source, _ = self._resolved(key)
+        return None if source == "default" else value
+
+    def staged(self, key: str, placeholder: str, notes: list[str]) -> str:
+        """A setting the plan cannot do without (a bucket, a role, a staging folder): its value, else
+        ``placeholder`` with the note naming every place it could come from added to ``notes`` (submit refuses a
+        plan that still holds the placeholder)."""
+        value = self.setting(key)
+        if value:
+            return str(value)
+        notes.append(self._resolved(key)[2])
+        return placeholder
+
+    def _resolved(self, key: str) -> tuple[Any, str, str]:
+        if key not in self._found:
+            self._found[key] = self.resolve(key)
+        return self._found[key]
+
+
+@dataclass
+class Translation:
+    """What a provider's ``_translate`` returns: the platform request for the context's job, and what the plan shows
+    beside it. The planner makes it a Plan."""
+
+    job_id: str
+    spec: JobSpec  # the spec as the platform runs it (with the output and checkpoint locations it derived)
+    request: dict[str, Any]
+    nodes: list[NodeCommand]
+    staging: dict[str, str] = field(default_factory=dict)  # where the bundle and bootstrap go
+    notes: list[str] = field(default_factory=list)  # the provider's own notes
+    machine: Machine | None = None
+    image: str | None = None
+    runtime: Runtime | None = None
+    estimate: dict[str, Any] | None = None  # only where the catalog cannot price it (a cluster's own machines)
