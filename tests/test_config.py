@@ -299,8 +299,9 @@ def test_gcp_project_and_bucket_from_a_profile(cfg: Path, capsys: pytest.Capture
 
 
 def test_azure_workspace_from_a_profile_is_enough_to_plan(cfg: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from cloudtrain.providers.azure.workspace import workspace_of
+    from cloudtrain.providers import get_provider
 
+    workspace_of = get_provider("azure").workspace  # type: ignore[attr-defined]
     workspace = {"subscription_id": "sub-9", "resource_group": "rg-9", "workspace": "ws-9"}
     write_config(cfg, {"default": {"azure": workspace}})
     settings = shown(capsys, "azure")

@@ -307,8 +307,9 @@ def test_gcp_project_and_region_agree_with_the_provider(real_env: Path, monkeypa
 
 @pytest.mark.parametrize("case", ["config-json", "cloudtrain-profile"])
 def test_azure_workspace_agrees_with_the_provider(real_env: Path, case: str) -> None:
-    from cloudtrain.providers.azure.workspace import workspace_of
+    from cloudtrain.providers import get_provider
 
+    workspace_of = get_provider("azure").workspace  # type: ignore[attr-defined]
     write(Path.cwd() / ".azureml" / "config.json", json.dumps({"subscription_id": "s", "resource_group": "g",
                                                                "workspace_name": "w"}))
     if case == "cloudtrain-profile":

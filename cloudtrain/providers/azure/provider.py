@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from cloudtrain import contract
-from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
 from cloudtrain.bundle.staging import STAGED, new_job_id
 from cloudtrain.errors import HandleError, SpecError, TransientError, UserError
 from cloudtrain.handles import JobHandle
@@ -29,7 +29,7 @@ from cloudtrain.providers.azure import job as aj
 from cloudtrain.providers.azure.status import job_state
 from cloudtrain.providers.azure.workspace import CAPACITY, azure_errors, ml_client, workspace_of
 from cloudtrain.providers.base import Provider
-from cloudtrain.spec.model import JobSpec
+from cloudtrain.providers.translation import PlanContext, Translation
 
 # azure-ai-ml logs "experimental field/class" for queue_settings (spot) on every plan; cloudtrain chose the field
 # knowingly, and a plan's stderr should hold what the user must act on
@@ -68,17 +68,19 @@ class AzureMLProvider(Provider):
         self.poll_seconds = self.log_poll
         self._clients: dict[tuple[str, ...], Any] = {}
 
-    def _client(self, scope: tuple[str, ...], options: Any = None) -> Any:
+    def _client(self, scope: tuple[str, ...]) -> Any:
         if scope not in self._clients:
-            if options is None:
-                from cloudtrain.providers.azure.options import AzureOptions
-
-                options = AzureOptions(subscription_id=scope[0], resource_group=scope[1], workspace=scope[2])
-            self._clients[scope] = ml_client(options, self.credential, self.transport)
+            self._clients[scope] = ml_client(scope, self.credential, self.transport)
         return self._clients[scope]
 
+    def workspace(self, options: Any) -> tuple[str, str, str]:
+        """(subscription, resource group, workspace) of ``options`` (a spec's providers.azure), the rest resolved
+        as a plan resolves it."""
+        return workspace_of(options, self.setting)
+
     # -- plan (offline) --------------------------------------------------------------------------------
-    def _plan(self, spec: JobSpec, package: Package) -> Plan:
+    def _translate(self, ctx: PlanContext) -> Translation:
+        spec, package = ctx.spec, ctx.package
         job_name = new_job_id(str(spec.name))
         spec, checkpoint_notes = aj.without_local_checkpoints(spec)
         options = spec.providers.azure
@@ -100,22 +102,22 @@ class AzureMLProvider(Provider):
                          "one process per GPU it has (1 without GPUs); set accelerator or procs_per_node to fix it")
         staging = {"code": aj.CODE_DIR, "upload": "the workspace's default datastore, by content hash, at submit"}
         try:  # offline: the spec, the profile or ./config.json; a dry run may leave it for later
-            staging["workspace"] = "/".join(workspace_of(options))
+            staging["workspace"] = "/".join(workspace_of(options, lambda key, _spec: ctx.setting(key)))
         except SpecError as exc:
             notes.append(f"azure: {exc.message}; submitting needs them (the spec, `cloudtrain config set "
                          "azure.workspace ...` or the workspace's config.json)")
         if options.compute:
             staging["compute"] = options.compute
-        return Plan(provider=self.name, job_id=job_name, spec=spec, package=package,
-                    request={"job": job, "rest": body}, nodes=nodes, staging=staging, notes=notes,
-                    machine=machine, image=_image_of(job["environment"]), runtime=runtime)
+        return Translation(job_id=job_name, spec=spec, request={"job": job, "rest": body}, nodes=nodes,
+                           staging=staging, notes=notes, machine=machine, image=_image_of(job["environment"]),
+                           runtime=runtime)
 
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:
         options = plan.spec.providers.azure
-        scope = workspace_of(options)
+        scope = self.workspace(options)
         handle = self.handle(plan.job_id, scope)
-        ml = self._client(scope, options)
+        ml = self._client(scope)
 
         def find() -> JobHandle | None:  # the job this plan created already (a retried submit), if any
             existing = self._get(ml, plan.job_id)
@@ -218,7 +220,7 @@ class AzureMLProvider(Provider):
 
         # the workspace of the project here (cloudtrain.yaml), else the profile's, else the standard config.json
         known = project_options("azure")
-        scope = workspace_of(AzureOptions.model_construct(**{k: known.get(k) for k in ("subscription_id",
+        scope = self.workspace(AzureOptions.model_construct(**{k: known.get(k) for k in ("subscription_id",
                                                                                       "resource_group", "workspace")}))
         ml = self._client(scope)
         found = []

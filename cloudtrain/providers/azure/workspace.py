@@ -6,7 +6,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -44,14 +44,13 @@ def config_json() -> tuple[dict[str, Any], str] | None:
     return None
 
 
-def workspace_of(options: Any) -> tuple[str, str, str]:
+def workspace_of(options: Any, setting: Callable[[str, Any], Any]) -> tuple[str, str, str]:
     """(subscription, resource group, workspace): the spec's options, else the cloudtrain profile's, else the
-    workspace's ``config.json`` (the ``settings`` hook, through config.resolve)."""
-    from cloudtrain.spec.settings import lookup
-
-    found = {"subscription_id": lookup("azure", "subscription_id", options.subscription_id),
-             "resource_group": lookup("azure", "resource_group", options.resource_group),
-             "workspace_name": lookup("azure", "workspace", options.workspace)}
+    workspace's ``config.json`` (the ``settings`` hook), each as ``setting(key, the spec's value)`` resolves it (a
+    plan's context, or Provider.setting: the one resolver)."""
+    found = {"subscription_id": setting("subscription_id", options.subscription_id),
+             "resource_group": setting("resource_group", options.resource_group),
+             "workspace_name": setting("workspace", options.workspace)}
     missing = [k for k, v in found.items() if not v]
     if missing:
         names = {"subscription_id": "subscription_id", "resource_group": "resource_group",
@@ -84,10 +83,11 @@ def _redirecting_transport(base: str) -> Any:
     return Redirect()
 
 
-def ml_client(options: Any, credential: Any = None, transport: Any = None) -> Any:
+def ml_client(scope: tuple[str, ...], credential: Any = None, transport: Any = None) -> Any:
+    """The MLClient of the workspace ``scope`` names: (subscription, resource group, workspace)."""
     from azure.ai.ml import MLClient
 
-    subscription, group, workspace = workspace_of(options)
+    subscription, group, workspace = scope
     endpoint = os.environ.get(ENDPOINT_ENV)
     if endpoint and transport is None:
         transport, credential = _redirecting_transport(endpoint), credential or _StaticToken()
