@@ -29,14 +29,16 @@ def test_sdk_import_is_lazy() -> None:
 
 
 def test_the_node_side_loads_nothing_client_side() -> None:
-    """What the bootstrap imports from the bundle (cloudtrain.node) loads only the node side: no spec, plan,
-    provider or CLI module, nothing heavy (a node has only its image's Python and torch)."""
-    code = ("import cloudtrain.node.steps, cloudtrain.node.watch, cloudtrain.node.log_masking, "
-            "cloudtrain.node.worker_echo, cloudtrain.node.process_tree, cloudtrain.node.output_upload")
+    """What the bootstrap's first stage hands over to (cloudtrain.node.entry) and what that runs from the bundle loads
+    only the node side: no spec, plan, provider or CLI module, nothing heavy (a node has only its image's Python and
+    torch)."""
+    code = ("import cloudtrain.node.entry, cloudtrain.node.steps, cloudtrain.node.watch, cloudtrain.node.log_masking, "
+            "cloudtrain.node.worker_echo, cloudtrain.node.process_tree, cloudtrain.node.output_upload, "
+            "cloudtrain.node.spot_notice, cloudtrain.node.torchrun, cloudtrain.node.prepare, cloudtrain.node.outcome")
     names = imported_modules(code)
-    node_side = ("cloudtrain", "cloudtrain._lazy", "cloudtrain.contract", "cloudtrain.errors")
+    node_side = ("cloudtrain", "cloudtrain._lazy", "cloudtrain.contract", "cloudtrain.errors", "cloudtrain.backoff")
     client = sorted(n for n in names if n.startswith("cloudtrain.") and n not in node_side
-                    and not n.startswith(("cloudtrain.node", "cloudtrain.storage")))
+                    and not n.startswith(("cloudtrain.node", "cloudtrain.checkpoint", "cloudtrain.storage")))
     assert client == []
     assert sorted(n for n in names if n.split(".")[0] in HEAVY) == []
 
