@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from subprocess import CompletedProcess
+from typing import TYPE_CHECKING
 
 import pytest
 
-Cli = Callable[..., CompletedProcess[str]]
+if TYPE_CHECKING:  # conftest loads this module under Python 3.8 too (nox -s bootstrap): nothing subscripted at run time
+    from collections.abc import Callable, Iterator
+    from subprocess import CompletedProcess
+
+    Cli = Callable[..., CompletedProcess[str]]
 EPOCHS = 2
 STEPS = EPOCHS * 32  # 2048 samples, 2 ranks, batch 32
 

@@ -11,11 +11,14 @@ import sys
 import time
 from pathlib import Path
 from subprocess import CompletedProcess
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import status_json
-from tests.preempted_job import Cli
+
+if TYPE_CHECKING:
+    from tests.preempted_job import Cli
 
 pytestmark = pytest.mark.slow
 

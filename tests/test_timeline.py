@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 from subprocess import CompletedProcess
+from typing import TYPE_CHECKING
 
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
@@ -19,7 +20,10 @@ from tests.fakes.azureml import AzureMLFake
 from tests.fakes.kubernetes import FakeKube
 from tests.fakes.sagemaker import SageMakerFront
 from tests.fakes.vertex import VertexFake
-from tests.preempted_job import STEPS, Cli
+from tests.preempted_job import STEPS
+
+if TYPE_CHECKING:
+    from tests.preempted_job import Cli
 
 pytestmark = pytest.mark.slow
 
