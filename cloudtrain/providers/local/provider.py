@@ -27,16 +27,17 @@ from cloudtrain.handles import JobHandle
 from cloudtrain.home.errors import os_problem
 from cloudtrain.home.paths import cloudtrain_home, default_store_uri
 from cloudtrain.home.procs import is_alive, kill_tagged, signal_group, start_ticks, tag_alive
-from cloudtrain.plan.model import NodeCommand, Plan
-from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider
+from cloudtrain.job_types import Capability, JobState, JobStatus, NodeCommand, Summary
+from cloudtrain.plan.model import Plan
+from cloudtrain.providers.base import Provider
 from cloudtrain.providers.local import PROVIDER, outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.providers.local.log_clock import merged, node_log
 from cloudtrain.providers.local.rendezvous import contract_env, free_port, naming
-from cloudtrain.show.formatting import Summary
+from cloudtrain.providers.translation import Translation
 
 if TYPE_CHECKING:
-    from cloudtrain.bundle.packaging import Package
+    from cloudtrain.providers.translation import PlanContext
     from cloudtrain.spec.model import JobSpec
 
 _ACTIVE = ("pending", "running", "stopping")
@@ -67,7 +68,7 @@ class LocalProvider(Provider):
         found = registry.by_platform(emulate) if emulate else None
         return found or self.declaration
 
-    def _plan(self, spec: JobSpec, package: Package) -> Plan:
+    def _translate(self, ctx: PlanContext) -> Translation:
         """Pure: the rendezvous port is chosen at submit (the plan shows where), nothing is written or bound."""
         # what only planning needs (the spec's models, packaging) is imported here: status, logs, list and cancel, a
         # CLI call each, never load it
@@ -76,6 +77,7 @@ class LocalProvider(Provider):
         from cloudtrain.plan.node_commands import bootstrap_args, job_env, node_command
         from cloudtrain.platforms.images import this_machine, this_python
 
+        spec, package = ctx.spec, ctx.package
         assert spec.name
         if spec.checkpoint.dir and Path(spec.checkpoint.dir).is_absolute() and spec.nodes > 1:
             raise SpecError(f"checkpoint.dir {spec.checkpoint.dir} is absolute: the {spec.nodes} nodes of a local job "
@@ -130,9 +132,9 @@ class LocalProvider(Provider):
         notes = [note] if (note := crowded_note(spec.nodes, procs)) else []
         if spec.spot:
             notes.append("local: spot is emulated; a preempted job is restarted up to max_restarts times")
-        return Plan(provider=self.name, job_id=job_id, spec=spec, package=package, request=request, nodes=nodes,
-                    staging={"prefix": prefix, "bundle": bundle_uri, "store": store}, notes=notes,
-                    runtime=this_machine())
+        return Translation(job_id=job_id, spec=spec, request=request, nodes=nodes,
+                           staging={"prefix": prefix, "bundle": bundle_uri, "store": store}, notes=notes,
+                           runtime=this_machine())
 
     # -- submit ----------------------------------------------------------------------------------------
     def _submit(self, plan: Plan) -> JobHandle:
