@@ -11,9 +11,9 @@ from types import ModuleType
 from typing import Any
 
 from cloudtrain import contract
+from cloudtrain.job_types import NodeCommand
 from cloudtrain.node import launch
 from cloudtrain.node.secret_values import split_args
-from cloudtrain.plan.model import NodeCommand
 from cloudtrain.spec.model import JobSpec
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from cloudtrain import contract
-from cloudtrain.providers.base import JobState
+from cloudtrain.job_types import JobState
 
 _STARTING = {"Starting", "Pending", "LaunchingMLInstances", "PreparingTrainingStack", "Downloading",
              "DownloadingTrainingImage"}

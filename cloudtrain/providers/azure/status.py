@@ -4,7 +4,7 @@ the run's error so its recovery can resubmit it."""
 
 from __future__ import annotations
 
-from cloudtrain.providers.base import JobState
+from cloudtrain.job_types import JobState
 
 _PENDING = {"NotStarted", "Starting", "Provisioning", "Preparing", "Queued"}
 _RUNNING = {"Running", "Finalizing"}

@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from cloudtrain import contract
-from cloudtrain.providers.base import JobState
+from cloudtrain.job_types import JobState
 from cloudtrain.providers.gcp import request as rq
 
 # How Vertex words a job that ended because its spot VMs were reclaimed (and were not brought back).
