@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.errors import ProviderNotFound
+from cloudtrain.platforms import doctor_kit
 from cloudtrain.show import doctor
 from cloudtrain.show.doctor import Check, diagnose, render
 from tests.conftest import REPO
@@ -90,7 +91,7 @@ def test_diagnose_imports_no_sdk_and_is_fast(tmp_path: Path) -> None:
 def test_extras_are_read_from_pyproject() -> None:
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    extras, python = doctor._requirements()
+    extras, python = doctor_kit._requirements()
     assert python == project["requires-python"]
     for extra in ("local", "aws", "azure", "gcp"):
         wanted = [r.split(">")[0].split("[")[0].strip() for r in project["optional-dependencies"][extra]]
@@ -103,30 +104,30 @@ def test_extras_from_installed_metadata_without_a_checkout(monkeypatch: pytest.M
         metadata.version("cloudtrain")
     except metadata.PackageNotFoundError:
         pytest.skip("cloudtrain is not installed, only on the path")
-    monkeypatch.setattr(doctor, "_source_project", lambda _path: None)
-    doctor._requirements.cache_clear()
-    extras, python = doctor._requirements()
-    doctor._requirements.cache_clear()
+    monkeypatch.setattr(doctor_kit, "_source_project", lambda _path: None)
+    doctor_kit._requirements.cache_clear()
+    extras, python = doctor_kit._requirements()
+    doctor_kit._requirements.cache_clear()
     assert ("boto3", "1.35") in extras["aws"]
     assert python.startswith(">=")
 
 
 def test_real_distribution_lookup() -> None:
-    assert doctor._installed_version("PyYAML") == metadata.version("PyYAML")
-    assert doctor._installed_version("cloudtrain-no-such-distribution") is None
+    assert doctor_kit._installed_version("PyYAML") == metadata.version("PyYAML")
+    assert doctor_kit._installed_version("cloudtrain-no-such-distribution") is None
 
 
 @pytest.mark.parametrize(("version", "minimum", "expected"), [
     ("2.4.0+cu121", "2.4", True), ("2.3.1", "2.4", False), ("1.35", "1.35.0", True), ("2.10.0", "2.9", True),
     ("1.34.99", "1.35", False)])
 def test_version_comparison(version: str, minimum: str, expected: bool) -> None:
-    assert doctor._at_least(version, minimum) is expected
+    assert doctor_kit._at_least(version, minimum) is expected
 
 
 def fake_versions(monkeypatch: pytest.MonkeyPatch, **overrides: str | None) -> None:
     """Distribution lookups with some distributions absent (None) or at another version; the rest real."""
-    real = doctor._installed_version
-    monkeypatch.setattr(doctor, "_installed_version",
+    real = doctor_kit._installed_version
+    monkeypatch.setattr(doctor_kit, "_installed_version",
                         lambda name: overrides[name.replace("-", "_")] if name.replace("-", "_") in overrides
                         else real(name))
 

@@ -54,7 +54,7 @@ def test_reading_a_local_job_loads_no_spec_and_no_pydantic(tmp_path: Path) -> No
     names = imported_modules(code, cwd=tmp_path, env=env, at_exit=True)
     assert "cloudtrain.providers.local.provider" in names
     assert sorted(n for n in names if n.split(".")[0] == "pydantic" or n in (
-        "cloudtrain.spec.model", "cloudtrain.bundle.packaging", "cloudtrain.plan.node_commands",
+        "cloudtrain.spec.model", "cloudtrain.bundle.packaging", "cloudtrain.platforms.node_commands",
         "cloudtrain.bundle.staging")) == []
 
 

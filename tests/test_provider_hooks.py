@@ -13,7 +13,7 @@ import pytest
 
 from cloudtrain import registry
 from cloudtrain.errors import SpecError
-from cloudtrain.platforms import images
+from cloudtrain.platforms import doctor_kit, images
 from cloudtrain.show import doctor
 from cloudtrain.spec.model import validate_spec
 from tests import plugins
@@ -71,7 +71,7 @@ def test_cloud_vm_is_each_providers_to_say(tmp_path: Path, monkeypatch: pytest.M
     assert declared == {"aws", "azure", "gcp"}
     firmware = tmp_path / "dmi"
     firmware.mkdir()
-    monkeypatch.setattr(doctor, "_DMI", firmware)
+    monkeypatch.setattr(doctor_kit, "_DMI", firmware)
     assert doctor._cloud_vm() is None
     for name, text, expected in (("sys_vendor", "Amazon EC2", "aws"), ("sys_vendor", "Google", "gcp"),
                                  ("chassis_asset_tag", "7783-7084-3265-9085-8269-3286-77", "azure")):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cloudtrain.platforms import doctor_kit
 from cloudtrain.show import doctor
 from cloudtrain.spec import settings as config
 from tests.support import isolated_config, run_main, write_config
@@ -61,11 +62,11 @@ def test_doctor_resolves_as_the_plan_does(cfg: Path, tmp_path: Path) -> None:
     write_config(cfg, {"default": {"slurm": {"partition": "from-profile"}}})
     user = doctor._user_config({"CLOUDTRAIN_CONFIG": str(cfg)}, tmp_path, ["slurm"])
     ctx = doctor.Context({"SBATCH_PARTITION": "from-env"}, tmp_path, None, user, {"slurm": {}})
-    assert doctor.setting(ctx, "slurm", "partition") == ("from-env", "SBATCH_PARTITION")
+    assert doctor_kit.setting(ctx, "slurm", "partition") == ("from-env", "SBATCH_PARTITION")
     ctx = doctor.Context({}, tmp_path, None, user, {"slurm": {}})
-    assert doctor.setting(ctx, "slurm", "partition") == ("from-profile", "cloudtrain profile default")
+    assert doctor_kit.setting(ctx, "slurm", "partition") == ("from-profile", "cloudtrain profile default")
     ctx = doctor.Context({}, tmp_path, None, user, {"slurm": {"partition": "from-spec"}})
-    assert doctor.setting(ctx, "slurm", "partition") == ("from-spec", "./cloudtrain.yaml providers.slurm.partition")
+    assert doctor_kit.setting(ctx, "slurm", "partition") == ("from-spec", "./cloudtrain.yaml providers.slurm.partition")
 
 
 def test_the_profile_is_read_once_per_version_of_the_file(cfg: Path) -> None:

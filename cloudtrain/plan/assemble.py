@@ -29,7 +29,7 @@ def context(impl: Provider, spec: JobSpec, package: Package) -> PlanContext:
         found = resolve(impl.name, key, spec=getattr(options, key, None))
         return found.value, found.source, placeholder_note(impl.name, key)
 
-    return PlanContext(provider=impl.name, spec=spec, package=package, resolve=resolved)
+    return PlanContext(provider=impl.name, spec=spec, package=package, contract=impl.contract(spec), resolve=resolved)
 
 
 def assemble(impl: Provider, spec: JobSpec, package: Package) -> Plan:
@@ -58,7 +58,8 @@ def assemble(impl: Provider, spec: JobSpec, package: Package) -> Plan:
 
 def _translated(impl: Provider, spec: JobSpec, package: Package) -> Plan:
     if not impl.translates():  # a plugin written before the translation hook composes its Plan itself
-        plan: Plan = impl._plan(spec, package)
+        plan = impl._plan(spec, package)
+        assert isinstance(plan, Plan), f"{type(impl).__name__}._plan returned {type(plan).__name__}, not a Plan"
         return plan
     done = impl._translate(context(impl, spec, package))
     return Plan(provider=impl.name, job_id=done.job_id, spec=done.spec, package=package, request=done.request,

@@ -14,12 +14,11 @@ it lies inside a project.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cloudtrain import registry
-from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, EXPORT_MARKER
+from cloudtrain.bundle.packaging import EXPORT_MARKER
 from cloudtrain.errors import UserError
 
 if TYPE_CHECKING:
@@ -58,18 +57,3 @@ def unset_settings(plan: Plan) -> list[str]:
     sent = json.dumps(plan.request) + json.dumps(plan.staging)
     unset = [f"providers.{plan.provider}.{key}" for key, marker in decl.placeholders.items() if marker in sent]
     return unset
-
-
-def bundle_files(plan: Plan, folder: Path) -> list[Path]:
-    """What a node needs: bootstrap.py, bundle.tar.gz and manifest.json (staged last: it marks the prefix whole)."""
-    folder.mkdir()
-    shutil.copyfile(plan.package.bootstrap, folder / BOOTSTRAP_NAME)
-    shutil.copyfile(plan.package.path, folder / BUNDLE_NAME)
-    (folder / "manifest.json").write_text(json.dumps(plan.package.manifest(), indent=1))
-    return [folder / BOOTSTRAP_NAME, folder / BUNDLE_NAME, folder / "manifest.json"]
-
-
-def readme(folder: Path, title: str, command: str, details: list[str]) -> Path:
-    text = "\n".join([f"# {title}", "", "Run, in this folder:", "", "```bash", command, "```", "", *details, ""])
-    (folder / "README.md").write_text(text)
-    return folder / "README.md"

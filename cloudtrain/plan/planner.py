@@ -25,7 +25,7 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
     from cloudtrain.bundle.packaging import shown_path
     from cloudtrain.node.secret_values import split_args_note
     from cloudtrain.plan.cost import plan_budget, runtime_cap
-    from cloudtrain.plan.node_commands import checkpoint_notes, script_args
+    from cloudtrain.platforms.node_commands import checkpoint_notes, script_args
     from cloudtrain.spec.settings import with_defaults
 
     impl = get_provider(provider) if isinstance(provider, str) else provider

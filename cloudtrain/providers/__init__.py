@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from cloudtrain import registry
+from cloudtrain.job_types import JobStatus
 from cloudtrain.providers.base import Provider
 
 __all__ = ["get_provider"]
@@ -25,4 +26,11 @@ def _setting(provider: str, key: str, explicit: Any = None) -> Any:
     return lookup(provider, key, explicit)
 
 
+def _observe(status: JobStatus) -> None:
+    from cloudtrain.home import timeline
+
+    timeline.observe(status)
+
+
 Provider.settings_resolver = _setting  # the one resolver, for what providers do outside a plan
+Provider.observe = _observe  # each status a provider describes goes into the job's timeline

@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from cloudtrain import registry
 from cloudtrain.errors import CapacityError, CloudtrainError, HandleError, UserError
 from cloudtrain.handles import JobHandle
-from cloudtrain.job_types import TYPED, Capability, JobState, JobStatus, NodeCommand
+from cloudtrain.job_types import TYPED, Capability, JobState, JobStatus
 from cloudtrain.naming import check_job_name
 
 if TYPE_CHECKING:
     from cloudtrain.bundle.packaging import Package
-    from cloudtrain.plan.model import Plan
-    from cloudtrain.providers.translation import PlanContext, Translation
+    from cloudtrain.providers.translation import PlanContext, Planned, Translation
     from cloudtrain.spec.model import JobSpec
 
 # what plugins import from here (the types live in cloudtrain.job_types)
@@ -51,6 +50,11 @@ class Provider(ABC):
     # providers.<name>.<key> outside a plan (list, describe, submit), as a plan resolves it: the one resolver
     # (cloudtrain.spec.settings), wired in by cloudtrain.providers; a plan's settings come in its PlanContext
     settings_resolver: ClassVar[Callable[[str, str, Any], Any] | None] = None
+    # What the core does around every submit and describe, installed from above so this interface names no room
+    # over it: cloudtrain.plan installs the submitter (every plan comes from there), cloudtrain.providers the
+    # timeline's observation of each status.
+    around_submit: ClassVar[Callable[[Provider, Planned], JobHandle] | None] = None
+    observe: ClassVar[Callable[[JobStatus], None] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -67,42 +71,22 @@ class Provider(ABC):
                             f"{', '.join(c.value for c in Capability)}") from None
 
     # -- public template methods ------------------------------------------------------------------------
-    def submit(self, plan: Plan) -> JobHandle:
-        """Execute a plan. Refused, before anything is staged or sent, while it holds a placeholder for a setting the
-        plan could not find (the provider's declared ``placeholders``)."""
+    def submit(self, plan: Planned) -> JobHandle:
+        """Execute a plan, with what the core does around every submit (cloudtrain/plan/submitter.py: a plan still
+        holding a placeholder refused before anything is staged or sent, then the cost and timeline records)."""
         if plan.provider != self.name:
             raise UserError(f"this plan is for provider {plan.provider!r}, not {self.name!r}",
                             remedy=f"plan the job again with provider {self.name!r}")
-        from cloudtrain.plan.export import unset_settings
-
-        for setting in unset_settings(plan):
-            variables = self.declaration.env.get(setting.rsplit(".", 1)[1], ())
-            raise UserError("is not set: the plan holds a placeholder", field=setting,
-                            remedy=f"set {setting} in the spec (or --set {setting}=...)"
-                                   + (f", or {variables[0]}" if variables else "")
-                                   + f", or `cloudtrain config set {setting.removeprefix('providers.')} ...`")
-        from cloudtrain.bundle import staging
-        from cloudtrain.home import timeline
-
-        submitted_at = time.time()
-        staging.STAGED.clear()
-        handle = self._submit(plan)
-        from cloudtrain.plan.checkpoint_interval import submitted_fields
-        from cloudtrain.plan.cost import remember
-
-        remember(str(handle), plan)  # its rate and max_cost: what `cloudtrain cost` and the budget watcher price
-        timeline.record(str(handle), "submitted", submitted_at, handle=str(handle), provider=self.name,
-                        nodes=plan.spec.nodes, **submitted_fields(plan.spec, plan.notes))
-        if staging.STAGED:
-            staged = dict(staging.STAGED)
-            timeline.record(str(handle), "staged", staged.pop("at"), **staged)
-        return handle
+        around = Provider.around_submit
+        if around is None:
+            raise RuntimeError("cloudtrain.plan is not loaded: a plan comes from cloudtrain.plan.planner.plan_job or "
+                               "cloudtrain.plan.saved")
+        return around(self, plan)
 
     def describe(self, handle: JobHandle) -> JobStatus:
         status = self._describe(self._own(handle))
-        from cloudtrain.home import timeline
-
-        timeline.observe(status)  # a new platform state, a restart, the end: into the job's timeline
+        if Provider.observe is not None:
+            Provider.observe(status)  # a new platform state, a restart, the end: into the job's timeline
         return status
 
     def logs(self, handle: JobHandle, follow: bool = False) -> Iterator[str]:
@@ -186,22 +170,6 @@ class Provider(ABC):
             return spec.gpus_per_node or None
         return gpus or 1
 
-    def node_commands(self, spec: JobSpec, *, job_id: str, python: str, bootstrap: str, args: builtins.list[str],
-                      env: dict[str, str], machine_type: str = "",
-                      seen: Callable[[int], dict[str, str]] | None = None) -> builtins.list[NodeCommand]:
-        """Every node's command, sent ``env``, with the torchrun line its bootstrap derives from what the platform
-        gives node N: the contract's ``planned`` variables (``seen(N)`` where the provider knows better, e.g. a
-        local emulation's loopback rendezvous)."""
-        from cloudtrain.plan.node_commands import node_command
-
-        contract = self.contract(spec)
-        module = registry.node_contract(contract.name)
-        nodes = []
-        for rank in range(spec.nodes):
-            view = seen(rank) if seen else module.planned(spec.nodes, rank, job_id, machine_type)
-            nodes.append(node_command(rank, python, bootstrap, args, env, view, module, job_id))
-        return nodes
-
     def follow_logs(self, handle: JobHandle, follow: bool, read: Callable[[], Iterable[str]], poll: float,
                     rest: Callable[[], Iterable[str]] | None = None,
                     pause: Callable[[float], object] = time.sleep) -> Iterator[str]:
@@ -279,12 +247,12 @@ class Provider(ABC):
         the whole Plan itself."""
         return type(self)._translate is not Provider._translate
 
-    def _plan(self, spec: JobSpec, package: Package) -> Plan:
+    def _plan(self, spec: JobSpec, package: Package) -> Planned:
         """The older hook (plugins written before ``_translate``): the whole Plan, composed by the provider."""
         raise NotImplementedError(f"{type(self).__name__} implements neither _translate nor _plan")
 
     @abstractmethod
-    def _submit(self, plan: Plan) -> JobHandle: ...
+    def _submit(self, plan: Planned) -> JobHandle: ...
 
     @abstractmethod
     def _describe(self, handle: JobHandle) -> JobStatus: ...

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from cloudtrain.job_types import NodeCommand
+from cloudtrain import registry
+from cloudtrain.job_types import Declaration, NodeCommand
 
 if TYPE_CHECKING:
     from cloudtrain.bundle.packaging import Package
@@ -29,6 +30,7 @@ class PlanContext:
     provider: str
     spec: JobSpec  # every providers.<provider> setting the spec leaves unset filled from the environment or profile
     package: Package
+    contract: Declaration  # whose node contract the nodes run under (the provider's; local: the emulated one's)
     # key -> (the value the spec, environment, profile, the platform's tools or the default give, or None; where it
     # came from: "default" for cloudtrain's own; the plan note for a setting found nowhere): the planner's resolver,
     # asked at most once per key
@@ -56,6 +58,21 @@ class PlanContext:
         notes.append(self._resolved(key)[2])
         return placeholder
 
+    def node_commands(self, spec: JobSpec, *, job_id: str, python: str, bootstrap: str, args: list[str],
+                      env: dict[str, str], machine_type: str = "",
+                      seen: Callable[[int], dict[str, str]] | None = None) -> list[NodeCommand]:
+        """Every node's command, sent ``env``, with the torchrun line the node derives from what the platform gives
+        node N: the contract's ``planned`` variables (``seen(N)`` where the provider knows better, e.g. a local
+        emulation's loopback rendezvous)."""
+        from cloudtrain.platforms.node_commands import node_command
+
+        module = registry.node_contract(self.contract.name)
+        nodes = []
+        for rank in range(spec.nodes):
+            view = seen(rank) if seen else module.planned(spec.nodes, rank, job_id, machine_type)
+            nodes.append(node_command(rank, python, bootstrap, args, env, view, module, job_id))
+        return nodes
+
     def _resolved(self, key: str) -> tuple[Any, str, str]:
         if key not in self._found:
             self._found[key] = self.resolve(key)
@@ -77,3 +94,22 @@ class Translation:
     image: str | None = None
     runtime: Runtime | None = None
     estimate: dict[str, Any] | None = None  # only where the catalog cannot price it (a cluster's own machines)
+
+
+class Planned(Protocol):
+    """A plan as a provider reads it when it submits or exports one (cloudtrain.plan.model.Plan is one): the
+    providers sit below the plan room, so they name what they read, not the class."""
+
+    provider: str
+    job_id: str
+    spec: JobSpec
+    package: Package
+    request: dict[str, Any]
+    nodes: list[NodeCommand]
+    staging: dict[str, str]
+    notes: list[str]
+    image: str | None
+    machine: Machine | None
+    runtime: Runtime | None
+
+    def to_dict(self, redact: bool = True) -> dict[str, Any]: ...

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.job_types import Check
-from cloudtrain.show.doctor import (
+from cloudtrain.platforms.doctor_kit import (
     PLACEHOLDER,
     Context,
     Unparsable,

@@ -7,14 +7,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cloudtrain.bundle.exported import bundle_files, readme
 from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
-from cloudtrain.plan.export import bundle_files, readme
 
 if TYPE_CHECKING:
-    from cloudtrain.plan.model import Plan
+    from cloudtrain.providers.translation import Planned
 
 
-def export(plan: Plan, request: dict[str, Any], folder: Path) -> list[Path]:
+def export(plan: Planned, request: dict[str, Any], folder: Path) -> list[Path]:
     target = folder / "create-training-job.json"
     target.write_text(json.dumps(request, indent=2))
     prefix, region = plan.staging["prefix"], plan.staging["region"]
@@ -26,4 +26,4 @@ def export(plan: Plan, request: dict[str, Any], folder: Path) -> list[Path]:
         f"- `{target.name}`: the CreateTrainingJob request cloudtrain would send (secrets included: keep it private).",
         f"- `bundle/`: what the job's `cloudtrain` channel reads from `{prefix}/` (the manifest goes last).",
         "- Then follow it with `cloudtrain logs aws://" + f"{region}/{plan.job_id} -f`."])
-    return [target, *bundle_files(plan, folder / "bundle"), guide]
+    return [target, *bundle_files(plan.package, folder / "bundle"), guide]

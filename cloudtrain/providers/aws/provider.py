@@ -17,10 +17,9 @@ from cloudtrain.bundle.staging import bundle_prefix, cloud_locations, new_job_id
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.job_types import Capability, JobStatus, Summary, where
-from cloudtrain.plan.model import Plan
-from cloudtrain.plan.node_commands import bootstrap_args, launcher_note
 from cloudtrain.platforms import catalog
 from cloudtrain.platforms.images import Runtime, custom
+from cloudtrain.platforms.node_commands import bootstrap_args, launcher_note
 from cloudtrain.providers.aws import PROVIDER
 from cloudtrain.providers.aws import request as rq
 from cloudtrain.providers.aws.clients import aws_errors, configured_region, session
@@ -28,7 +27,7 @@ from cloudtrain.providers.aws.images import runtime_for
 from cloudtrain.providers.aws.status import describe_details, job_state
 from cloudtrain.providers.aws.validate import check_request
 from cloudtrain.providers.base import Provider
-from cloudtrain.providers.translation import PlanContext, Translation
+from cloudtrain.providers.translation import PlanContext, Planned, Translation
 from cloudtrain.spec.model import project_options
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -38,7 +37,7 @@ class _Exists(Exception):
     """CreateTrainingJob said the name is taken: the retry of a create whose answer was lost, if the job is ours."""
 
 
-def plan_summary(plan: Plan) -> Summary:
+def plan_summary(plan: Planned) -> Summary:
     """The plan summary's SageMaker lines: the region, and the spot wait StoppingCondition will use."""
     condition = plan.request.get("StoppingCondition")
     wait = condition.get("MaxWaitTimeInSeconds") if isinstance(condition, dict) else None
@@ -92,7 +91,7 @@ class SageMakerProvider(Provider):
                                                      digest=package.digest, container_args=args, output_path=output)
         check_request("sagemaker", "CreateTrainingJob", request)
         env = request["Environment"]
-        nodes = self.node_commands(spec, job_id=job_name, python=rq.PYTHON, args=args, env=env,
+        nodes = ctx.node_commands(spec, job_id=job_name, python=rq.PYTHON, args=args, env=env,
                                    bootstrap=f"{rq.CHANNEL_DIR}/{BOOTSTRAP_NAME}", machine_type=target.instance_type)
         contract = registry.node_contract(self.name)
         if note := launcher_note("aws", contract, {**env, **contract.planned(spec.nodes, 0, job_name,
@@ -103,7 +102,7 @@ class SageMakerProvider(Provider):
                            notes=[*notes, *more_notes], machine=machine, image=target.image, runtime=runtime)
 
     # -- submit ----------------------------------------------------------------------------------------
-    def _submit(self, plan: Plan) -> JobHandle:
+    def _submit(self, plan: Planned) -> JobHandle:
         request = plan.request  # a placeholder left in it was refused by Provider.submit
         region = plan.staging["region"]
         handle = self.handle(plan.job_id, (region,))

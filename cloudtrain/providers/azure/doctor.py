@@ -7,7 +7,16 @@ import shutil
 from pathlib import Path
 
 from cloudtrain.job_types import Check
-from cloudtrain.show.doctor import Context, dmi, env_path, extra_check, json_file, no_credentials, setting, shown
+from cloudtrain.platforms.doctor_kit import (
+    Context,
+    dmi,
+    env_path,
+    extra_check,
+    json_file,
+    no_credentials,
+    setting,
+    shown,
+)
 
 _IDENTITY = "an Azure VM, whose managed identity"
 _WORKSPACE_KEYS = ("subscription_id", "resource_group", "workspace")

@@ -7,23 +7,23 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from cloudtrain.plan.export import bundle_files, readme
+from cloudtrain.bundle.exported import bundle_files, readme
 
 if TYPE_CHECKING:
-    from cloudtrain.plan.model import Plan
+    from cloudtrain.providers.translation import Planned
 
 
-def unset(plan: Plan) -> list[str]:
+def unset(plan: Planned) -> list[str]:
     """What the files would lack: the workspace, when the plan could not name one offline."""
     missing = "providers.azure.workspace (with subscription_id and resource_group)"
     return [] if "workspace" in plan.staging else [missing]
 
 
-def export(plan: Plan, request: dict[str, Any], folder: Path) -> list[Path]:
+def export(plan: Planned, request: dict[str, Any], folder: Path) -> list[Path]:
     job = dict(request["job"])
     target = folder / "job.yaml"
     target.write_text(yaml.safe_dump(job, sort_keys=False))
-    code = bundle_files(plan, folder / Path(job["code"]).name)
+    code = bundle_files(plan.package, folder / Path(job["code"]).name)
     sub, group, workspace = plan.staging["workspace"].split("/")
     command = (f"az ml job create --file {target.name} --subscription {sub} --resource-group {group} "
                f"--workspace-name {workspace}")

@@ -15,9 +15,9 @@ from typing import Any
 from cloudtrain import contract
 from cloudtrain.bundle.packaging import BOOTSTRAP_NAME
 from cloudtrain.errors import SpecError
-from cloudtrain.plan.node_commands import input_env, job_env
 from cloudtrain.platforms import catalog, images
 from cloudtrain.platforms.images import Runtime
+from cloudtrain.platforms.node_commands import input_env, job_env
 from cloudtrain.spec.model import JobSpec
 
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"

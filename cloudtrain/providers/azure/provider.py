@@ -21,15 +21,14 @@ from cloudtrain.bundle.staging import STAGED, new_job_id
 from cloudtrain.errors import HandleError, SpecError, TransientError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.job_types import Capability, JobStatus, Summary, where
-from cloudtrain.plan.model import Plan
-from cloudtrain.plan.node_commands import bootstrap_args
 from cloudtrain.platforms import catalog
+from cloudtrain.platforms.node_commands import bootstrap_args
 from cloudtrain.providers.azure import PROVIDER, rest, schema
 from cloudtrain.providers.azure import job as aj
 from cloudtrain.providers.azure.status import job_state
 from cloudtrain.providers.azure.workspace import CAPACITY, azure_errors, ml_client, workspace_of
 from cloudtrain.providers.base import Provider
-from cloudtrain.providers.translation import PlanContext, Translation
+from cloudtrain.providers.translation import PlanContext, Planned, Translation
 
 # azure-ai-ml logs "experimental field/class" for queue_settings (spot) on every plan; cloudtrain chose the field
 # knowingly, and a plan's stderr should hold what the user must act on
@@ -50,7 +49,7 @@ def load_validated(job: dict[str, Any], code: str) -> Any:
                         remedy="fix the spec fields behind the job fields named above") from None
 
 
-def plan_summary(plan: Plan) -> Summary:
+def plan_summary(plan: Planned) -> Summary:
     """The plan summary's Azure ML lines: the workspace and compute; a cluster's VM size is the cluster's."""
     return Summary(where=where(("workspace", plan.staging.get("workspace")), ("compute", plan.staging.get("compute"))),
                    instance="the compute cluster's VM size")
@@ -95,7 +94,7 @@ class AzureMLProvider(Provider):
         notes[:0] = checkpoint_notes
         schema.check_job(job, aj.SPEC_FIELDS)  # what load_job would reject, from the snapshot: no SDK import
         body = rest.body(job)  # codeId: the code folder, which submit uploads and replaces with its asset id
-        nodes = self.node_commands(spec, job_id=job_name, python="python", bootstrap=BOOTSTRAP_NAME, args=args,
+        nodes = ctx.node_commands(spec, job_id=job_name, python="python", bootstrap=BOOTSTRAP_NAME, args=args,
                                    env=job["environment_variables"])
         if nproc is None:
             notes.append(f"azure: the VM size of cluster {options.compute!r} is not known offline: each node starts "
@@ -113,7 +112,7 @@ class AzureMLProvider(Provider):
                            runtime=runtime)
 
     # -- submit ----------------------------------------------------------------------------------------
-    def _submit(self, plan: Plan) -> JobHandle:
+    def _submit(self, plan: Planned) -> JobHandle:
         options = plan.spec.providers.azure
         scope = self.workspace(options)
         handle = self.handle(plan.job_id, scope)

@@ -8,8 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from cloudtrain.job_types import Check
-from cloudtrain.providers.gcp.clients import DEFAULT_REGION  # a light module: google.* loads inside calls
-from cloudtrain.show.doctor import (
+from cloudtrain.platforms.doctor_kit import (
     PLACEHOLDER,
     Context,
     dmi,
@@ -20,6 +19,7 @@ from cloudtrain.show.doctor import (
     setting_check,
     shown,
 )
+from cloudtrain.providers.gcp.clients import DEFAULT_REGION  # a light module: google.* loads inside calls
 
 _IDENTITY = "a Compute Engine VM, whose service account"
 def checks(ctx: Context) -> list[Check]:

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from cloudtrain.bundle.exported import bundle_files, readme
 from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
-from cloudtrain.plan.export import bundle_files, readme
 
 if TYPE_CHECKING:
-    from cloudtrain.plan.model import Plan
+    from cloudtrain.providers.translation import Planned
 
 
-def export(plan: Plan, request: dict[str, Any], folder: Path) -> list[Path]:
+def export(plan: Planned, request: dict[str, Any], folder: Path) -> list[Path]:
     job = request["customJob"]
     body = folder / "custom-job.json"
     body.write_text(json.dumps(job, indent=2))
@@ -36,4 +36,4 @@ def export(plan: Plan, request: dict[str, Any], folder: Path) -> list[Path]:
         f"`POST https://{region}-aiplatform.googleapis.com/v1/projects/{project}/locations/{region}/customJobs`.",
         f"- `bundle/`: what every node reads from `{prefix}/` through Vertex's /gcs mount (the manifest goes last).",
         "- Vertex names the job with a number: `cloudtrain list --provider gcp` shows its handle."])
-    return [spec, body, *bundle_files(plan, folder / "bundle"), guide]
+    return [spec, body, *bundle_files(plan.package, folder / "bundle"), guide]

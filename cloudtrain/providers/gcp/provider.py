@@ -20,10 +20,9 @@ from cloudtrain.bundle.staging import bundle_prefix, cloud_locations, new_job_id
 from cloudtrain.errors import HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.job_types import Capability, JobStatus, Summary, where
-from cloudtrain.plan.model import Plan
-from cloudtrain.plan.node_commands import bootstrap_args
 from cloudtrain.platforms import catalog
 from cloudtrain.platforms.images import Runtime, custom
+from cloudtrain.platforms.node_commands import bootstrap_args
 from cloudtrain.providers.base import Provider
 from cloudtrain.providers.gcp import PROVIDER
 from cloudtrain.providers.gcp import request as rq
@@ -42,7 +41,7 @@ from cloudtrain.providers.gcp.images import runtime_for
 from cloudtrain.providers.gcp.machines import machine_for
 from cloudtrain.providers.gcp.schema import check_request
 from cloudtrain.providers.gcp.status import describe_details, job_state
-from cloudtrain.providers.translation import PlanContext, Translation
+from cloudtrain.providers.translation import PlanContext, Planned, Translation
 from cloudtrain.spec.model import JobSpec, project_options
 
 # CustomJob fields the service sets: cleared before a job is created again from a copy.
@@ -50,7 +49,7 @@ OUTPUT_ONLY = ("name", "state", "create_time", "start_time", "end_time", "update
                "satisfies_pzs", "satisfies_pzi")
 
 
-def plan_summary(plan: Plan) -> Summary:
+def plan_summary(plan: Planned) -> Summary:
     """The plan summary's Vertex line: the project and region."""
     return Summary(where=where(("project", plan.staging.get("project")), ("region", plan.staging.get("region"))))
 
@@ -119,7 +118,7 @@ class VertexProvider(Provider):
                                             strategy=options.capacity.upper() if options.capacity else None,
                                             max_wait=options.flex_start_max_wait)
         check_request(request["customJob"])
-        nodes = self.node_commands(spec, job_id=job_id, python=rq.PYTHON, bootstrap=command[1], args=args,
+        nodes = ctx.node_commands(spec, job_id=job_id, python=rq.PYTHON, bootstrap=command[1], args=args,
                                    env=rq.node_environment(spec))
         chosen = target.machine
         machine = catalog.machine_of("gcp", chosen.machine_type, spec.accelerator_model, chosen.accelerator_count,
@@ -136,7 +135,7 @@ class VertexProvider(Provider):
         return "spot" if spec.spot or capacity == "spot" else "on_demand"
 
     # -- submit ----------------------------------------------------------------------------------------
-    def _submit(self, plan: Plan) -> JobHandle:
+    def _submit(self, plan: Planned) -> JobHandle:
         project, region = plan.staging["project"], plan.staging["region"]
         job = self._proto(plan.request["customJob"])  # the SDK's own parser: the last check before sending
         parent = plan.request["parent"]

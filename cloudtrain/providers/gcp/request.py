@@ -17,7 +17,7 @@ from typing import Any
 from cloudtrain import __version__
 from cloudtrain.errors import SpecError
 from cloudtrain.naming import platform_tags
-from cloudtrain.plan.node_commands import input_env, job_env
+from cloudtrain.platforms.node_commands import input_env, job_env
 from cloudtrain.providers.gcp import PROVIDER
 from cloudtrain.providers.gcp.machines import Machine
 from cloudtrain.spec.model import JobSpec

@@ -7,8 +7,8 @@ from typing import Any
 
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.job_types import Check
+from cloudtrain.platforms.doctor_kit import PLACEHOLDER, Context, setting, setting_check
 from cloudtrain.providers.kubernetes.settings import context_namespace, kubeconfig, kubeconfig_files
-from cloudtrain.show.doctor import PLACEHOLDER, Context, setting, setting_check
 
 TRAINER = "trainer.kubeflow.org"  # request.TRAINJOB's group (request.py imports pydantic: doctor must not)
 

@@ -8,18 +8,18 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from cloudtrain.bundle.exported import bundle_files, readme
 from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
-from cloudtrain.plan.export import bundle_files, readme
 from cloudtrain.providers.kubernetes import request as rq
 
 if TYPE_CHECKING:
-    from cloudtrain.plan.model import Plan
+    from cloudtrain.providers.translation import Planned
 
 COPY = {"s3": "aws s3 cp {src} {dst}", "gs": "gcloud storage cp {src} {dst}",
         "az": "az storage blob upload --file {src} --blob-url {dst}"}
 
 
-def export(plan: Plan, request: dict[str, Any], folder: Path) -> list[Path]:
+def export(plan: Planned, request: dict[str, Any], folder: Path) -> list[Path]:
     body = request["object"]
     name = f"{body['kind'].lower()}.yaml"
     job = folder / name
@@ -48,7 +48,7 @@ def export(plan: Plan, request: dict[str, Any], folder: Path) -> list[Path]:
         command = " && ".join([*(copy.format(src=f"bundle/{n}", dst=f"{prefix}/{n}") for n in
                                  (BOOTSTRAP_NAME, BUNDLE_NAME, "manifest.json")), f"{first}kubectl apply -f {name}"])
         how = f"- `bundle/`: what every node fetches from `{prefix}/` before it starts (the manifest goes last)."
-        written += bundle_files(plan, folder / "bundle")
+        written += bundle_files(plan.package, folder / "bundle")
     context = f" (kubectl's context: {request['context']}, `--context`)" if request.get("context") else ""
     guide = readme(folder, f"Kubernetes {body['kind']} {plan.job_id}", command, [
         f"- Namespace {namespace} is in each object's metadata{context}.",

@@ -23,10 +23,9 @@ from cloudtrain.errors import CloudtrainError, HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.job_types import Capability, JobStatus, Summary, where
 from cloudtrain.naming import shortened
-from cloudtrain.plan.model import Plan
-from cloudtrain.plan.node_commands import bootstrap_args, job_env
 from cloudtrain.platforms.catalog import Machine
 from cloudtrain.platforms.images import Runtime, custom
+from cloudtrain.platforms.node_commands import bootstrap_args, job_env
 from cloudtrain.providers.base import Provider
 from cloudtrain.providers.kubernetes import PROVIDER, schema
 from cloudtrain.providers.kubernetes import request as rq
@@ -35,14 +34,14 @@ from cloudtrain.providers.kubernetes.node import RESERVED, pytorchjob_env
 from cloudtrain.providers.kubernetes.options import KubernetesOptions
 from cloudtrain.providers.kubernetes.settings import platform_setting
 from cloudtrain.providers.kubernetes.status import job_state, native_of, status_fields
-from cloudtrain.providers.translation import PlanContext, Translation
+from cloudtrain.providers.translation import PlanContext, Planned, Translation
 from cloudtrain.spec.model import JobSpec
 
 DEFAULT_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"  # torch-distributed's own (kubeflow/trainer v2.3.0)
 CONTAINER = {"TrainJob": "node", "PyTorchJob": "pytorch"}
 
 
-def plan_summary(plan: Plan) -> Summary:
+def plan_summary(plan: Planned) -> Summary:
     """The plan summary's Kubernetes line: the kubeconfig context and the namespace."""
     request = plan.request
     return Summary(where=where(("context", request.get("context") or "current"), ("namespace", request["namespace"])))
@@ -109,7 +108,7 @@ class KubernetesProvider(Provider):
         schema.check(body)
         seen = (lambda rank: pytorchjob_env(spec.nodes, rank, job_id, nproc or 1)) \
             if options.api == "pytorchjob" else None
-        nodes = self.node_commands(spec, job_id=job_id, python=options.python,
+        nodes = ctx.node_commands(spec, job_id=job_id, python=options.python,
                                    bootstrap=f"{rq.BUNDLE_DIR}/bootstrap.py", args=args, env=env, seen=seen)
         notes += plan_notes(spec, options, staging, prefix, target)
         request = {"api": options.api, "context": options.context, "namespace": namespace, "object": body,
@@ -122,7 +121,7 @@ class KubernetesProvider(Provider):
                                      "reason": "none: a cluster's nodes are its own (no list prices)"})
 
     # -- submit ------------------------------------------------------------------------------------------
-    def _submit(self, plan: Plan) -> JobHandle:
+    def _submit(self, plan: Planned) -> JobHandle:
         request = plan.request
         body, namespace = request["object"], request["namespace"]
         res = rq.TRAINJOB if body["kind"] == "TrainJob" else rq.PYTORCHJOB
@@ -185,7 +184,7 @@ class KubernetesProvider(Provider):
         except CloudtrainError:
             return True
 
-    def _stage_parts(self, kube: Kube, plan: Plan) -> None:
+    def _stage_parts(self, kube: Kube, plan: Planned) -> None:
         """The bundle in ConfigMaps (content-addressed, immutable): those already there are kept."""
         target_parts = plan.request["configmaps"]
         namespace = plan.request["namespace"]

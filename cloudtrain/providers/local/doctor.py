@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cloudtrain.job_types import Check
-from cloudtrain.show.doctor import Context, extra_check
+from cloudtrain.platforms.doctor_kit import Context, extra_check
 
 
 def checks(ctx: Context) -> list[Check]:

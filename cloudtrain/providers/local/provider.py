@@ -28,13 +28,12 @@ from cloudtrain.home.errors import os_problem
 from cloudtrain.home.paths import cloudtrain_home, default_store_uri
 from cloudtrain.home.procs import is_alive, kill_tagged, signal_group, start_ticks, tag_alive
 from cloudtrain.job_types import Capability, JobState, JobStatus, NodeCommand, Summary
-from cloudtrain.plan.model import Plan
 from cloudtrain.providers.base import Provider
 from cloudtrain.providers.local import PROVIDER, outcome
 from cloudtrain.providers.local.jobdb import JobDB, JobRecord
 from cloudtrain.providers.local.log_clock import merged, node_log
 from cloudtrain.providers.local.rendezvous import contract_env, free_port, naming
-from cloudtrain.providers.translation import Translation
+from cloudtrain.providers.translation import Planned, Translation
 
 if TYPE_CHECKING:
     from cloudtrain.providers.translation import PlanContext
@@ -47,7 +46,7 @@ CLAIM_SECONDS = 10.0  # after its submitter ended: how long its supervisor may t
 LOST_MARGIN = 30.0  # beyond the grace period: how long nodes may take to stop after their supervisor is gone
 
 
-def plan_summary(plan: Plan) -> Summary:
+def plan_summary(plan: Planned) -> Summary:
     """The plan summary's local line: every node is this machine."""
     return Summary(instance="this machine")
 
@@ -74,8 +73,8 @@ class LocalProvider(Provider):
         # CLI call each, never load it
         from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
         from cloudtrain.bundle.staging import bundle_prefix, default_output_uri, new_job_id
-        from cloudtrain.plan.node_commands import bootstrap_args, job_env, node_command
         from cloudtrain.platforms.images import this_machine, this_python
+        from cloudtrain.platforms.node_commands import bootstrap_args, job_env, node_command
 
         spec, package = ctx.spec, ctx.package
         assert spec.name
@@ -137,7 +136,7 @@ class LocalProvider(Provider):
                            runtime=this_machine())
 
     # -- submit ----------------------------------------------------------------------------------------
-    def _submit(self, plan: Plan) -> JobHandle:
+    def _submit(self, plan: Planned) -> JobHandle:
         from cloudtrain.bundle.staging import stage_bundle
 
         handle = self.handle(plan.job_id)

@@ -10,8 +10,8 @@ import shutil
 import subprocess
 
 from cloudtrain.job_types import Check
+from cloudtrain.platforms.doctor_kit import PLACEHOLDER, Context, setting, setting_check
 from cloudtrain.providers.slurm.clients import SSH_ENV
-from cloudtrain.show.doctor import PLACEHOLDER, Context, setting, setting_check
 
 PROGRAMS = ("sbatch", "srun", "squeue", "scontrol", "scancel")
 

@@ -24,9 +24,8 @@ from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.job_types import Capability, JobState, JobStatus, Summary
 from cloudtrain.node.outcome import warned_message
-from cloudtrain.plan.model import Plan
-from cloudtrain.plan.node_commands import bootstrap_args, job_env
 from cloudtrain.platforms.catalog import Machine
+from cloudtrain.platforms.node_commands import bootstrap_args, job_env
 from cloudtrain.providers.base import Provider
 from cloudtrain.providers.slurm import PROVIDER, clients
 from cloudtrain.providers.slurm import request as rq
@@ -34,7 +33,7 @@ from cloudtrain.providers.slurm.files import SharedFiles
 from cloudtrain.providers.slurm.node import PORT_BASE, PORT_SPAN
 from cloudtrain.providers.slurm.options import SlurmOptions
 from cloudtrain.providers.slurm.status import job_state
-from cloudtrain.providers.translation import PlanContext, Translation
+from cloudtrain.providers.translation import PlanContext, Planned, Translation
 from cloudtrain.spec.model import JobSpec
 
 _JOB_NAME = re.compile(r"^[a-z0-9-]+-\d{8}-\d{6}-[0-9a-f]{4}(-r\d+)?$")  # cloudtrain's job ids (staging.new_job_id)
@@ -44,7 +43,7 @@ class LostReply(ConnectionError):
     """sbatch submitted the job, but its answer never came (the tests' lever: ``lose_next_reply``)."""
 
 
-def plan_summary(plan: Plan) -> Summary:
+def plan_summary(plan: Planned) -> Summary:
     """The plan summary's Slurm line: the nodes are the ones the cluster gives the job."""
     return Summary(instance="the nodes the cluster gives the job")
 
@@ -80,7 +79,7 @@ class SlurmProvider(Provider):
                               workdir=rq.WORKDIR, job_id=job_id, contract=PROVIDER.node_path(),
                               nproc=self.processes(spec, spec.gpus_per_node), status_file=rq.STATUS_FILE)
         env = job_env(spec)
-        nodes = self.node_commands(spec, job_id=job_id, python=options.python, bootstrap=bootstrap, args=args,
+        nodes = ctx.node_commands(spec, job_id=job_id, python=options.python, bootstrap=bootstrap, args=args,
                                    env=env)
         script = rq.batch_script(spec, options, job_id, layout, nodes[0].argv, package.digest)
         request = {"sbatch": ["sbatch", "--parsable", layout.script], "script_path": layout.script,
@@ -111,7 +110,7 @@ class SlurmProvider(Provider):
         a handle alone does not say)."""
         return clients.Commands(login or self.setting("login"))
 
-    def _submit(self, plan: Plan) -> JobHandle:
+    def _submit(self, plan: Planned) -> JobHandle:
         request, handle = plan.request, self.handle(plan.job_id)
         layout = rq.Layout(request["job_dir"])
         slurm = self.commands(request.get("login"))

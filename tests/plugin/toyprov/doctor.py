@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cloudtrain.show.doctor import PLACEHOLDER, Check, Context, setting_check
+from cloudtrain.job_types import Check
+from cloudtrain.platforms.doctor_kit import PLACEHOLDER, Context, setting_check
 
 
 def checks(ctx: Context) -> list[Check]:

@@ -1,6 +1,6 @@
 """The toy scheduler as a cloudtrain provider: plans offline; submit stages the bundle in a file:// store and hands
 the job to the scheduler (a spool folder and a runner process per job, runner.py); status, logs, cancel and list
-read and write that folder. Written against cloudtrain's public provider API only (base.Provider, registry,
+read and write that folder. Written against cloudtrain's public provider API only (base.Provider, the translation,
 nodes, staging)."""
 
 from __future__ import annotations
@@ -16,17 +16,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from cloudtrain import storage
-from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
+from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME
 from cloudtrain.bundle.staging import bundle_prefix, new_job_id, stage_bundle
 from cloudtrain.errors import HandleError, UserError
 from cloudtrain.handles import JobHandle
 from cloudtrain.home.paths import cloudtrain_home
 from cloudtrain.naming import shortened
-from cloudtrain.plan.model import Plan
-from cloudtrain.plan.node_commands import bootstrap_args, job_env
+from cloudtrain.platforms.node_commands import bootstrap_args, job_env
 from cloudtrain.providers.base import Capability, JobState, JobStatus, Provider
-from cloudtrain.spec.model import JobSpec
-from cloudtrain.spec.settings import lookup, placeholder_note
+from cloudtrain.providers.translation import PlanContext, Planned, Translation
 from toyprov import PROVIDER
 
 # the scheduler's own states, and what they mean in cloudtrain's terms
@@ -57,11 +55,12 @@ class ToyProvider(Provider):
         return cloudtrain_home() / "toy-spool"
 
     # -- plan (pure) -----------------------------------------------------------------------------------
-    def _plan(self, spec: JobSpec, package: Package) -> Plan:
+    def _translate(self, ctx: PlanContext) -> Translation:
+        spec, package = ctx.spec, ctx.package  # the spec's settings filled in by the planner
         assert spec.name
         options = spec.providers.toy
-        queue = lookup("toy", "queue", options.queue) or PROVIDER.placeholders["queue"]
-        notes = [placeholder_note("toy", "queue")] if queue == PROVIDER.placeholders["queue"] else []
+        notes: list[str] = []
+        queue = ctx.staged("queue", PROVIDER.placeholders["queue"], notes)  # submit refuses the placeholder
         spool = self.spool()
         job_id = shortened(new_job_id(spec.name), 48)  # the spool's rule (PROVIDER.name_pattern): the stamp stays
         prefix = bundle_prefix((spool / "store").as_uri(), package)
@@ -69,15 +68,14 @@ class ToyProvider(Provider):
         args = bootstrap_args(spec, bundle=storage.join(prefix, BUNDLE_NAME), digest=package.digest, workdir="work",
                               job_id=job_id, contract=PROVIDER.node_path(), nproc=self.processes(spec, 0))
         env = {"OMP_NUM_THREADS": "1", **job_env(spec)}
-        nodes = self.node_commands(spec, job_id=job_id, python=sys.executable, bootstrap=bootstrap, args=args, env=env)
+        nodes = ctx.node_commands(spec, job_id=job_id, python=sys.executable, bootstrap=bootstrap, args=args, env=env)
         request = {"queue": queue, "priority": options.priority, "digest": package.digest,
                    "nodes": [{"rank": n.rank, "argv": n.argv} for n in nodes]}
-        return Plan(provider=self.name, job_id=job_id, spec=spec, package=package, request=request, nodes=nodes,
-                    staging={"prefix": prefix, "bundle": storage.join(prefix, BUNDLE_NAME), "spool": str(spool)},
-                    notes=notes)
+        return Translation(job_id=job_id, spec=spec, request=request, nodes=nodes, notes=notes,
+                           staging={"prefix": prefix, "bundle": storage.join(prefix, BUNDLE_NAME), "spool": str(spool)})
 
     # -- submit ----------------------------------------------------------------------------------------
-    def _submit(self, plan: Plan) -> JobHandle:
+    def _submit(self, plan: Planned) -> JobHandle:
         spool = Path(plan.staging["spool"])
         stage_bundle(plan.package, plan.staging["prefix"], progress=False)
 
