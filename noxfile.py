@@ -67,8 +67,8 @@ def compiled(session: nox.Session) -> None:
 
 
 # pytest-xdist: tests that wait on subprocesses, emulators and sleeps overlap; the ones that would contend share a
-# group and run one after another on one worker (tests/conftest.py, GROUPS). Four workers on two cores: most of a
-# worker's time is spent waiting on a child process.
+# group (a pytest.mark.xdist_group mark where the tests are) and run one after another on one worker. Four workers on
+# two cores: most of a worker's time is spent waiting on a child process.
 PARALLEL = ("-n", os.environ.get("CLOUDTRAIN_TEST_WORKERS", "4"), "--dist", "loadgroup")
 
 

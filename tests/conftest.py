@@ -76,38 +76,10 @@ def status_json(cli: Callable[..., subprocess.CompletedProcess[str]], handle: st
     return json.loads(out.stdout)
 
 
-# pytest-xdist (`nox -s tests`: -n 4 --dist loadgroup). Tests run on any worker, several at once, except these: a
-# group runs on one worker, one test after another. A file's module-scoped fixture is shared only by the tests of one
-# worker, so a file whose fixture is expensive stays together; a test the table does not name may overlap any other.
-GROUPS = {
-    # one real Slurm cluster (and sshd) per worker that runs a Slurm test, and `scancel --user` after each test
-    "test_slurm.py": "slurm",
-    "test_watch_secrets.py": "slurm",  # moves jobs to that cluster
-    # the module-scoped uninterrupted baseline run per trainer (ddp, fsdp), shared by the tests that compare with it
-    "test_resume.py::test_preempted_then_hard_killed_resumes_bitwise[ddp-": "resume-ddp",
-    "test_resume.py::test_a_short_job_leaves_a_checkpoint_to_resume_from[ddp]": "resume-ddp",
-    "test_resume.py::test_preempted_then_hard_killed_resumes_bitwise[fsdp-": "resume-fsdp",
-    "test_resume.py::test_a_short_job_leaves_a_checkpoint_to_resume_from[fsdp]": "resume-fsdp",
-    "test_azure_schema.py": "azure-schema",  # module-scoped azure-ai-ml schema loads
-    # timing-sensitive: each preempts a stack mid-run and kills it the moment it saves; two at once on two cores ran
-    # to their end before the preemption came
-    "test_byo_checkpoints.py": "byo",
-    # the one preempted local job (tests/preempted_job.py, session-scoped) the report and timeline tests read
-    "test_report.py": "preempted-job",
-    **{f"test_timeline.py::{name}": "preempted-job" for name in (
-        "test_timeline_tells_the_whole_story", "test_progress_and_goodput_in_status", "test_openmetrics_parse_back",
-        "test_torn_event_lines_are_missing_not_errors", "test_unknown_handle_and_no_handle_exit_2")},
-}
-
-
 def _short_id(nodeid: str) -> str:
     """``tests/test_x.py::test_y[a/b]`` -> ``test_x.py::test_y[a/b]`` (a parameter id may hold "/" too)."""
     path, sep, rest = nodeid.partition("::")
     return path.rsplit("/", 1)[-1] + sep + rest
-
-
-def xdist_group(nodeid: str) -> str | None:
-    return next((group for prefix, group in GROUPS.items() if _short_id(nodeid).startswith(prefix)), None)
 
 
 # `--quick` (`nox -s quick`): the edit-test loop keeps the tests that run in this process. It leaves out every test
@@ -153,7 +125,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     it left new files in the working tree or the temp folder (tests/leaks.py)."""
     shutil.rmtree(PROFILE_DIR, ignore_errors=True)
     before = session.config.stash.get(LEAKS_BEFORE, None)
-    if before is None:
+    if before is None or session.exitstatus == pytest.ExitCode.USAGE_ERROR:  # no test ran; workers may still be ending
         return
     factory = getattr(session.config, "_tmp_path_factory", None)
     basetemp = factory.getbasetemp() if factory is not None and factory._basetemp is not None else None
@@ -176,34 +148,54 @@ def starts_processes(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
-    """``--quick`` leaves out what starts processes; GROUPS become xdist_group marks before any plugin's turn (xdist's
-    worker reads them into node ids), and afterwards, under ``--dist loadgroup``, each grouped test's id must carry
-    its group: else tests that must not overlap (one Slurm cluster, a shared baseline run) run on several workers at
-    once and fail at random (pytest-xdist 3.8 writes the group into ``item._nodeid``, which pytest 9.2 ignores)."""
+    """``--quick`` leaves out what starts processes; then, on an xdist worker, the groups are checked (check_groups)."""
     if config.getoption("quick"):
         left_out = [item for item in items if starts_processes(item)]
         if left_out:
             config.hook.pytest_deselected(items=left_out)
             items[:] = [item for item in items if not starts_processes(item)]
-    for item in items:
-        group = xdist_group(item.nodeid)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
     yield
+    check_groups(config, items)
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
-    """Under ``--dist loadgroup`` each grouped test's id must carry its group: else tests that must not overlap (one
-    Slurm cluster, a shared baseline run) run on several workers at once and fail at random. (pytest-xdist 3.8 writes
-    the group into ``item._nodeid``, which pytest 9.2 no longer reads: constraints/test.txt pins pytest 8.)"""
-    if getattr(node, "config", None) is not None and node.config.getoption("dist") != "loadgroup":  # type: ignore[attr-defined]
+# pytest-xdist (`nox -s tests`: -n 4 --dist loadgroup). Tests run on any worker, several at once, except those marked
+# `pytest.mark.xdist_group(name)` (where the tests are, each with its reason): a group runs on one worker, one test
+# after another. A module-scoped fixture is shared only by the tests of one worker, so tests that share an expensive
+# one share a group; a test with no group may overlap any other.
+UNGROUPED = "pytest-xdist did not group"
+
+
+def ungrouped_ids(items: list[pytest.Item]) -> list[str]:
+    """The ids of the tests marked xdist_group whose node id does not end in ``@<their groups>``, as the worker of
+    pytest-xdist 3.8 writes them (into ``item._nodeid``, which pytest 9.2 no longer reads)."""
+    lost: list[str] = []
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        if groups and not item.nodeid.endswith("@" + "_".join(groups)):
+            lost.append(item.nodeid)
+    return lost
+
+
+def check_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On each worker of a ``--dist loadgroup`` run, after every plugin's turn at the collection (xdist's writes the
+    groups into the ids, from which the controller groups), every grouped test's id must carry its group: else tests
+    that must not overlap (one Slurm cluster, a shared baseline run) run on several workers at once and fail at random.
+    Where one does not, the worker runs nothing and reports why as a failed collection, which the controller turns
+    into a usage error (pytest_collectreport): an error raised here would end the worker and lose the message."""
+    if not config.getoption("loadgroup", False):  # set on xdist's workers only, under --dist loadgroup
         return
-    lost = [i for i in ids if xdist_group(i) and "@" not in i]
+    lost = ungrouped_ids(items)
     if lost:
-        raise pytest.UsageError(f"pytest-xdist did not group {len(lost)} test(s), e.g. {lost[0]}: this pytest "
-                                f"({pytest.__version__}) and pytest-xdist do not work together; install the versions "
-                                "pinned in constraints/test.txt")
+        message = (f"{UNGROUPED} {len(lost)} test(s), e.g. {lost[0]}: this pytest ({pytest.__version__}) and "
+                   "pytest-xdist do not work together; install the versions pinned in constraints/test.txt")
+        config.hook.pytest_collectreport(report=pytest.CollectReport(lost[0], "failed", message, []))
+        items[:] = []
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") is None and str(report.longrepr).startswith(UNGROUPED):  # the controller
+        raise pytest.UsageError(str(report.longrepr))
 
 
 from tests.clouds import aws, azure, kube, vertex  # noqa: E402,F401 - fixtures: each cloud's fake

@@ -1,7 +1,7 @@
 """One real local job for the timeline and report tests (tests/test_timeline.py, tests/test_report.py): trains with
 a price (the report draws cost), is preempted (`cloudtrain preempt`) after its first checkpoints, restarts from its
-newest checkpoint and succeeds. Session-scoped, and conftest's GROUPS keeps the tests that use it on one worker, so
-the ~40 s job runs once per suite run."""
+newest checkpoint and succeeds. Session-scoped, and its tests (marked READS_IT) run on one xdist worker, so the
+~40 s job runs once per suite run."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ if TYPE_CHECKING:  # conftest loads this module under Python 3.8 too (nox -s boo
     from subprocess import CompletedProcess
 
     Cli = Callable[..., CompletedProcess[str]]
+# pytest-xdist: the tests that read the one job (session-scoped, so once per worker) run on one worker, in turn
+READS_IT = pytest.mark.xdist_group("preempted-job")
 EPOCHS = 2
 STEPS = EPOCHS * 32  # 2048 samples, 2 ranks, batch 32
 

@@ -33,6 +33,9 @@ from tests import leaks
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel", "sacct")
 NODES = {"n1": 17001, "n2": 17002}  # slurmd ports, as the issue sets them (a free one where taken)
 PARTITION = "debug"
+# pytest-xdist: one real Slurm cluster (and sshd) per worker that runs a Slurm test, and `scancel --user` after each
+# test; the files whose tests use the cluster (or move jobs to it) carry this mark, so they run on one worker in turn
+ONE_CLUSTER = pytest.mark.xdist_group("slurm")
 
 
 def _free(port: int) -> bool:

@@ -26,6 +26,8 @@ from cloudtrain.sdk import Job
 from tests.azure_sdk import assert_rest_body_is_the_sdks, sdk_rejects, sdk_rest_body
 from tests.conftest import REPO, ddp_project
 
+# pytest-xdist: the module-scoped azure-ai-ml schema loads below are made once, on one worker
+pytestmark = pytest.mark.xdist_group("azure-schema")
 INPUT = "abfss://data@acct.dfs.core.windows.net/train/"
 
 

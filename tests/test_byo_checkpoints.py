@@ -23,7 +23,9 @@ from cloudtrain.home.procs import kill_tagged
 from tests.conftest import SCRIPTS, stop_every_job, wait_for
 from tests.support import Cloudtrain
 
-pytestmark = pytest.mark.slow
+# pytest-xdist: timing-sensitive, one at a time on one worker: each preempts a stack mid-run and kills it the moment
+# it saves; two at once on two cores ran to their end before the preemption came
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("byo")]
 BYO = SCRIPTS / "byo"
 DONE = re.compile(r"\[byo\] done step (\d+) params (\w+)")
 RESUMED = re.compile(r"\[byo\] resumed from step (\d+)")

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.conftest import status_json
+from tests.preempted_job import READS_IT
 
 if TYPE_CHECKING:
     from tests.preempted_job import Cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, READS_IT]  # every test reads the one preempted job (tests/preempted_job.py)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None and not __import__("os").environ.get("CI"),

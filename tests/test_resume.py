@@ -21,6 +21,9 @@ from tests.support import ARGS, SLOW, Cloudtrain, assert_bitwise_equal, final_we
 pytestmark = pytest.mark.slow
 TRAINERS = {"ddp": "train_ddp.py", "fsdp": "train_fsdp.py"}
 STEPS = {"ddp": 64, "fsdp": 32}  # with ARGS, 2 ranks: 2048 / 1024 samples in batches of 32 per rank, two epochs
+# pytest-xdist: the module-scoped uninterrupted baseline run per trainer (`baselines`) is shared by the tests that
+# compare with it, so each trainer's cases run on one worker (a baseline per worker would be ~40 s more each)
+SHARES_BASELINE = {trainer: pytest.mark.xdist_group(f"resume-{trainer}") for trainer in TRAINERS}
 
 @pytest.fixture(autouse=True)
 def _no_stray_jobs(tmp_path: Path) -> Iterator[None]:
@@ -63,8 +66,10 @@ def baselines(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[
 
 # Every backend once and each trainer on several (not the full 2 x 4 product: each case is a ~40 s multi-process
 # run, and the storage protocol itself is covered per backend by test_storage.py and test_faults.py).
-@pytest.mark.parametrize(("trainer", "store_root"), [("ddp", "file"), ("ddp", "gs"), ("fsdp", "s3"), ("fsdp", "az"),
-                                                     ("fsdp", "file")], indirect=["store_root"])
+@pytest.mark.parametrize(("trainer", "store_root"), [
+    pytest.param(trainer, root, marks=SHARES_BASELINE[trainer])
+    for trainer, root in [("ddp", "file"), ("ddp", "gs"), ("fsdp", "s3"), ("fsdp", "az"), ("fsdp", "file")]],
+    indirect=["store_root"])
 def test_preempted_then_hard_killed_resumes_bitwise(baselines: Callable[[str], dict], trainer: str, store_root: str,
                                                     tmp_path: Path) -> None:
     """SIGTERM mid-epoch (final checkpoint, automatic restart), then SIGKILL between checkpoints of the restarted
@@ -181,7 +186,7 @@ def test_corrupt_newest_checkpoint_never_poisons_the_plain_script_folder(tmp_pat
     assert torch.load(tmp_path / "check" / checkpoint_store.step_dir(40) / "state.pt")["step"] == 40
 
 
-@pytest.mark.parametrize("trainer", sorted(TRAINERS))
+@pytest.mark.parametrize("trainer", [pytest.param(t, marks=SHARES_BASELINE[t]) for t in sorted(TRAINERS)])
 def test_a_short_job_leaves_a_checkpoint_to_resume_from(baselines: Callable[[str], dict], trainer: str,
                                                         tmp_path: Path) -> None:
     """Issue 17.2: the template's `checkpoint.interval: 10m` and a job shorter than that: close() saves the last

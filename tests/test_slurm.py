@@ -25,8 +25,10 @@ from cloudtrain.sdk import Job, plan_job
 from cloudtrain.show.formatting import plan_text
 from cloudtrain.testing import Harness, ProviderConformance
 from tests.conftest import REPO, cli_env, ddp_project, wait_for
-from tests.slurm_cluster import PARTITION, SlurmCluster, slurm, slurm_cluster  # noqa: F401 - fixtures
+from tests.slurm_cluster import ONE_CLUSTER, PARTITION, SlurmCluster, slurm, slurm_cluster  # noqa: F401 - fixtures
 from tests.sshd import ALIAS, Sshd, sshd  # noqa: F401 - a fixture
+
+pytestmark = ONE_CLUSTER  # one cluster per worker, one Slurm test at a time (tests/slurm_cluster.py)
 
 ARGS = ["--", "--epochs", "2", "--checkpoint-every", "8"]
 TRAINERS = {"ddp": "train_ddp.py", "fsdp": "train_fsdp.py"}

@@ -1,6 +1,6 @@
-"""The suite guards itself: a run that leaves files behind fails, every module stays small, no test module imports
-another, and plan time is measured against a bare interpreter (benchmarks/cli_startup.py: a ratio, never a timing
-assert here)."""
+"""The suite guards itself: a run that leaves files behind fails, a grouped test xdist did not group stops the run,
+every module stays small, no test module imports another, and plan time is measured against a bare interpreter
+(benchmarks/cli_startup.py: a ratio, never a timing assert here)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -44,6 +46,27 @@ def test_a_clean_run_passes_and_leaves_no_profile_folder(tmp_path: Path) -> None
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert not list(Path(tempfile.gettempdir()).glob(f"ct-config-{session}-*"))
+
+
+def test_a_grouped_test_whose_id_lost_its_group_stops_the_run(tmp_path: Path) -> None:
+    """Under --dist loadgroup each xdist worker checks, after collection, that every test marked xdist_group has its
+    group in its node id (conftest.check_groups): tests/xdist_ungrouped.py takes it out again, as pytest 9.2 does, and
+    the run must stop with a usage error before the test runs. Without that plugin the same test runs, grouped."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CLOUDTRAIN_TEST_SESSION", "PYTEST_XDIST_WORKER")}
+
+    def run(*plugin: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, "-n", "1",
+                               "--dist", "loadgroup", f"--basetemp={tmp_path / 'base'}", "tests/xdist_ungrouped.py"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    lost = run("-p", "tests.xdist_ungrouped")
+    assert lost.returncode == pytest.ExitCode.USAGE_ERROR, lost.stdout[-3000:] + lost.stderr[-3000:]
+    assert ("ERROR: pytest-xdist did not group 1 test(s), e.g. tests/xdist_ungrouped.py::test_never_runs: this pytest "
+            f"({pytest.__version__}) and pytest-xdist do not work together") in lost.stderr, lost.stderr[-3000:]
+    assert "whose id lost its group ran" not in lost.stdout, lost.stdout[-3000:]
+    grouped = run()
+    assert grouped.returncode == 1 and "FAILED tests/xdist_ungrouped.py::test_never_runs@ungrouped" in grouped.stdout, \
+        grouped.stdout[-3000:]
 
 
 def python_files() -> list[Path]:

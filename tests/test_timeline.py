@@ -20,7 +20,7 @@ from tests.fakes.azureml import AzureMLFake
 from tests.fakes.kubernetes import FakeKube
 from tests.fakes.sagemaker import SageMakerFront
 from tests.fakes.vertex import VertexFake
-from tests.preempted_job import STEPS
+from tests.preempted_job import READS_IT, STEPS  # READS_IT: the tests of the one preempted job, on one worker
 
 if TYPE_CHECKING:
     from tests.preempted_job import Cli
@@ -32,6 +32,7 @@ def families(text: str) -> dict[str, list]:
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
 
+@READS_IT
 def test_timeline_tells_the_whole_story(preempted_job: tuple[Cli, str, Path]) -> None:
     cli, handle, _ = preempted_job
     found = status_json(cli, handle)
@@ -54,6 +55,7 @@ def test_timeline_tells_the_whole_story(preempted_job: tuple[Cli, str, Path]) ->
     assert [e["t"] for e in events] == sorted(e["t"] for e in events)
 
 
+@READS_IT
 def test_progress_and_goodput_in_status(preempted_job: tuple[Cli, str, Path]) -> None:
     cli, handle, _ = preempted_job
     found = status_json(cli, handle)
@@ -71,6 +73,7 @@ def test_progress_and_goodput_in_status(preempted_job: tuple[Cli, str, Path]) ->
     assert f"progress: step {STEPS}/{STEPS} (100%)" in text and f"goodput: {good['ratio']:.2f} of" in text
 
 
+@READS_IT
 def test_openmetrics_parse_back(preempted_job: tuple[Cli, str, Path]) -> None:
     cli, handle, _ = preempted_job
     good = status_json(cli, handle)["goodput"]
@@ -91,6 +94,7 @@ def test_openmetrics_parse_back(preempted_job: tuple[Cli, str, Path]) -> None:
         assert {"provisioning", "restore", "checkpoints"} <= lost
 
 
+@READS_IT
 def test_torn_event_lines_are_missing_not_errors(preempted_job: tuple[Cli, str, Path]) -> None:
     """A node killed mid-write leaves half an event line; a torn line in the home's events file too. (The shared
     job's files are put back as they were after.)"""
@@ -113,6 +117,7 @@ def test_torn_event_lines_are_missing_not_errors(preempted_job: tuple[Cli, str, 
             f.write_bytes(data)
 
 
+@READS_IT
 def test_unknown_handle_and_no_handle_exit_2(preempted_job: tuple[Cli, str, Path]) -> None:
     cli, _, _ = preempted_job
     for args in (("status", "local://no-such-job", "-o", "openmetrics"), ("status",)):

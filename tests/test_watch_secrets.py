@@ -19,7 +19,9 @@ import pytest
 
 from cloudtrain.checkpoint import lineage
 from tests.conftest import cli_env, status_json, wait_for
-from tests.slurm_cluster import PARTITION, SlurmCluster, slurm, slurm_cluster  # noqa: F401 - fixtures
+from tests.slurm_cluster import ONE_CLUSTER, PARTITION, SlurmCluster, slurm, slurm_cluster  # noqa: F401 - fixtures
+
+pytestmark = ONE_CLUSTER  # moves jobs to the Slurm cluster: in turn with test_slurm.py (tests/slurm_cluster.py)
 
 # The job checks every value it was given against its digest (EXPECTED, not secret) and leaves a mark; on its first
 # leg it then waits (HOLD) to be preempted.
