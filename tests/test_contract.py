@@ -11,9 +11,6 @@ from cloudtrain import contract
 from tests.conftest import REPO
 
 NAME = re.compile(r"CLOUDTRAIN_[A-Z0-9_]+")
-# The node contracts run where cloudtrain's package is not importable (the node loads each by its file), each with
-# its own copy of the names it uses.
-STANDALONE = set((REPO / "cloudtrain" / "providers").glob("*/node.py"))
 FIRST_STAGE = REPO / "entrypoints" / "bootstrap.py"
 
 
@@ -35,11 +32,12 @@ def test_the_docs_are_generated_from_the_table() -> None:
 
 
 def test_every_name_is_in_the_table_and_named_through_it() -> None:
-    """Core and node-side code names a variable through cloudtrain.contract; a provider's folder may hold its own
-    settings (declared in its registry entry) and test seams; the standalone files keep copies of table names."""
+    """Core and node-side code names a variable through cloudtrain.contract, the providers' node contracts (node.py,
+    loaded from the bundle's lib/ beside it) too; a provider's folder may hold its own settings (declared in its
+    registry entry) and test seams."""
     stray = {}
     for path in (REPO / "cloudtrain").rglob("*.py"):
-        if path.name == "contract.py" or path in STANDALONE:
+        if path.name == "contract.py":
             continue
         provider_folder = path.parent.parent.name == "providers" and path.parent.name != "providers"
         found = literals(path)
@@ -48,8 +46,6 @@ def test_every_name_is_in_the_table_and_named_through_it() -> None:
         if found:
             stray[str(path.relative_to(REPO))] = sorted(found)
     assert stray == {}
-    for path in STANDALONE:
-        assert literals(path) <= contract.NAMES, path
 
 
 def test_the_bootstraps_first_stage_names_no_variable() -> None:

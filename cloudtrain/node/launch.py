@@ -1,7 +1,7 @@
 """A node's launch, derived: its command line (what follows ``python bootstrap.py``), its place in the cluster under the
 platform's node contract (the provider's node.py), and the torchrun line that follows from both.
 
-Pure (no I/O but reading a contract's inputs), so the planner imports it (cloudtrain/plan/node_commands.py) and a
+Pure (no I/O but reading a contract's inputs), so the planner imports it (cloudtrain/platforms/node_commands.py) and a
 plan's torchrun lines are the ones the nodes run; the node entry (cloudtrain/node/entry.py) runs the same code from
 the bundle's lib/. Standard library only, Python 3.8.
 """
@@ -84,8 +84,9 @@ def resolve_nproc(requested: str, env: dict[str, str]) -> int:
 
 
 def load_contract(path: Path) -> Any:
-    """A node contract module (a provider's node.py, shipped in the bundle's lib/), loaded from its file: standard
-    library only, and no package of it is imported (its folder's __init__ may need more than Python 3.8 has)."""
+    """A node contract module (a provider's node.py, shipped in the bundle's lib/), loaded from its file: it imports
+    the standard library and cloudtrain's node side (cloudtrain.contract, from that lib/), and no package of it is
+    imported (its folder's __init__ may need more than Python 3.8 has)."""
     if not path.is_file():
         raise NodeStartError(f"node contract {path} is not in the bundle")
     spec = importlib.util.spec_from_file_location(f"cloudtrain_node_{path.parent.name}", path)

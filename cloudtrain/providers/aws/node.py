@@ -1,5 +1,6 @@
 """SageMaker's node contract: what a SageMaker host gives the container, and how a node reads it (see
-cloudtrain/providers/local/node.py for what a contract module is: standard library only, Python 3.8).
+cloudtrain/providers/local/node.py for what a contract module is: Python 3.8, the standard library and cloudtrain's
+node side).
 
 resourceconfig.json (current_host, hosts, current_instance_type, network_interface_name) under /opt/ml, or the same
 facts as SM_* variables; ranks follow the sorted host list, master algo-1:7777, exactly as SageMaker's own torchrun
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+from cloudtrain import contract
 
 PLATFORM = "sagemaker"
 # Spot notice (cloudtrain/node/spot_notice.py): EC2's instance-action, but off unless CLOUDTRAIN_SPOT_NOTICE=on.
@@ -97,5 +100,5 @@ def emulate(nnodes: int, rank: int, port: int, node_dir: Path, job_id: str) -> t
     hosts = [f"algo-{i + 1}" for i in range(nnodes)]
     config = {"current_host": hosts[rank], "hosts": hosts, "network_interface_name": "lo",
               "current_instance_type": "local"}
-    env = {"SAGEMAKER_BASE_DIR": str(base), "CLOUDTRAIN_MASTER_OVERRIDE": f"127.0.0.1:{port}"}
+    env = {"SAGEMAKER_BASE_DIR": str(base), contract.MASTER_OVERRIDE: f"127.0.0.1:{port}"}
     return env, {str(base / "input" / "config" / "resourceconfig.json"): json.dumps(config)}

@@ -1,5 +1,5 @@
-"""Azure ML's node contract (see cloudtrain/providers/local/node.py for what a contract module is: standard library
-only, Python 3.8).
+"""Azure ML's node contract (see cloudtrain/providers/local/node.py for what a contract module is: Python 3.8,
+the standard library and cloudtrain's node side).
 
 With PyTorchDistribution(process_count_per_instance=1) the service sets MASTER_ADDR, MASTER_PORT and NODE_RANK per
 node, and WORLD_SIZE counts its processes, which is one per node in that layout. cloudtrain's plan also sets
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from cloudtrain import contract
 
 PLATFORM = "azureml"
 SPOT_NOTICE = "azure"  # Scheduled Events' Preempt (cloudtrain/node/spot_notice.py): compute cluster nodes are Azure VMs
@@ -27,7 +29,7 @@ def _int(env: dict[str, str], name: str, default: int) -> int:
 
 
 def detect(env: dict[str, str]) -> dict[str, Any]:
-    nnodes = _int(env, "CLOUDTRAIN_NNODES", _int(env, "WORLD_SIZE", 1))
+    nnodes = _int(env, contract.NNODES, _int(env, "WORLD_SIZE", 1))
     return {"nnodes": nnodes, "node_rank": _int(env, "NODE_RANK", 0),
             "master_addr": env.get("MASTER_ADDR", "127.0.0.1"), "master_port": _int(env, "MASTER_PORT", MASTER_PORT),
             "rdzv": "static"}
@@ -45,4 +47,4 @@ def planned(nnodes: int, rank: int, job_id: str, instance_type: str = "") -> dic
 
 def emulate(nnodes: int, rank: int, port: int, node_dir: Path, job_id: str) -> tuple[dict[str, str], dict[str, str]]:
     return {"AZUREML_RUN_ID": job_id, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(rank),
-            "WORLD_SIZE": str(nnodes), "RANK": str(rank), "LOCAL_RANK": "0", "CLOUDTRAIN_NNODES": str(nnodes)}, {}
+            "WORLD_SIZE": str(nnodes), "RANK": str(rank), "LOCAL_RANK": "0", contract.NNODES: str(nnodes)}, {}

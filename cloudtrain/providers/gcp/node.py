@@ -1,5 +1,5 @@
-"""Vertex AI's node contract (see cloudtrain/providers/local/node.py for what a contract module is: standard library
-only, Python 3.8).
+"""Vertex AI's node contract (see cloudtrain/providers/local/node.py for what a contract module is: Python 3.8,
+the standard library and cloudtrain's node side).
 
 Everything from CLUSTER_SPEC (workerpool0 = the primary, workerpool1 = the other nodes). MASTER_ADDR/WORLD_SIZE are
 not reliable there (some containers set WORLD_SIZE to the node count), so they are ignored.

@@ -1,5 +1,5 @@
-"""Kubernetes' node contract (see cloudtrain/providers/local/node.py for what a contract module is: standard library
-only, Python 3.8).
+"""Kubernetes' node contract (see cloudtrain/providers/local/node.py for what a contract module is: Python 3.8,
+the standard library and cloudtrain's node side).
 
 Both job kinds give every node's container the ``PET_*`` variables torchrun itself reads, and cloudtrain reads them
 and never sets them (the Trainer's webhook refuses a TrainJob whose env names one):
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from cloudtrain import contract
 
 PLATFORM = "kubernetes"
 TRAINJOB_PORT = 29500  # constants.ContainerTrainerPort (kubeflow/trainer v2.3.0)
@@ -69,5 +71,5 @@ def emulate(nnodes: int, rank: int, port: int, node_dir: Path, job_id: str) -> t
     is redirected to 127.0.0.1:port (CLOUDTRAIN_MASTER_OVERRIDE)."""
     env = planned(nnodes, rank, job_id)
     env["PET_NPROC_PER_NODE"] = "auto"
-    env["CLOUDTRAIN_MASTER_OVERRIDE"] = f"127.0.0.1:{port}"
+    env[contract.MASTER_OVERRIDE] = f"127.0.0.1:{port}"
     return env, {}

@@ -2,8 +2,9 @@
 
 A node contract module says how a node learns its place in the cluster from what its platform gives it, and how to
 give the same to a node on this machine (``--emulate``). It runs first on every node, loaded by the bootstrap from
-the bundle's lib/ by its file path: standard library only, Python 3.8, nothing of cloudtrain imported. The planner
-imports the same module, so a plan's torchrun lines are what the nodes derive.
+the bundle's lib/ by its file path: Python 3.8, the standard library and cloudtrain's node side (the bundle's lib/
+holds it: ``cloudtrain.contract`` names cloudtrain's variables), nothing of the client side. The planner imports the
+same module, so a plan's torchrun lines are what the nodes derive.
 
 Every contract module has ``PLATFORM``, ``detect(env)``, ``planned(nnodes, rank, job_id, instance_type)`` and
 ``emulate(nnodes, rank, port, node_dir, job_id)``; optional: ``launcher_env(cluster, env)``,
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from cloudtrain import contract
 
 PLATFORM = "local"
 
@@ -33,11 +36,11 @@ def detect(env: dict[str, str]) -> dict[str, Any]:
     address and the others as 'localhost' (which sorts after it): global rank 0 then lives on node 0, as on every
     cloud, where node 0 is the one that publishes a plain script's checkpoints. Only rank 0's address is ever
     connected to."""
-    node_rank = _int(env, "CLOUDTRAIN_NODE_RANK", 0)
-    return {"nnodes": _int(env, "CLOUDTRAIN_NNODES", 1), "node_rank": node_rank,
-            "master_addr": env.get("CLOUDTRAIN_MASTER_ADDR", "127.0.0.1"),
-            "master_port": _int(env, "CLOUDTRAIN_MASTER_PORT", 29500), "rdzv": env.get("CLOUDTRAIN_RDZV", "c10d"),
-            "local_addr": env.get("CLOUDTRAIN_LOCAL_ADDR", "127.0.0.1" if node_rank == 0 else "localhost")}
+    node_rank = _int(env, contract.NODE_RANK, 0)
+    return {"nnodes": _int(env, contract.NNODES, 1), "node_rank": node_rank,
+            "master_addr": env.get(contract.MASTER_ADDR, "127.0.0.1"),
+            "master_port": _int(env, contract.MASTER_PORT, 29500), "rdzv": env.get(contract.RDZV, "c10d"),
+            "local_addr": env.get(contract.LOCAL_ADDR, "127.0.0.1" if node_rank == 0 else "localhost")}
 
 
 def planned(nnodes: int, rank: int, job_id: str, instance_type: str = "") -> dict[str, str]:
@@ -46,5 +49,5 @@ def planned(nnodes: int, rank: int, job_id: str, instance_type: str = "") -> dic
 
 def emulate(nnodes: int, rank: int, port: int, node_dir: Path, job_id: str) -> tuple[dict[str, str], dict[str, str]]:
     """The variables (and files: none here) node ``rank`` of ``nnodes`` sees, its rendezvous at 127.0.0.1:port."""
-    return {"CLOUDTRAIN_NNODES": str(nnodes), "CLOUDTRAIN_NODE_RANK": str(rank), "CLOUDTRAIN_MASTER_ADDR": "127.0.0.1",
-            "CLOUDTRAIN_MASTER_PORT": str(port), "CLOUDTRAIN_RDZV": "c10d"}, {}
+    return {contract.NNODES: str(nnodes), contract.NODE_RANK: str(rank), contract.MASTER_ADDR: "127.0.0.1",
+            contract.MASTER_PORT: str(port), contract.RDZV: "c10d"}, {}

@@ -1,5 +1,5 @@
-"""Slurm's node contract (see cloudtrain/providers/local/node.py for what a contract module is: standard library
-only, Python 3.8).
+"""Slurm's node contract (see cloudtrain/providers/local/node.py for what a contract module is: Python 3.8,
+the standard library and cloudtrain's node side).
 
 The batch script starts one ``srun`` task per node; each reads its place from what Slurm gives a task:
 SLURM_NODEID (the rank), SLURM_NNODES, SLURM_JOB_NODELIST (expanded as ``scontrol show hostnames`` does; the first
@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any
+
+from cloudtrain import contract
 
 PLATFORM = "slurm"
 PORT_BASE, PORT_SPAN = 20000, 12000  # rendezvous ports 20000-31999: below Linux's ephemeral range
@@ -128,4 +130,4 @@ def emulate(nnodes: int, rank: int, port: int, node_dir: Path, job_id: str) -> t
     hosts, listed = _hosts(nnodes)
     return {"SLURM_JOB_ID": "1", "SLURM_NODEID": str(rank), "SLURM_NNODES": str(nnodes),
             "SLURM_JOB_NODELIST": listed, "SLURMD_NODENAME": hosts[rank], "SLURM_RESTART_COUNT": "0",
-            "CLOUDTRAIN_MASTER_OVERRIDE": f"127.0.0.1:{port}"}, {}
+            contract.MASTER_OVERRIDE: f"127.0.0.1:{port}"}, {}

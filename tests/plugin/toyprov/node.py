@@ -1,5 +1,6 @@
 """The toy scheduler's node contract: it tells each node TOY_NODE_INDEX, TOY_NODE_COUNT and TOY_HEAD (host:port of
-node 0). Standard library only, as every node contract (the bootstrap loads it from the bundle's lib/)."""
+node 0). Standard library only: it names none of cloudtrain's variables (a node contract that does imports them
+from cloudtrain.contract, which the bundle's lib/ holds beside it: the bootstrap loads the contract from there)."""
 
 from __future__ import annotations
 
