@@ -15,7 +15,7 @@ import importlib.util
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from cloudtrain.errors import ProviderNotFound
 from cloudtrain.handles import JobHandle
@@ -203,7 +203,19 @@ class Declaration:
             raise LookupError(f"provider {self.name!r} declares no {role}")
         module, _, attr = target.partition(":")
         loaded = importlib.import_module(self._module(module))
-        return getattr(loaded, attr) if attr else loaded
+        found = getattr(loaded, attr) if attr else loaded
+        return self.checked(role, found, target)
+
+    def checked(self, role: str, found: Any, where: str) -> Any:
+        """``found`` when it has what its role's Protocol (``ROLES``) asks for; else a ProviderNotFound naming the
+        provider, the role, where it points and what it lacks (a plugin's mistake, said when the role loads)."""
+        protocol = ROLES.get(role)
+        if protocol is None or isinstance(found, protocol):
+            return found
+        missing = [m for m in _members(protocol) if not hasattr(found, m)]
+        raise ProviderNotFound(f"provider {self.name!r}: its {role} role ({where}) is not {protocol.__doc__}: it "
+                               f"lacks {', '.join(missing)}", field="--provider",
+                               remedy=f"fix {self.distribution}'s declaration or its {role} module, or uninstall it")
 
     def node_module(self) -> str:
         """The dotted name of the node contract module (what the bootstrap loads from the bundle's lib/)."""
@@ -235,3 +247,63 @@ class Declaration:
 
     def _module(self, relative: str) -> str:
         return f"{self.package}.{relative}" if relative else self.package
+
+
+# -- what each role a Declaration names must be, checked when it loads (Declaration.load) ------------------------
+
+@runtime_checkable
+class ProviderRole(Protocol):
+    """a Provider subclass (cloudtrain.providers.base.Provider: _translate or _plan, _submit, _describe, _logs,
+    _cancel, _list)"""
+
+    def _submit(self, plan: Any) -> JobHandle: ...
+    def _describe(self, handle: JobHandle) -> JobStatus: ...
+    def _logs(self, handle: JobHandle, follow: bool) -> Any: ...
+    def _cancel(self, handle: JobHandle) -> None: ...
+    def _list(self, limit: int) -> list[JobStatus]: ...
+
+
+@runtime_checkable
+class OptionsRole(Protocol):
+    """a pydantic model of the spec's providers.<name> block (model_validate, model_fields)"""
+
+    model_fields: Any
+
+    def model_validate(self, obj: Any) -> Any: ...
+
+
+@runtime_checkable
+class NodeRole(Protocol):
+    """a node contract module (detect, planned, emulate)"""
+
+    def detect(self, *args: Any, **kwargs: Any) -> Any: ...
+    def planned(self, nodes: int, rank: int, job_id: str, machine_type: str) -> dict[str, str]: ...
+    def emulate(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+@runtime_checkable
+class ExportRole(Protocol):
+    """an export module (export(plan, request, folder) -> files)"""
+
+    def export(self, plan: Any, request: Any, folder: Path) -> list[Path]: ...
+
+
+@runtime_checkable
+class Hook(Protocol):
+    """a function"""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+# settings: fn(key) -> (value, where) | None; doctor: fn(ctx) -> list[Check]; torch_minors: fn() -> minors;
+# plan_summary: fn(plan) -> Summary; cloud_vm: fn() -> bool
+ROLES: dict[str, type] = {"provider": ProviderRole, "options": OptionsRole, "node": NodeRole, "export": ExportRole,
+                          "settings": Hook, "doctor": Hook, "torch_minors": Hook, "plan_summary": Hook,
+                          "cloud_vm": Hook}
+
+
+def _members(protocol: type) -> list[str]:
+    """What a role's Protocol asks for, by name (its methods and attributes; ``__call__`` for a function)."""
+    names = set(vars(protocol)) | set(getattr(protocol, "__annotations__", {}))
+    return sorted(n for n in names if n == "__call__" or not (n.startswith("__") or n.startswith("_is_")
+                                                               or n.startswith("_abc")))

@@ -210,5 +210,8 @@ def get_provider(name: str) -> Any:
 
 
 def node_contract(name: str) -> ModuleType:
-    """A provider's node contract module, imported here (the planner's copy of what the bootstrap loads)."""
-    return importlib.import_module(declaration(name).node_module())
+    """A provider's node contract module, imported here (the planner's copy of what the bootstrap loads), checked
+    to be one (its ``node`` role: detect, planned, emulate)."""
+    decl = declaration(name)
+    found: ModuleType = decl.checked("node", importlib.import_module(decl.node_module()), decl.node_module())
+    return found

@@ -34,3 +34,4 @@ def _observe(status: JobStatus) -> None:
 
 Provider.settings_resolver = _setting  # the one resolver, for what providers do outside a plan
 Provider.observe = _observe  # each status a provider describes goes into the job's timeline
+Provider.declared = registry.declaration  # a provider class that states only its name finds its declaration here

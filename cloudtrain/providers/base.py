@@ -13,10 +13,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from cloudtrain import registry
 from cloudtrain.errors import CapacityError, CloudtrainError, HandleError, UserError
 from cloudtrain.handles import JobHandle
-from cloudtrain.job_types import TYPED, Capability, JobState, JobStatus
+from cloudtrain.job_types import TYPED, Capability, Declaration, JobState, JobStatus
 from cloudtrain.naming import check_job_name
 
 if TYPE_CHECKING:
@@ -31,15 +30,17 @@ __all__ = ["TYPED", "Capability", "JobState", "JobStatus", "Provider"]
 class _ByName:
     """``Provider.declaration`` of a provider class that states only a ``name`` (the older form): the registry's."""
 
-    def __get__(self, obj: object, owner: type[Provider]) -> registry.Declaration:
-        return registry.declaration(owner.name)
+    def __get__(self, obj: object, owner: type[Provider]) -> Declaration:
+        find = Provider.declared
+        assert find is not None, "cloudtrain.providers wires the registry's lookup in"
+        return find(owner.name)
 
 
 class Provider(ABC):
     """A platform, plan-first. A subclass states its declaration (``declaration = PROVIDER``, from its folder's
     ``__init__.py``); its ``name`` is the declaration's."""
 
-    declaration: ClassVar[registry.Declaration] = _ByName()  # type: ignore[assignment]
+    declaration: ClassVar[Declaration] = _ByName()  # type: ignore[assignment]
     name: ClassVar[str]  # = declaration.name, set for each subclass
     # Declared up front and checked at plan time, so a spec never reaches a platform that cannot honour it.
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
@@ -55,6 +56,9 @@ class Provider(ABC):
     # timeline's observation of each status.
     around_submit: ClassVar[Callable[[Provider, Planned], JobHandle] | None] = None
     observe: ClassVar[Callable[[JobStatus], None] | None] = None
+    # the registry's declaration of a provider by name (for a class that states only its name), wired in by
+    # cloudtrain.providers: the registry sits above this interface's types
+    declared: ClassVar[Callable[[str], Declaration] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -155,7 +159,7 @@ class Provider(ABC):
         return resolver(self.name, key, explicit)
 
     # -- what every provider's plan shares ---------------------------------------------------------------
-    def contract(self, spec: JobSpec) -> registry.Declaration:
+    def contract(self, spec: JobSpec) -> Declaration:
         """The provider whose node contract this job's nodes run under: this one's (local: the emulated one's)."""
         return self.declaration
 
