@@ -168,7 +168,8 @@ class Declaration:
     options: str | None = None  # the pydantic model of the spec's providers.<name> block
     # environment variables per setting, first set wins: where `config` and the plan look after the spec
     env: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    settings: str | None = None  # fn(key) -> (value, where) | None: the platform's own tools (gcloud, az ...)
+    settings: str | None = None  # fn(key[, setting]) -> (value, where) | None: the platform's own tools (gcloud, az
+    #                               ...); setting(other_key) resolves another of its settings
     placeholders: dict[str, str] = field(default_factory=dict)  # setting -> what a plan shows while it is unset
     doctor: str | None = None  # fn(ctx) -> list[Check]
     node: str | None = None  # the node contract module (standard library only); None: cloudtrain's own

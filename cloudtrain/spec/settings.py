@@ -20,6 +20,7 @@ read are each provider's to declare (cloudtrain.registry); this module only appl
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -287,7 +288,11 @@ def _platform_setting(provider: str, key: str) -> tuple[Any, str] | None:
     decl = registry.declaration(provider)
     if not decl.settings:
         return None
-    found = decl.load("settings")(key)
+    hook = decl.load("settings")
+    # a hook that reads one setting through another (kubernetes: the namespace of the context in use) takes the
+    # resolver as its second argument, so no provider calls it itself
+    wants = len(inspect.signature(hook).parameters) > 1
+    found = hook(key, lambda other: lookup(provider, other)) if wants else hook(key)
     return (found[0], found[1]) if found else None
 
 

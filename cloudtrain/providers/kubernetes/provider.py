@@ -12,7 +12,7 @@ from __future__ import annotations
 import builtins
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -75,7 +75,7 @@ class KubernetesProvider(Provider):
         staging = ctx.staged("staging", PROVIDER.placeholders["staging"], notes)
         job_id, renamed = job_name(new_job_id(spec.name), options.api, spec.nodes)
         notes += renamed
-        namespace = options.namespace or default_namespace()
+        namespace = options.namespace or default_namespace(self.setting)
         claim = staging.startswith("pvc://")
         home = f"file://{rq.SHARED_DIR}" if claim else staging
         spec, _output, located = cloud_locations(spec, home, self.name, job_id)
@@ -268,7 +268,7 @@ class KubernetesProvider(Provider):
         self.kube().patch(res, self._namespace(handle), handle.job_id, {**mark, "spec": spec})
 
     def _list(self, limit: int) -> builtins.list[JobStatus]:
-        namespace = self.setting("namespace") or default_namespace()
+        namespace = self.setting("namespace") or default_namespace(self.setting)
         found = []
         for res in (rq.TRAINJOB, rq.PYTORCHJOB):
             try:
@@ -315,9 +315,10 @@ class KubernetesProvider(Provider):
         return created
 
 
-def default_namespace() -> str:
-    """The kubeconfig context's namespace (a file read, offline), else the pod's, else "default"."""
-    found = platform_setting("namespace")
+def default_namespace(setting: Callable[[str], Any]) -> str:
+    """The namespace of the kubeconfig context in use (``setting`` resolves which: a file read, offline), else the
+    pod's, else "default"."""
+    found = platform_setting("namespace", setting)
     return str(found[0]) if found else "default"
 
 

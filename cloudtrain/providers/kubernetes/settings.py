@@ -4,6 +4,7 @@ the kubeconfig (as kubectl reads it: $KUBECONFIG, else ~/.kube/config), else the
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,9 @@ def context_namespace(data: dict[str, Any], context: str | None) -> str | None:
     return None
 
 
-def platform_setting(key: str) -> tuple[Any, str] | None:
-    """context: the kubeconfig's current-context; namespace: that context's namespace, else the pod's own."""
+def platform_setting(key: str, setting: Callable[[str], Any]) -> tuple[Any, str] | None:
+    """context: the kubeconfig's current-context; namespace: that context's namespace (the context in use, as
+    ``setting`` resolves it), else the pod's own."""
     if key not in ("context", "namespace"):
         return None
     found = kubeconfig()
@@ -48,9 +50,7 @@ def platform_setting(key: str) -> tuple[Any, str] | None:
         if key == "context" and data.get("current-context"):
             return data["current-context"], f"kubeconfig {where}"
         if key == "namespace":
-            from cloudtrain.spec.settings import lookup
-
-            namespace = context_namespace(data, lookup("kubernetes", "context"))
+            namespace = context_namespace(data, setting("context"))
             if namespace:
                 return namespace, f"kubeconfig {where}"
     if key == "namespace":
