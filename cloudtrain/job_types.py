@@ -179,7 +179,7 @@ class Declaration:
     images: str | None = None  # a JSON file in the folder: the images its plans pick, dated
     torch_minors: str | None = None  # fn() -> torch minors it has an image for
     export: str | None = None  # module: export(plan, request, folder) -> files (`plan --export`); unset(plan)
-    # -- the platform's naming rules (checked by Provider.plan, .resubmit and handle parsing) --------------------
+    # -- the platform's naming rules (checked by the planner, Provider.resubmit and handle parsing) -----------
     name_pattern: str | None = None  # a regex every job name (plan.job_id, a resubmission's) matches in full
     name_rule: str = ""  # that rule in words, for the message when a name breaks it
     handle_scope: tuple[str, ...] = ()  # what a handle names before the job id: aws://<region>/<job> -> ("region",)

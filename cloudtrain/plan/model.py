@@ -34,7 +34,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     image: str | None = None  # the container image (or Azure ML environment) every node runs
     machine: Machine | None = None  # each node's machine (None: this computer, or a cluster cloudtrain can't see)
-    estimate: dict[str, Any] | None = None  # what it may cost, from the catalog's list prices (Provider.plan adds it)
+    estimate: dict[str, Any] | None = None  # what it may cost, from the catalog's list prices (the planner adds it)
     budget: dict[str, Any] | None = None  # what max_cost buys (cloudtrain.plan.cost.plan_budget); None: no max_cost
     runtime: Runtime | None = None  # the torch and Python every node runs (None: this machine's own)
     spec_file: str | None = None  # the spec file the job's settings started from (None: flags or Python only)
