@@ -20,7 +20,6 @@ read are each provider's to declare (cloudtrain.registry); this module only appl
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -289,6 +288,8 @@ def _platform_setting(provider: str, key: str) -> tuple[Any, str] | None:
     if not decl.settings:
         return None
     hook = decl.load("settings")
+    import inspect  # only here: a plan that reads no platform setting does not load it
+
     # a hook that reads one setting through another (kubernetes: the namespace of the context in use) takes the
     # resolver as its second argument, so no provider calls it itself
     wants = len(inspect.signature(hook).parameters) > 1
