@@ -107,7 +107,8 @@ class World:
 def fake_providers(world: World) -> dict[str, Any]:
     from cloudtrain.errors import CapacityError
     from cloudtrain.handles import JobHandle
-    from cloudtrain.providers.base import JobState, JobStatus, Provider
+    from cloudtrain.job_types import JobState, JobStatus
+    from cloudtrain.providers.base import Provider
 
     class Fake(Provider):
         capacity_patterns = (r"InsufficientCapacityError|capacity is gone",)

@@ -18,11 +18,11 @@ from cloudtrain import storage
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.errors import SpecError, UserError
 from cloudtrain.handles import JobHandle
+from cloudtrain.job_types import JobState
 from cloudtrain.providers.aws.images import training_image
 from cloudtrain.providers.aws.provider import LOG_GROUP, SageMakerProvider
 from cloudtrain.providers.aws.status import NATIVE_STATES, job_state
 from cloudtrain.providers.aws.validate import request_errors
-from cloudtrain.providers.base import JobState
 from cloudtrain.sdk import Job, Run, plan_job
 from tests.clouds import AWS_OFFLINE as OFFLINE
 from tests.clouds import write_node_log

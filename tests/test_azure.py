@@ -19,10 +19,10 @@ import pytest
 from cloudtrain.cli.render import plan_text
 from cloudtrain.errors import SpecError
 from cloudtrain.handles import JobHandle
+from cloudtrain.job_types import JobState, JobStatus
 from cloudtrain.jobs.recovery import load as load_recovery
 from cloudtrain.providers.azure.schema import job_errors
 from cloudtrain.providers.azure.status import NATIVE_STATES
-from cloudtrain.providers.base import JobState, JobStatus
 from cloudtrain.sdk import Job, Run
 from tests.azure_sdk import assert_rest_body_is_the_sdks, sdk_rejects
 from tests.clouds import WORKSPACE, azure_project, spec_file

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.handles import JobHandle
+from cloudtrain.job_types import JobState
 from cloudtrain.jobs import budget, recovery
 from cloudtrain.plan import cost
-from cloudtrain.providers.base import JobState
 from cloudtrain.sdk import Job, budget_note, chain_of
 from tests.fakes.sagemaker import SageMakerFront
 
@@ -146,7 +146,7 @@ def test_budget_spans_every_leg_of_a_recovery_chain(ct_home: Path, monkeypatch: 
     rate = cost.Rate("gcp", "a2-highgpu-8g", 1, "spot", on_demand=40.0, spot=10.0)
     cost.write("gcp://p/r/1", {"handle": "gcp://p/r/1", "rate": rate.to_dict(), "max_cost": 25.0})
     recovery.save(recovery.RecoveryState(root="gcp://p/r/1", max_restarts=3, chain=["gcp://p/r/1", "gcp://p/r/2"]))
-    from cloudtrain.providers.base import JobStatus
+    from cloudtrain.job_types import JobStatus
 
     def status(job: str, started: float, ended: float | None) -> JobStatus:
         state = JobState.PREEMPTED if ended else JobState.RUNNING

@@ -19,7 +19,7 @@ import pytest
 
 from cloudtrain import registry
 from cloudtrain.handles import JobHandle
-from cloudtrain.providers.base import JobState
+from cloudtrain.job_types import JobState
 from cloudtrain.testing import Harness, ProviderConformance
 from tests import plugins
 from tests.conftest import cli_env, ddp_project

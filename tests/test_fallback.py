@@ -23,9 +23,9 @@ from cloudtrain.checkpoint import restore as checkpoint_restore
 from cloudtrain.checkpoint import store as checkpoints
 from cloudtrain.checkpoint.copy import carry_newest
 from cloudtrain.handles import JobHandle
+from cloudtrain.job_types import JobState
 from cloudtrain.jobs.fallback import move
 from cloudtrain.jobs.recovery import load, wait_with_recovery
-from cloudtrain.providers.base import JobState
 from cloudtrain.providers.gcp.provider import VertexProvider
 from tests.conftest import cli_env, wait_for
 from tests.emulators import BUCKET, ensure

@@ -19,7 +19,7 @@ from cloudtrain import storage
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.errors import CredentialsError, HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
-from cloudtrain.providers.base import JobState
+from cloudtrain.job_types import JobState
 from cloudtrain.providers.gcp import request as rq
 from cloudtrain.providers.gcp.provider import VertexProvider
 from cloudtrain.providers.gcp.schema import derive, request_errors, snapshot

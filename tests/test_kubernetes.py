@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from cloudtrain.errors import SpecError, UserError
-from cloudtrain.providers.base import JobState
+from cloudtrain.job_types import JobState
 from cloudtrain.providers.kubernetes import node, schema
 from cloudtrain.sdk import Job, plan_job
 from tests.conftest import REPO, ddp_project

@@ -6,8 +6,8 @@ import io
 import time
 
 from cloudtrain.handles import JobHandle
+from cloudtrain.job_types import JobState, JobStatus
 from cloudtrain.progress import Progress
-from cloudtrain.providers.base import JobState, JobStatus
 from cloudtrain.show.reprs import job_html, status_html
 from cloudtrain.spec.model import validate_spec
 

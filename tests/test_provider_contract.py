@@ -17,7 +17,8 @@ import pytest
 from cloudtrain import registry
 from cloudtrain.errors import HandleError, SpecError, UserError
 from cloudtrain.handles import JobHandle
-from cloudtrain.providers.base import TYPED, Capability, JobState, JobStatus, Provider
+from cloudtrain.job_types import TYPED, Capability, JobState, JobStatus
+from cloudtrain.providers.base import Provider
 from tests import plugins
 from tests.conftest import REPO, cli_env, ddp_project
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import registry
-from cloudtrain.providers.base import TYPED, Capability, Provider
+from cloudtrain.job_types import TYPED, Capability
+from cloudtrain.providers.base import Provider
 from tests.plugins import PLUGIN
 from tests.support import block, section
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.backoff import Backoff
+from cloudtrain.job_types import JobState
 from cloudtrain.jobs.recovery import RecoveryBudgetSpent, wait_with_recovery
-from cloudtrain.providers.base import JobState
 from cloudtrain.providers.gcp.provider import VertexProvider
 from cloudtrain.sdk import Job
 from tests.conftest import cli_env

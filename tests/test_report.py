@@ -77,7 +77,7 @@ def test_report_renders_in_chromium(preempted_job: tuple[Cli, str, Path], tmp_pa
 def test_missing_and_never_started_still_render(preempted_job: tuple[Cli, str, Path], tmp_path: Path) -> None:
     """A job with no events (never started) and one whose events were partly lost: the page says what is missing."""
     from cloudtrain.handles import JobHandle
-    from cloudtrain.providers.base import JobState, JobStatus
+    from cloudtrain.job_types import JobState, JobStatus
     from cloudtrain.show.report import page
 
     never = JobStatus(handle=JobHandle.parse("local://never-20260101-000000-0000"), name="never",
@@ -99,8 +99,8 @@ def test_missing_and_never_started_still_render(preempted_job: tuple[Cli, str, P
 
 def test_ten_thousand_events_stay_under_2_mb(tmp_path: Path) -> None:
     from cloudtrain.handles import JobHandle
+    from cloudtrain.job_types import JobState, JobStatus
     from cloudtrain.plan.cost import Rate
-    from cloudtrain.providers.base import JobState, JobStatus
     from cloudtrain.show import goodput
     from cloudtrain.show.report import page
 

@@ -12,7 +12,7 @@ import pytest
 
 from cloudtrain import Job, Run
 from cloudtrain.errors import UserError
-from cloudtrain.providers.base import JobState
+from cloudtrain.job_types import JobState
 from tests.conftest import SCRIPTS
 
 pytestmark = pytest.mark.slow

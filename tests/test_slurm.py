@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from cloudtrain.checkpoint import store as checkpoint_store
-from cloudtrain.providers.base import JobState
+from cloudtrain.job_types import JobState
 from cloudtrain.providers.slurm import clients
 from cloudtrain.providers.slurm.node import detect, expand_hostlist
 from cloudtrain.providers.slurm.status import STATES, job_state

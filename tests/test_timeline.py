@@ -249,7 +249,7 @@ def test_goodput_counts_the_steps_redone_after_a_restore() -> None:
     steps again. 10 steps/s; each leg's nodes take 2 s to train, the restore 1 s, each checkpoint blocks 0.5 s."""
     from types import SimpleNamespace
 
-    from cloudtrain.providers.base import JobState
+    from cloudtrain.job_types import JobState
     from cloudtrain.show.goodput import summarise
 
     def ev(kind: str, t: float, **fields: object) -> dict:
@@ -382,7 +382,7 @@ def test_a_chains_goodput_sums_its_submissions_and_counts_the_steps_the_next_one
     paid time is priced at its own rate (the second moved to a dearer provider)."""
     from types import SimpleNamespace
 
-    from cloudtrain.providers.base import JobState
+    from cloudtrain.job_types import JobState
     from cloudtrain.show.goodput import Ended, summarise_chain
 
     def ev(kind: str, t: float, **fields: object) -> dict:

@@ -16,10 +16,10 @@ import pytest
 
 from cloudtrain.checkpoint import lineage
 from cloudtrain.handles import JobHandle
+from cloudtrain.job_types import JobState
 from cloudtrain.jobs import recovery
 from cloudtrain.jobs.watcher import Watched, watch
 from cloudtrain.plan import cost
-from cloudtrain.providers.base import JobState
 from cloudtrain.sdk import Job
 from tests.conftest import cli_env
 from tests.emulators import BUCKET

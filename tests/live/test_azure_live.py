@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.providers.base import JobState
+from cloudtrain.job_types import JobState
 from cloudtrain.sdk import Job
 from tests.conftest import REPO
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.checkpoint import store as checkpoint_store
-from cloudtrain.providers.base import JobState
+from cloudtrain.job_types import JobState
 from cloudtrain.providers.gcp.provider import VertexProvider
 from cloudtrain.sdk import Job, Run, plan_job
 from tests.conftest import REPO
