@@ -94,14 +94,23 @@ def test_a_providers_name_is_its_declarations(toy_plugin: Path) -> None:
         type("Renamed", (Provider,), {"declaration": toy, "name": "toy2"})
 
 
-def test_a_job_name_the_platform_refuses_is_a_spec_error_naming_its_rule(toy_plugin: Path, ct_home: Path,
-                                                                           tmp_path: Path) -> None:
+def test_a_long_name_is_made_to_fit_and_a_name_the_platform_refuses_names_its_rule(toy_plugin: Path, ct_home: Path,
+                                                                                    tmp_path: Path) -> None:
+    """The toy's spool names at most 48 characters: a long spec name (the spec allows 40, the stamp adds 22) is
+    shortened to fit, keeping the stamp; a job id that still breaks the rule is a SpecError naming the rule."""
+    import re
+
+    from cloudtrain.naming import check_job_name
+
     project = ddp_project(tmp_path)
-    long = "a" * 30  # the spec allows 40; the toy's spool names at most 48 with the 22-character stamp
-    refused = cli(ct_home, "plan", "train_ddp.py", "--provider", "toy", "--name", long, cwd=project)
-    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
-    assert "name:" in refused.stderr and "at most 48" in refused.stderr
-    assert cli(ct_home, "plan", "train_ddp.py", "--provider", "toy", "--name", "short", cwd=project).returncode == 0
+    planned = cli(ct_home, "plan", "train_ddp.py", "--provider", "toy", "--name", "a" * 30, "-o", "json", cwd=project)
+    assert planned.returncode == 0, planned.stderr
+    declared = registry.declaration("toy")
+    job_id = json.loads(planned.stdout)["job_id"]
+    assert declared.name_pattern and re.fullmatch(declared.name_pattern, job_id) and job_id.startswith("aaaa")
+    with pytest.raises(SpecError, match="at most 48") as refused:
+        check_job_name("toy", "a" * 60, declared.name_pattern, declared.name_rule)
+    assert refused.value.field == "name"
     with pytest.raises(SpecError, match="a label value"):  # a resubmission's name too, before anything is sent
         registry.get_provider("gcp").resubmit(JobHandle("gcp", "j", ("p", "us-central1")), "UPPER")
 
