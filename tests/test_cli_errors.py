@@ -261,16 +261,17 @@ def test_a_location_a_provider_derives_that_the_spec_refuses_names_its_setting(c
     result = cli("plan", "train.py", "-p", "slurm", "--set", "providers.slurm.staging=/shared/../scratch", cwd=project)
     _assert_clean_failure(result, ct_home, "providers.slurm.staging: '/shared/../scratch' contains '..'", "fix:")
     from cloudtrain.errors import SpecError
+    from cloudtrain.plan.assemble import assemble
     from cloudtrain.providers.slurm.provider import SlurmProvider
     from cloudtrain.spec.model import JobSpec
 
     class Unchecked(SlurmProvider):  # a provider (a plugin's) whose settings let through what it derives from them
-        def _plan(self, spec: JobSpec, package: Any) -> Any:
-            spec = spec.model_copy(deep=True)
+        def _translate(self, ctx: Any) -> Any:
+            spec = ctx.spec.model_copy(deep=True)
             spec.output_uri = "file:///shared/../scratch/outputs/job"
             raise AssertionError("the spec took it")
 
-    with pytest.raises(SpecError) as refused:
-        Unchecked().plan(JobSpec(script="train.py", source_dir=str(project)), None)  # type: ignore[arg-type]
+    with pytest.raises(SpecError) as refused:  # the planner's net, whatever the provider's translation does
+        assemble(Unchecked(), JobSpec(script="train.py", source_dir=str(project)), None)  # type: ignore[arg-type]
     assert refused.value.field == "providers.slurm" and "output_uri as slurm derives it" in refused.value.message
     assert "contains '..'" in refused.value.message and "set output_uri yourself" in (refused.value.remedy or "")
