@@ -161,8 +161,8 @@ def imported_modules(code: str, cwd: Path = REPO, env: dict[str, str] | None = N
 GUIDE = REPO / "docs" / "writing-a-provider.md"
 
 
-def section(heading: str) -> str:
-    text = GUIDE.read_text()
+def section(heading: str, doc: Path = GUIDE) -> str:
+    text = doc.read_text()
     start = text.index(f"\n## {heading}\n")
     end = text.find("\n## ", start + 1)
     return text[start:end if end > 0 else len(text)]

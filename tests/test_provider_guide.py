@@ -16,12 +16,14 @@ from cloudtrain import registry
 from cloudtrain.job_types import TYPED, Capability
 from cloudtrain.providers.base import Provider
 from tests.plugins import PLUGIN
-from tests.support import block, section
+from tests.support import GUIDE, block, section
+
+BUILTINS = GUIDE.parent / "providers" / "built-ins.md"  # the built-ins' tables, beside the guide
 
 
-def table(heading: str, index: int = 0) -> list[list[str]]:
+def table(heading: str, index: int = 0, doc: Path = GUIDE) -> list[list[str]]:
     """The rows of a section's ``index``-th table (header and rule left out), cells stripped of backticks."""
-    tables = re.findall(r"((?:^\|.*\|\n)+)", section(heading), re.M)
+    tables = re.findall(r"((?:^\|.*\|\n)+)", section(heading, doc), re.M)
     rows = [line.strip("|").split(" | ") for line in tables[index].strip().splitlines()[2:]]
     return [[cell.strip().strip("`") for cell in row] for row in rows]
 
@@ -66,12 +68,12 @@ def test_capabilities_hooks_and_status_fields_are_the_codes() -> None:
 
 
 def test_the_builtins_handles_and_name_rules_are_their_declarations() -> None:
-    rows = table("Job names and handles")
+    rows = table("Job names and handles", doc=BUILTINS)
     assert [row[0] for row in rows] == list(registry.BUILTIN)
     for name, handle, rule in rows:
         decl = registry.declaration(name)
         assert (handle, rule) == (decl.handle_form(), decl.name_rule), name
-    assert [row[0] for row in table("How the bundle reaches a node")] == list(registry.BUILTIN)
+    assert [row[0] for row in table("How the bundle reaches a node", doc=BUILTINS)] == list(registry.BUILTIN)
 
 
 def test_the_examples_files_and_their_lengths(toyprov) -> None:  # type: ignore[no-untyped-def]
