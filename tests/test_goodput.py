@@ -262,6 +262,7 @@ def test_a_worker_sees_the_environment_bare_torchrun_gives_it(cli, script: Path,
     assert "OMP_NUM_THREADS" not in json.loads(theirs.stdout)["nodes"][1]["env"]  # theirs reaches the worker as is
 
 
+@pytest.mark.soak  # the whole GPU benchmark at small sizes, its real local job included: ~90 s (nox -s soak)
 def test_the_gpu_benchmark_runs_on_cpu(tmp_path: Path) -> None:
     """benchmarks/gpu_goodput.py --device cpu: the same sections as on a GPU, small sizes, each with its ratio."""
     out = tmp_path / "figures.json"
