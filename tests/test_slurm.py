@@ -201,6 +201,7 @@ def test_a_node_that_fails_before_the_rendezvous_stops_the_job(cli: Cli, slurm: 
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # Slurm's time limits are whole minutes: ~2 min of waiting for the limit (nox -s soak, which CI runs)
 def test_a_job_at_its_time_limit_takes_a_final_checkpoint(cli: Cli, slurm: SlurmCluster) -> None:  # noqa: F811
     """max_runtime 2 minutes, grace 5 s: the nodes get SIGTERM 5 to 65 s before the limit (Slurm sends it up to a
     minute early: with 1 minute it could come before training starts), save a final checkpoint, and the job ends
