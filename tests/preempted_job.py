@@ -19,8 +19,11 @@ if TYPE_CHECKING:  # conftest loads this module under Python 3.8 too (nox -s boo
     Cli = Callable[..., CompletedProcess[str]]
 # pytest-xdist: the tests that read the one job (session-scoped, so once per worker) run on one worker, in turn
 READS_IT = pytest.mark.xdist_group("preempted-job")
-EPOCHS = 2
+EPOCHS = 3
 STEPS = EPOCHS * 32  # 2048 samples, 2 ranks, batch 32
+# 0.1 s a step: ~10 s of training, the preemption coming after the second checkpoint (step 20) with ~7 s to spare; at
+# 0.03 s a loaded machine's status polls let a 2-epoch job end before the preemption came (no training_again)
+STEP_SLEEP = "0.1"
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +44,7 @@ def preempted_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cl
     out = cli("submit", str(proj / "train_ddp.py"), "--procs-per-node", "2", "--max-restarts", "1", "--spot",
               "--set", "providers.local.price_per_node_hour=3.5",
               "--checkpoint-uri", (tmp / "ckpt").as_uri(), "--detach", "--", "--epochs", str(EPOCHS),
-              "--checkpoint-every", "10", "--step-sleep", "0.03")
+              "--checkpoint-every", "10", "--step-sleep", STEP_SLEEP)
     assert out.returncode == 0, out.stderr
     handle = out.stdout.strip().splitlines()[-1]
     wait_for(lambda: (status_json(cli, handle)["goodput"]["checkpoints"] or 0) >= 2, timeout=90)
