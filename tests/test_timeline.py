@@ -419,3 +419,19 @@ def test_a_chains_goodput_sums_its_submissions_and_counts_the_steps_the_next_one
     parsed = families(exposition([(job, found)]))
     assert [s.value for s in parsed["cloudtrain_job_checkpoint_interval_seconds"]] == [40]
     assert [s.value for s in parsed["cloudtrain_job_paid_seconds"]] == [17]
+
+
+def test_an_earlier_submission_on_a_provider_this_machine_cannot_load_keeps_the_homes_events(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain moved on from a provider whose extra is not installed here (or a plugin gone): `status` of the newer
+    submission still counts the earlier one from the home's own events, and says its nodes' events are missing."""
+    from cloudtrain.handles import JobHandle
+    from cloudtrain.home import timeline
+    from cloudtrain.providers import get_provider
+    from cloudtrain.show.metrics import _earlier
+
+    monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path / "home"))
+    timeline.record("nosuch://job-20261128-000000-abcd", "submitted", 1.0, handle="nosuch://job-20261128-000000-abcd")
+    _, told = _earlier(JobHandle.parse("nosuch://job-20261128-000000-abcd"), get_provider)
+    assert [e["e"] for e in told["events"]] == ["submitted"] and told["missing"] == 0
+    assert told["logs"].startswith("the nodes' events of nosuch://job-20261128-000000-abcd are not known: ")

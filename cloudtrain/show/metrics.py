@@ -24,8 +24,7 @@ def story(provider: Any, handle: Any, status: Any) -> dict[str, Any]:
 
     chain = chain_of(handle)
     chain = chain[:chain.index(str(handle)) + 1] if str(handle) in chain else [str(handle)]
-    earlier = [(JobHandle.parse(h), timeline.read(get_provider(JobHandle.parse(h).provider), JobHandle.parse(h)))
-               for h in chain[:-1]]
+    earlier = [_earlier(JobHandle.parse(h), get_provider) for h in chain[:-1]]
     found = timeline.read(provider, handle)
     parts = []
     for k, (h, told) in enumerate(earlier):
@@ -42,6 +41,20 @@ def story(provider: Any, handle: Any, status: Any) -> dict[str, Any]:
                  "missing": found["missing"] + sum(told["missing"] for _, told in earlier),
                  "logs": found["logs"] or next((told["logs"] for _, told in earlier if told["logs"]), None)}
     return {**figures, "timeline": found}
+
+
+def _earlier(handle: Any, get_provider: Any) -> tuple[Any, dict[str, Any]]:
+    """An earlier submission's timeline; one on a provider this machine cannot load now (its extra not installed)
+    keeps the home's own events of it, and says why its nodes' are missing."""
+    from cloudtrain.errors import CloudtrainError
+
+    try:
+        provider = get_provider(handle.provider)
+    except CloudtrainError as exc:
+        events, missing = timeline.own_events(str(handle))
+        return handle, {"events": events, "missing": missing,
+                        "logs": f"the nodes' events of {handle} are not known: {exc.message}"}
+    return handle, timeline.read(provider, handle)
 
 
 def status_lines(found: dict[str, Any]) -> list[str]:
