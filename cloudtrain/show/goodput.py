@@ -95,7 +95,8 @@ def summarise_chain(parts: list[tuple[list[dict[str, Any]], Any, Any]]) -> dict[
     """The figures of a chain of submissions: ``(events, status, rate)`` of each, oldest first (an earlier one's
     status an ``Ended``); the newest's status says whether the job still runs. One part: one submission."""
     status = parts[-1][1]
-    legs = [leg for events_k, status_k, _ in parts for leg in _legs(events_k, status_k)]
+    own_legs = [_legs(events_k, status_k) for events_k, status_k, _ in parts]  # each submission's, cut once
+    legs = [leg for part in own_legs for leg in part]
     events = _merged([events_k for events_k, _, _ in parts])
     steps_seen = [e for e in events if e["e"] in STEP_KINDS and isinstance(e.get("step"), int)]
     total = next((e["total"] for e in reversed(events) if e["e"] == "step" and isinstance(e.get("total"), int)), None)
@@ -158,7 +159,8 @@ def summarise_chain(parts: list[tuple[list[dict[str, Any]], Any, Any]]) -> dict[
                "checkpoints": len(checkpoints),
                "checkpoint_age_s": round(time.time() - checkpoints[-1]["t"], 1) if checkpoints else None,
                **_interval(events), "submissions": len(parts),
-               **_cost([(sum(stop - start for start, stop, _ in _legs(e, s)), r) for e, s, r in parts], kept)}
+               **_cost([(sum(stop - start for start, stop, _ in part), rate)
+                        for part, (_, _, rate) in zip(own_legs, parts, strict=True)], kept)}
     return {"progress": progress, "goodput": goodput}
 
 
