@@ -181,7 +181,7 @@ def test_a_node_restores_runs_and_publishes_on_this_python(tmp_path: Path) -> No
     earlier = tmp_path / "earlier" / "step-000000003"  # what a previous attempt left: published by the protocol
     earlier.mkdir(parents=True)
     (earlier / "state.txt").write_text("old")
-    seed = subprocess.run([sys.executable, "-m", "cloudtrain.checkpoint.store", "sync", str(earlier.parent),
+    seed = subprocess.run([sys.executable, "-m", "cloudtrain.checkpoint", "sync", str(earlier.parent),
                            store.as_uri(), "--final"], cwd=REPO, capture_output=True, text=True)
     assert seed.returncode == 0, seed.stderr
     bundle = make_bundle(tmp_path, TRAIN)

@@ -1,6 +1,5 @@
-"""The checkpoint component's command line: ``python -m cloudtrain.checkpoint restore|sync`` (also reachable as
-``python -m cloudtrain.checkpoint.store``, its earlier name): a node's restore and plain-script sync as processes of
-their own, for scripts, benchmarks and debugging a store by hand."""
+"""The checkpoint component's command line, ``python -m cloudtrain.checkpoint restore|sync``: a node's restore and
+plain-script sync as processes of their own, for scripts, benchmarks and debugging a store by hand."""
 
 from __future__ import annotations
 
@@ -32,7 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     ``python -m cloudtrain.checkpoint sync DIR URI [--every S]``   while they run (node 0)
     ``python -m cloudtrain.checkpoint sync DIR URI --final``       after they exited (node 0)
 
-    (``python -m cloudtrain.checkpoint.store`` is the same command, under its earlier name.)
     """
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 3 and args[0] == "restore":

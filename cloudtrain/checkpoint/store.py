@@ -6,7 +6,7 @@ A checkpoint is ``<uri>/step-<N>/`` plus ``manifest.json`` written LAST (step, k
 its size and sha256). Without its manifest a folder does not exist. A checkpoint a restore found corrupt is marked
 in the store (``quarantine-<manifest digest>.json``) so that every later listing (retention, in whatever process
 runs it later) skips it. Restore (restore.py), retention (retention.py) and the plain-script sync (sync.py) build on
-this module; ``python -m cloudtrain.checkpoint.store`` still runs the component's command line (__main__.py).
+this module; the component's command line is __main__.py (``python -m cloudtrain.checkpoint``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import functools
 import hashlib
 import json
 import os
-import runpy
 import socket
 import time
 from collections.abc import Callable
@@ -224,8 +223,3 @@ def mark_unpublished(local_root: Path, step: int, message: str) -> None:
 def mark_published(local_root: Path) -> None:
     """A save is published: an earlier one's UNPUBLISHED_MARKER no longer holds."""
     (local_root / UNPUBLISHED_MARKER).unlink(missing_ok=True)
-
-
-if __name__ == "__main__":  # the command's name before the component had modules of its own (docs, scripts use it);
-    # run, not imported: the command line builds on restore and sync, which build on this module
-    runpy.run_module("cloudtrain.checkpoint", run_name="__main__", alter_sys=True)
