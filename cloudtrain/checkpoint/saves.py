@@ -10,7 +10,9 @@ which step a restore loads: the one the node restored before the workers started
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -111,12 +113,56 @@ def clear_rank_files(folder: Path, rank: int) -> None:
         (folder / rel).unlink(missing_ok=True)
 
 
-def upload_rank_files(folder: Path, rank: int, uri: str, step: int, log: Log) -> list[dict[str, Any]]:
-    """Hash and upload this rank's files of a save (each hashed while the uploads run, not in a pass of its own);
-    returns their descriptions, for rank 0's manifest."""
-    # written once, never in place (clear_rank_files): a file:// store may link them instead of copying
-    return checkpoint_store.describe_and_upload(folder, rank_files(folder, rank), storage.join(uri, step_dir(step)),
-                                                log=log, immutable=True)
+def links_into_store(uri: str | None) -> bool:
+    """Whether a save's files become the store's own copy (a file:// store hard-links them, then fsyncs them):
+    then they are sent to disk while they are written."""
+    return bool(uri) and str(uri).startswith("file://")
+
+
+class RankUpload:
+    """One rank's files of a save on their way to the store: each DCP shard is uploaded the moment DCP closes it
+    (``written``, from DCP's writer threads, with the sha256 taken as it was written: cloudtrain/runtime/dcp_files.py),
+    so writing, hashing and uploading overlap; ``finish`` hashes and uploads the rest (the metadata, the extra state,
+    any shard not reported) and returns every file's description, for rank 0's manifest. The files are written
+    once, never in place (clear_rank_files): a file:// store may link them instead of copying."""
+
+    def __init__(self, folder: Path, rank: int, uri: str, step: int, log: Log) -> None:
+        self.folder, self.rank, self.log = folder, rank, log
+        self.remote = storage.join(uri, step_dir(step))
+        self.pool = ThreadPoolExecutor(transfer_threads(), thread_name_prefix="cloudtrain-upload")
+        self.sent: dict[str, tuple[int, str, Future[int]]] = {}
+        self.lock = threading.Lock()
+        self._upload: Callable[[Path, str], int] | None = None  # made by the first upload: off training's thread
+
+    def written(self, name: str, size: int, sha256: str) -> None:
+        with self.lock:
+            if self._upload is None:
+                self._upload = checkpoint_store.uploader(self.remote, self.log, immutable=True)
+            future = self.pool.submit(self._upload, self.folder / name, storage.join(self.remote, name))
+            self.sent[name] = (size, sha256, future)
+
+    def finish(self) -> list[dict[str, Any]]:
+        with self.lock:
+            sent = dict(self.sent)
+        names = rank_files(self.folder, self.rank)
+        rest = checkpoint_store.describe_and_upload(self.folder, [n for n in names if n not in sent], self.remote,
+                                                    log=self.log, immutable=True)
+        described = {entry["path"]: entry for entry in rest}
+        for name, (size, sha256, future) in sent.items():
+            future.result()  # the first failed upload's error (after its retries)
+            on_disk = (self.folder / name).stat().st_size
+            if on_disk != size:  # DCP wrote past what it closed: never describe a file other than the one sent
+                raise CloudtrainError(f"{self.folder / name} is {on_disk} bytes on disk, {size} when it was written")
+            described[name] = {"path": name, "size": size, "sha256": sha256}
+        return [described[name] for name in names if name in described]
+
+    def close(self) -> None:
+        """Wait for the uploads in flight (a failed save's too: nothing writes into the store after it is judged)."""
+        with self.lock:
+            pending = [future for _, _, future in self.sent.values()]
+        for future in pending:
+            future.cancel()
+        self.pool.shutdown(wait=True)
 
 
 def publish_save(uri: str, step: int, files: list[dict[str, Any]], world_size: int, log: Log) -> str:

@@ -143,17 +143,22 @@ def describe_files(root: Path, rel_paths: list[str]) -> list[dict[str, Any]]:
             for rel, digest in zip(rel_paths, digests)]
 
 
-def _upload_each(root: Path, rel_paths: list[str], folder_uri: str, log: Log, hash_files: bool,
-                 immutable: bool = False) -> tuple[int, list[str]]:
+def uploader(folder_uri: str, log: Log, immutable: bool = False) -> Callable[[Path, str], int]:
+    """``upload(local, uri) -> bytes`` into the store of ``folder_uri``, with retries. ``immutable``: files nobody
+    rewrites in place (the Checkpointer's own) may be linked into a file:// store, not copied."""
     store = storage.store_for(folder_uri)
-    # files nobody rewrites in place (the Checkpointer's own) may be linked into a file:// store, not copied
     put = getattr(store, "link_file", store.put_file) if immutable else store.put_file
 
     def upload(source: Path, target: str) -> int:
-        return storage.with_retries(functools.partial(put, source, target), f"upload of {target}", log=log)
+        return int(storage.with_retries(functools.partial(put, source, target), f"upload of {target}", log=log))
 
+    return upload
+
+
+def _upload_each(root: Path, rel_paths: list[str], folder_uri: str, log: Log, hash_files: bool,
+                 immutable: bool = False) -> tuple[int, list[str]]:
     items = [(root / rel, storage.join(folder_uri, rel)) for rel in rel_paths]
-    return transfer.upload_many(items, upload, hash_files=hash_files)
+    return transfer.upload_many(items, uploader(folder_uri, log, immutable), hash_files=hash_files)
 
 
 def upload_files(root: Path, files: list[dict[str, Any]], folder_uri: str, log: Log = _print) -> int:

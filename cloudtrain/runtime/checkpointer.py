@@ -47,6 +47,7 @@ from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.checkpoint.retention import prune_local
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.node import events
+from cloudtrain.runtime import dcp_files
 from cloudtrain.runtime.data import ResumableSampler
 from cloudtrain.runtime.logs import get_logger
 from cloudtrain.runtime.rng import rng_state, set_rng_state
@@ -189,21 +190,29 @@ class Checkpointer:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         torch.save(self._extra_state(step), extra)
-        writer = dcp.FileSystemWriter(str(folder), thread_count=saves.write_threads(), sync_files=False)
+        # each shard goes to the store the moment DCP closes it, hashed as it was written
+        upload = saves.RankUpload(folder, self.rank, self.uri, step, log=self.log.warning) if self.uri else None
+        writer = dcp_files.writer(str(folder), saves.write_threads(), upload.written if upload else None,
+                                  durable=saves.links_into_store(self.uri))
         write: Any
-        staged = self._stage(state) if self.async_save else None
-        if staged is not None:  # the copy is whole: DCP writes it from the host buffers while training goes on
-            write = functools.partial(dcp.save, staged, storage_writer=writer, process_group=self.save_group)
-        elif self.async_save:  # torch's own per-save copy (no staging helpers, or the host cannot hold buffers)
-            write = cast(Any, dcp.async_save(state, storage_writer=writer, process_group=self.save_group)).result
-        else:
-            with _without_zip_crc():
-                dcp.save(state, storage_writer=writer, process_group=self.save_group)
-            write = None
+        try:
+            staged = self._stage(state) if self.async_save else None
+            if staged is not None:  # the copy is whole: DCP writes it from the host buffers while training goes on
+                write = functools.partial(dcp.save, staged, storage_writer=writer, process_group=self.save_group)
+            elif self.async_save:  # torch's own per-save copy (no staging helpers, or the host cannot hold buffers)
+                write = cast(Any, dcp.async_save(state, storage_writer=writer, process_group=self.save_group)).result
+            else:
+                with _without_zip_crc():
+                    dcp.save(state, storage_writer=writer, process_group=self.save_group)
+                write = None
+        except BaseException:
+            if upload is not None:
+                upload.close()  # the shards it sent are in no manifest; the next save of this step replaces them
+            raise
         self.blocked_seconds.append(time.perf_counter() - started)
         self._saved_at = time.monotonic()  # the publish time in the timeline counts from here
         self._last_save = time.monotonic()
-        self._inflight = threading.Thread(target=self._finish, args=(write, step, folder), daemon=True,
+        self._inflight = threading.Thread(target=self._finish, args=(write, step, folder, upload), daemon=True,
                                           name=f"cloudtrain-checkpoint-{step}")
         self._inflight.start()
         if block:
@@ -226,7 +235,7 @@ class Checkpointer:
                              "dcp.async_save instead (training is blocked longer)")
             return None
 
-    def _finish(self, write: Any, step: int, folder: Path) -> None:
+    def _finish(self, write: Any, step: int, folder: Path, upload: saves.RankUpload | None) -> None:
         """Write, hash and upload this rank's files; then every rank learns whether the step was published."""
         described: list[dict[str, Any]] = []
         error = None
@@ -234,10 +243,13 @@ class Checkpointer:
             if write is not None:
                 with _without_zip_crc():
                     write()
-            if self.uri:
-                described = saves.upload_rank_files(folder, self.rank, self.uri, step, log=self.log.warning)
+            if upload is not None:
+                described = upload.finish()
         except BaseException as exc:  # the others must still meet us in the collectives below
             error = f"rank {self.rank}: {saves.reason(exc)}"
+        finally:
+            if upload is not None:
+                upload.close()
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, {"error": error, "files": described}, group=self.save_group)
         verdict: list[Any] = [[g["error"] for g in gathered if g["error"]]]
@@ -317,7 +329,8 @@ class Checkpointer:
         folder = self.local_dir / checkpoint_store.step_dir(step)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)), process_group=self.save_group)
+        reader = dcp_files.ParallelFileSystemReader(str(folder), saves.write_threads())  # its files at once
+        dcp.load(state, storage_reader=reader, process_group=self.save_group)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         own = folder / "extra" / f"rank-{self.rank}.pt"
         extra = torch.load(own if own.is_file() else folder / "extra" / "rank-0.pt", weights_only=False)

@@ -1,0 +1,121 @@
+"""A rank's DCP files (issue 40, publish and restore at disk speed): each shard is hashed as it is written and handed
+to its upload the moment DCP closes it, a file:// store's shards start for the disk while DCP writes, and a restore
+loads the rank's files on several threads at once. Real DCP, real gloo, a real file:// store, in a subprocess."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+SCENARIO = r'''
+import json, os, sys, threading
+from pathlib import Path
+import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from cloudtrain.checkpoint import saves
+from cloudtrain.runtime import Checkpointer, dcp_files
+from cloudtrain.storage import transfer
+
+os.cpu_count = lambda: 4  # four files per rank (saves.write_threads), whatever this machine has
+dcp_files.WRITEBACK_BYTES = 1 << 20
+hashed, synced, reported = [], [], []
+writing = threading.Event()
+
+real_sha256_of = transfer.sha256_of
+def sha256_of(path):  # every hash that reads a file back
+    hashed.append(Path(path).name)
+    return real_sha256_of(path)
+transfer.sha256_of = sha256_of
+
+real_fdatasync = os.fdatasync
+def fdatasync(fd):
+    synced.append(fd)
+    return real_fdatasync(fd)
+os.fdatasync = fdatasync
+
+real_save = dcp.save
+def save(*args, **kwargs):
+    writing.set()
+    try:
+        return real_save(*args, **kwargs)
+    finally:
+        writing.clear()
+dcp.save = save
+
+real_written = saves.RankUpload.written
+def written(self, name, size, sha256):
+    reported.append({"name": name, "size": size, "sha256": sha256, "while_writing": writing.is_set()})
+    return real_written(self, name, size, sha256)
+saves.RankUpload.written = written
+
+together = threading.Barrier(2, timeout=20)  # two loads must be running at once to pass it
+real_read_data = dcp.FileSystemReader.read_data
+def read_data(self, plan, planner):
+    if os.environ.get("PARALLEL_LOAD"):
+        together.wait()
+    return real_read_data(self, plan, planner)
+dcp.FileSystemReader.read_data = read_data
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(8)))
+
+dist.init_process_group("gloo")
+root = Path(sys.argv[1])
+net = model()
+opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+net(torch.randn(4, 256)).sum().backward()
+opt.step()
+ckpt = Checkpointer(net, opt, uri=(root / "store").as_uri(), local_dir=root / "node")
+ckpt.save(1, block=True)
+expected = {k: v.clone() for k, v in net.state_dict().items()}
+ckpt.close(save=False)
+hashed_by_save = list(hashed)  # the restore below verifies every file it takes: that is its job
+os.environ["PARALLEL_LOAD"] = "1"
+fresh = model()
+again = Checkpointer(fresh, torch.optim.AdamW(fresh.parameters(), lr=0.01), uri=(root / "store").as_uri(),
+                     local_dir=root / "fresh")
+step = again.restore()
+again.close(save=False)
+print(json.dumps({"hashed": hashed_by_save, "synced": len(synced), "reported": reported, "restored": step,
+                  "equal": all(torch.equal(fresh.state_dict()[k], v) for k, v in expected.items())}))
+dist.destroy_process_group()
+'''
+
+
+def run(tmp_path: Path) -> dict:
+    from tests.emulators import free_port
+
+    result = subprocess.run([sys.executable, "-c", SCENARIO, str(tmp_path)], capture_output=True, text=True,
+                            timeout=180, env={**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
+                                              "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_shards_are_hashed_as_written_sent_on_as_closed_and_loaded_in_parallel(tmp_path: Path) -> None:
+    got = run(tmp_path)
+    step = tmp_path / "store" / "step-000000001"
+    manifest = {f["path"]: f for f in json.loads((step / "manifest.json").read_text())["files"]}
+    shards = sorted(name for name in manifest if name.endswith(".distcp"))
+    assert len(shards) == 4, manifest
+    # hashed as written: no shard is read back to hash it (the small metadata and extra state are)
+    assert not [name for name in got["hashed"] if name.endswith(".distcp")], got["hashed"]
+    assert ".metadata" in got["hashed"]
+    # each shard handed to its upload from DCP's writer threads, before the write had ended, with the digest and
+    # size of the bytes the store holds
+    assert sorted(r["name"] for r in got["reported"]) == shards
+    assert all(r["while_writing"] for r in got["reported"]), got["reported"]
+    for r in got["reported"]:
+        data = (step / r["name"]).read_bytes()
+        assert r["size"] == len(data) == manifest[r["name"]]["size"]
+        assert r["sha256"] == hashlib.sha256(data).hexdigest() == manifest[r["name"]]["sha256"]
+    # a file:// store keeps the shards themselves: their bytes were sent to disk while DCP wrote on
+    assert got["synced"] > 0
+    # loaded several files at once (the reads met at a barrier of two), into exactly the state saved
+    assert got["restored"] == 1 and got["equal"]
