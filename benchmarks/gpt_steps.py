@@ -87,7 +87,8 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"step_seconds": times, "threads": torch.get_num_threads(), "device": str(device),
                        "omp": os.environ.get("OMP_NUM_THREADS"), "env": sorted(os.environ),
-                       "modules": len(sys.modules), "affinity": len(os.sched_getaffinity(0))}, f)
+                       "modules": len(sys.modules), "affinity": len(os.sched_getaffinity(0)),
+                       "pythonpath": os.environ.get("PYTHONPATH")}, f)
 
 
 if __name__ == "__main__":

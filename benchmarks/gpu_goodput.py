@@ -11,7 +11,9 @@
 (c) Restore from the store into the training state (a fresh node: download, verify, DCP load), and from the node's
     own local copy (a restart in place): GB/s, against reading the same files from that disk.
 (d) Step time of one script (benchmarks/gpt_steps.py, a GPT-like model on random tokens) under cloudtrain's local
-    provider against bare torchrun, in interleaved pairs (median step time of each run).
+    provider against bare torchrun, in interleaved pairs (median step time of each run). ``--bisect`` adds a third
+    run to each pair: torchrun started as a node starts it, with the worker's PYTHONPATH (the bundle's
+    sitecustomize), outside the node, to tell a tax inside the worker from one of the node around it.
 (e) ``--trainers``: the reference trainers (entrypoints/train_ddp.py, train_fsdp.py --bf16) as local jobs on this
     machine's device, preempted after their first published checkpoint and resumed.
 """
@@ -263,25 +265,40 @@ def step_time(args: argparse.Namespace, device: torch.device, tmp: Path) -> None
     shutil.copy(REPO / "benchmarks" / "gpt_steps.py", source)
     small = [] if device.type == "cuda" else ["--width", "128", "--depth", "2", "--context", "64", "--vocab", "1024"]
     env = {**os.environ, **({"CLOUDTRAIN_FORCE_CPU": "1"} if device.type == "cpu" else {})}
-    bare, ours, rows = [], [], []
+    medians: dict[str, list[float]] = {"bare": [], "cloudtrain": [], "node torchrun": []}
+    rows, pythonpath = [], None
+    kinds = ["bare", "cloudtrain", *(["node torchrun"] if args.bisect else [])]
     for pair in range(args.pairs):
-        runs = ["bare", "cloudtrain"] if pair % 2 == 0 else ["cloudtrain", "bare"]
-        for kind in runs:
-            out = tmp / f"steps-{kind}-{pair}.json"
+        shift = pair % len(kinds)
+        for kind in kinds[shift:] + kinds[:shift]:
+            out = tmp / f"steps-{kind.replace(' ', '-')}-{pair}.json"
             script_args = ["--steps", str(args.steps), "--out", str(out), *small]
-            if kind == "bare":
-                subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                                "1", str(source / "gpt_steps.py"), *script_args], check=True, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            else:
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+            if kind == "node torchrun" and pythonpath is None:
+                continue  # the cloudtrain run names the bundle's folders first (the first pair may start here)
+            if kind == "cloudtrain":
                 job = Job(name="steps", source_dir=str(source), script="gpt_steps.py", args=script_args,
                           env={"CLOUDTRAIN_FORCE_CPU": "1"} if device.type == "cpu" else {})
                 state = job.submit("local").wait()
                 if state.state.value != "succeeded":
                     raise SystemExit(f"the cloudtrain run ended {state.state.value}: {state.message}")
+            else:
+                run_env = env
+                if kind == "node torchrun":  # torchrun as a node starts it, with the worker's PYTHONPATH (the
+                    # bundle's sitecustomize), without the node around it: which half a step tax is in
+                    run_env = {**env, "PYTHONPATH": pythonpath or ""}
+                    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+                                "1", "--max-restarts", "0", "--redirects", "3", "--log-dir", str(tmp / "node-logs"),
+                                "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
+                                str(29400 + pair)]
+                subprocess.run([*launcher, str(source / "gpt_steps.py"), *script_args], check=True, env=run_env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             median, data = median_step(out)
-            (bare if kind == "bare" else ours).append(median)
+            if kind == "cloudtrain":
+                pythonpath = data.get("pythonpath")
+            medians[kind].append(median)
             rows.append(f"{kind}: {median * 1000:.2f} ms (threads {data['threads']}, OMP {data['omp']})")
+    bare, ours = medians["bare"], medians["cloudtrain"]
     ratio = statistics.median(ours) / statistics.median(bare)
     seen = {kind: median_step(tmp / f"steps-{kind}-0.json")[1] for kind in ("bare", "cloudtrain")}
     only = {kind: sorted(set(seen[kind]["env"]) - set(seen[other]["env"]))
@@ -291,11 +308,15 @@ def step_time(args: argparse.Namespace, device: torch.device, tmp: Path) -> None
         print(f"    {row}")
     print(f"    cloudtrain / bare torchrun        {ratio:7.3f}x  (target <= 1.01x); per pair "
           + ", ".join(f"{o / b:.3f}x" for o, b in zip(ours, bare, strict=True)))
+    if medians["node torchrun"]:
+        node = statistics.median(medians["node torchrun"]) / statistics.median(bare)
+        print(f"    node torchrun / bare torchrun     {node:7.3f}x  (the worker as a node starts it, without the node: "
+              "the rest of a tax is the node's)")
     for kind in ("bare", "cloudtrain"):  # what differs for the worker, to look for a tax (names only: no values)
         print(f"    {kind} worker only: {', '.join(only[kind]) or 'nothing'}; {seen[kind]['modules']} modules, "
               f"{seen[kind]['affinity']} CPUs")
     RESULTS["steps"] = {"bare_ms": [b * 1000 for b in bare], "cloudtrain_ms": [o * 1000 for o in ours],
-                        "ratio": ratio}
+                        "node_torchrun_ms": [n * 1000 for n in medians["node torchrun"]], "ratio": ratio}
 
 
 def node_cpu(device: torch.device, tmp: Path, seconds: float = 10.0) -> None:
@@ -396,6 +417,8 @@ def main() -> int:
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--skip", nargs="*", default=[], choices=["checkpoint", "steps"])
     p.add_argument("--trainers", action="store_true")
+    p.add_argument("--bisect", action="store_true", help="(d) also runs the script under torchrun as a node starts "
+                   "it, with the worker's PYTHONPATH, outside the node")
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args()
     device = torch.device(args.device)
