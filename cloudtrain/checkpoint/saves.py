@@ -116,7 +116,7 @@ def clear_rank_files(folder: Path, rank: int) -> None:
 def links_into_store(uri: str | None) -> bool:
     """Whether a save's files become the store's own copy (a file:// store hard-links them, then fsyncs them):
     then they are sent to disk while they are written."""
-    return bool(uri) and str(uri).startswith("file://")
+    return uri is not None and uri.startswith("file://")
 
 
 class RankUpload:
