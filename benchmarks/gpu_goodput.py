@@ -274,8 +274,6 @@ def step_time(args: argparse.Namespace, device: torch.device, tmp: Path) -> None
             out = tmp / f"steps-{kind.replace(' ', '-')}-{pair}.json"
             script_args = ["--steps", str(args.steps), "--out", str(out), *small]
             launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
-            if kind == "node torchrun" and pythonpath is None:
-                continue  # the cloudtrain run names the bundle's folders first (the first pair may start here)
             if kind == "cloudtrain":
                 job = Job(name="steps", source_dir=str(source), script="gpt_steps.py", args=script_args,
                           env={"CLOUDTRAIN_FORCE_CPU": "1"} if device.type == "cpu" else {})
@@ -285,7 +283,8 @@ def step_time(args: argparse.Namespace, device: torch.device, tmp: Path) -> None
             else:
                 run_env = env
                 if kind == "node torchrun":  # torchrun as a node starts it, with the worker's PYTHONPATH (the
-                    # bundle's sitecustomize), without the node around it: which half a step tax is in
+                    # bundle's sitecustomize), without the node around it: which half a step tax is in. The first
+                    # pair runs bare, cloudtrain, then this, so the cloudtrain run has named PYTHONPATH by now
                     run_env = {**env, "PYTHONPATH": pythonpath or ""}
                     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
                                 "1", "--max-restarts", "0", "--redirects", "3", "--log-dir", str(tmp / "node-logs"),
