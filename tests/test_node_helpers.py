@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -186,13 +187,43 @@ def test_the_watchdog_clock_reads_logs_and_checkpoints(tmp_path: Path) -> None:
     assert idle_watchdog.newest_change([logs, ckpt]) == pytest.approx(shard.stat().st_mtime)
     assert idle_watchdog.idle_limit({idle_watchdog.ENV: "600"}) == 600 and idle_watchdog.idle_limit({}) is None
     assert idle_watchdog.idle_limit({idle_watchdog.ENV: "soon"}) is None
+    node = _node_whose_agent_starts_a_worker_after(0)
     fired: list[str] = []
-    done = idle_watchdog.start([logs], 0.05, fired.append)
+    done = idle_watchdog.start([logs], 0.05, fired.append, root=node.pid)
     deadline = time.monotonic() + 30
     while not fired and time.monotonic() < deadline:
         time.sleep(0.05)
     done.set()
+    _end(node)
     assert fired == [idle_watchdog.idle_reason(0.05)]
+
+
+def _node_whose_agent_starts_a_worker_after(seconds: float) -> subprocess.Popen[bytes]:
+    """A stand-in node: its child (torchrun's agent) waits ``seconds`` without CPU, as an agent waits in its
+    rendezvous for the other nodes, then starts a worker that sleeps (idle)."""
+    agent = f"import subprocess, time; time.sleep({seconds}); subprocess.run(['sleep', '60'])"
+    return subprocess.Popen(["sh", "-c", f'"{sys.executable}" -c "{agent}"; :'], start_new_session=True)
+
+
+def _end(node: subprocess.Popen[bytes]) -> None:
+    os.killpg(node.pid, signal.SIGKILL)
+    node.wait()
+
+
+def test_the_watchdog_clock_starts_when_a_worker_does(tmp_path: Path) -> None:
+    """Under load, node 1 of a two-node job took more than max_idle to start: node 0's torchrun, waiting in its
+    rendezvous (no worker yet, no CPU), was stopped as hung. Before the first worker, torchrun's own rendezvous
+    timeout bounds the wait; idleness is the workers'."""
+    node = _node_whose_agent_starts_a_worker_after(4)
+    fired: list[float] = []
+    started = time.monotonic()
+    done = idle_watchdog.start([tmp_path], 1.0, lambda _: fired.append(time.monotonic() - started), root=node.pid)
+    deadline = started + 60
+    while not fired and time.monotonic() < deadline:
+        time.sleep(0.1)
+    done.set()
+    _end(node)
+    assert fired and fired[0] >= 4.0, fired  # the idle second counts from the worker's start, not the agent's
 
 
 def test_node_outcomes_say_what_stopped_them(tmp_path: Path) -> None:

@@ -53,16 +53,25 @@ def busy(before: dict[int, float], after: dict[int, float], seconds: float) -> b
 
 class CpuActivity:
     """When the processes below ``root`` last used CPU; sampled at most every ``span`` seconds, so that a clock tick
-    (10 ms) never decides alone."""
+    (10 ms) never decides alone.
+
+    Until the first worker exists, torchrun is starting or waiting in its rendezvous for the other nodes (a peer
+    node that is slow to start, on a crowded machine, can take longer than ``max_idle``): that wait is bounded by
+    the rendezvous' own timeout, so it counts as activity, and the idle clock starts with the workers."""
 
     def __init__(self, root: int, span: float) -> None:
         self.root, self.span = root, span
         self.at, self.sample = time.time(), process_tree.cpu_below(root)
         self.last_busy = 0.0
+        self.before_workers = process_tree.observable() and not self.sample
 
     def poll(self) -> float:
         now = time.time()
-        if now - self.at >= self.span:
+        if self.before_workers:
+            self.at, self.sample = now, process_tree.cpu_below(self.root)
+            self.before_workers = not self.sample
+            self.last_busy = now  # a worker's start is activity too
+        elif now - self.at >= self.span:
             sample = process_tree.cpu_below(self.root)
             if busy(self.sample, sample, now - self.at):
                 self.last_busy = now

@@ -29,10 +29,15 @@ def become_subreaper() -> bool:
         return False
 
 
+def observable() -> bool:
+    """Whether this system shows processes in /proc (Linux; not macOS): without it, no CPU or tree is read."""
+    return os.path.isdir("/proc")
+
+
 def _table() -> dict[int, tuple[int, str, int]]:
     """pid -> (parent pid, state, CPU ticks used: user + system) of every process /proc shows."""
     found = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+    for entry in os.listdir("/proc") if observable() else []:
         if not entry.isdigit():
             continue
         try:
