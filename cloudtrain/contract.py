@@ -167,6 +167,18 @@ def keep_count(value: str | None) -> int:
         return MIN_KEEP
 
 
+def env_int(env: dict[str, str], name: str, default: int) -> int:
+    """A platform's integer variable (NODE_RANK, MASTER_PORT ...), ``default`` where unset or empty; a value that is
+    not an integer is a ValueError naming it (the bootstrap reports it as the node's failure)."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
 def markdown() -> str:
     rows = ["| variable | meaning | set by | read by |", "| --- | --- | --- | --- |"]
     for side, title in (("node", "Between a plan and its nodes"), ("host", "On your machine")):

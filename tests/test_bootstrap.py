@@ -90,6 +90,12 @@ def test_bad_node_environment(env: dict, nproc: str, message: str) -> None:
         launch.detect_cluster(LOCAL, env, nproc)
 
 
+def test_a_platform_variable_that_is_not_an_integer_is_named() -> None:
+    azure = launch.load_contract(REPO / "cloudtrain" / "providers" / "azure" / "node.py")
+    with pytest.raises(NodeStartError, match=r"MASTER_PORT='6105x' is not an integer"):
+        launch.detect_cluster(azure, {"MASTER_PORT": "6105x"}, "1")
+
+
 def test_a_bundle_member_escaping_the_folder_is_refused(tmp_path: Path) -> None:
     archive = tmp_path / "evil.tar.gz"
     payload = tmp_path / "payload"

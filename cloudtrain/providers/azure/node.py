@@ -18,20 +18,11 @@ SPOT_NOTICE = "azure"  # Scheduled Events' Preempt (cloudtrain/node/spot_notice.
 MASTER_PORT = 6105  # what Azure ML's PyTorch distribution sets
 
 
-def _int(env: dict[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
 def detect(env: dict[str, str]) -> dict[str, Any]:
-    nnodes = _int(env, contract.NNODES, _int(env, "WORLD_SIZE", 1))
-    return {"nnodes": nnodes, "node_rank": _int(env, "NODE_RANK", 0),
-            "master_addr": env.get("MASTER_ADDR", "127.0.0.1"), "master_port": _int(env, "MASTER_PORT", MASTER_PORT),
+    nnodes = contract.env_int(env, contract.NNODES, contract.env_int(env, "WORLD_SIZE", 1))
+    return {"nnodes": nnodes, "node_rank": contract.env_int(env, "NODE_RANK", 0),
+            "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
+            "master_port": contract.env_int(env, "MASTER_PORT", MASTER_PORT),
             "rdzv": "static"}
 
 

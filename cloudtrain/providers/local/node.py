@@ -21,25 +21,15 @@ from cloudtrain import contract
 PLATFORM = "local"
 
 
-def _int(env: dict[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
 def detect(env: dict[str, str]) -> dict[str, Any]:
     """c10d ranks the agents by (address, pid). Every simulated node is on 127.0.0.1, so node 0 names itself by that
     address and the others as 'localhost' (which sorts after it): global rank 0 then lives on node 0, as on every
     cloud, where node 0 is the one that publishes a plain script's checkpoints. Only rank 0's address is ever
     connected to."""
-    node_rank = _int(env, contract.NODE_RANK, 0)
-    return {"nnodes": _int(env, contract.NNODES, 1), "node_rank": node_rank,
+    node_rank = contract.env_int(env, contract.NODE_RANK, 0)
+    return {"nnodes": contract.env_int(env, contract.NNODES, 1), "node_rank": node_rank,
             "master_addr": env.get(contract.MASTER_ADDR, "127.0.0.1"),
-            "master_port": _int(env, contract.MASTER_PORT, 29500), "rdzv": env.get(contract.RDZV, "c10d"),
+            "master_port": contract.env_int(env, contract.MASTER_PORT, 29500), "rdzv": env.get(contract.RDZV, "c10d"),
             "local_addr": env.get(contract.LOCAL_ADDR, "127.0.0.1" if node_rank == 0 else "localhost")}
 
 
