@@ -5,6 +5,7 @@ files the stacks write (torch.save's zip format); then real 2-node local jobs ru
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,11 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from cloudtrain import storage
 from cloudtrain.checkpoint import parts as checkpoint_parts
 from cloudtrain.checkpoint import restore as checkpoint_restore
 from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.checkpoint.parts import PARTS, NodeParts, PartSync
+from cloudtrain.errors import CloudtrainError
 from tests.conftest import SCRIPTS, stop_every_job, wait_for
 from tests.support import Cloudtrain
 
@@ -39,8 +42,9 @@ def published(uri: str) -> list[tuple[int, list[str]]]:
     return [(c.step, sorted(f["path"] for f in c.manifest["files"])) for c in checkpoint_store.list_complete(uri)]
 
 
-def nodes(tmp_path: Path, world_size: int = 2) -> tuple[str, checkpoint_snapshots.Snapshotter, PartSync]:
-    uri = (tmp_path / "store").as_uri()
+def nodes(tmp_path: Path, world_size: int = 2,
+          uri: str | None = None) -> tuple[str, checkpoint_snapshots.Snapshotter, PartSync]:
+    uri = uri or (tmp_path / "store").as_uri()
     (tmp_path / "node1").mkdir()
     other = PartSync(tmp_path / "node1", uri, node=1, quiet=0.0, thread=False)
     parts = NodeParts(uri, 2, tmp_path / ".node0.parts", final_wait=2.0)
@@ -117,14 +121,61 @@ def test_an_index_of_another_shape_is_no_index(tmp_path: Path) -> None:
     assert "node 1 said nothing" in problems["step-1"]
 
 
+def test_other_nodes_files_are_copied_in_the_store_never_through_node_0(
+        store_root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 0 downloaded each other node's part and uploaded it again: at 8 nodes, 7/8 of every save through one
+    node's network link, twice. Every built-in store copies objects itself now (S3 CopyObject, GCS rewrite, Azure
+    Copy Blob, a hard link on file://): node 0 reads only the part's manifest, and the checkpoint restores whole."""
+    assert storage.copier(store_root) is not None
+
+    def no_download(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("node 0 downloaded another node's part")
+
+    monkeypatch.setattr(checkpoint_parts, "fetch_objects", no_download)
+    uri, node0, node1 = nodes(tmp_path, uri=storage.join(store_root, "job"))
+    shard = os.urandom(3_000_000)
+    dcp_files(tmp_path / "node0" / "step-4", range(0, 1), metadata=True)
+    (tmp_path / "node1" / "step-4").mkdir(parents=True)
+    (tmp_path / "node1" / "step-4" / "__1_0.distcp").write_bytes(shard)
+    node1.poll()
+    assert node0.poll() == 4
+    assert published(uri) == [(4, ["step-4/.metadata", "step-4/__0_0.distcp", "step-4/__1_0.distcp"])]
+    assert not (tmp_path / ".node0.parts").exists()  # nothing of node 1's came here
+    left = [u.rsplit(f"/{PARTS}/", 1)[1] for u in storage.store_for(uri).list(storage.join(uri, PARTS))]
+    assert left == ["node-1.json"], left  # the part itself is gone; its copy in the checkpoint stands
+    checkpoint_restore.restore_latest(uri, tmp_path / "again")
+    assert (tmp_path / "again" / "step-4" / "__1_0.distcp").read_bytes() == shard
+
+
 def test_a_part_whose_files_do_not_match_its_manifest_is_not_taken(tmp_path: Path) -> None:
+    """Copied in the store, a file of another size than its part's manifest says stops the publish."""
     uri, node0, node1 = nodes(tmp_path)
     dcp_files(tmp_path / "node0" / "step-4", range(0, 1), metadata=True)
     dcp_files(tmp_path / "node1" / "step-4", range(1, 2), metadata=False)
     node1.poll()
     shard = next((tmp_path / "store" / PARTS).rglob("__1_0.distcp"))
     shard.write_bytes(b"tampered")
+    with pytest.raises(CloudtrainError, match=r"__1_0\.distcp holds 8 bytes, its description 7"):
+        node0.poll()
+    assert published(uri) == []
+
+
+def test_a_store_that_cannot_copy_has_each_part_downloaded_and_verified(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store plugin without copy(): node 0 downloads the part, checks every sha256 against the part's manifest,
+    and a part that does not match is not taken (the previous checkpoint stands)."""
+    monkeypatch.setattr(checkpoint_parts.storage, "copier", lambda _uri: None)
+    uri, node0, node1 = nodes(tmp_path)
+    dcp_files(tmp_path / "node0" / "step-4", range(0, 1), metadata=True)
+    dcp_files(tmp_path / "node1" / "step-4", range(1, 2), metadata=False)
+    node1.poll()
+    shard = next((tmp_path / "store" / PARTS).rglob("__1_0.distcp"))
+    shard.write_bytes(b"shard 9")  # the same size, other bytes
     assert node0.poll() is None and published(uri) == []
+    shard.write_bytes(b"shard 1")
+    assert node0.poll() == 4
+    assert published(uri) == [(4, ["step-4/.metadata", "step-4/__0_0.distcp", "step-4/__1_0.distcp"])]
+    assert (tmp_path / "store" / "step-000000004" / "step-4" / "__1_0.distcp").read_bytes() == b"shard 1"
 
 
 @pytest.fixture

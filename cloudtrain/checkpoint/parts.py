@@ -11,8 +11,12 @@ rewritten before the workers start, so node 0 never reads an earlier run's.
 
 Node 0 (``NodeParts``) takes a folder entry into a checkpoint only with every other node's part of it: an entry a
 node's index lists as being written holds the checkpoint back, one it does not list is one that node wrote nothing
-into. Node 0 downloads each part once (kept beside its checkpoint folder while it runs), publishes it with its own
-files as one checkpoint, then removes it from the store. Files node 0 holds under the same name are node 0's.
+into. Node 0 publishes each part with its own files as one checkpoint, then removes it from the store. Where the
+store copies objects itself (S3, GCS, Azure Blob, file://: ``storage.copier``) the part's files are copied into the
+checkpoint there, so other nodes' shards never pass through node 0 (at 8 nodes, 7/8 of every save would otherwise
+be downloaded by node 0 and uploaded again); with a store plugin that cannot, node 0 downloads each part once (kept
+beside its checkpoint folder while it runs), verified against the part's manifest, and uploads it. Files node 0
+holds under the same name are node 0's.
 """
 
 from __future__ import annotations
@@ -42,12 +46,18 @@ Log = Callable[[str], None]
 
 
 class Part(NamedTuple):
-    """A part node 0 downloaded: its files under ``root``, their paths as in the checkpoint folder."""
+    """A part node 0 takes into a checkpoint: its files under ``root``, the part's folder in the store (a URI) or
+    node 0's download of it (a Path); their paths as in the checkpoint folder."""
 
     entry: str
     name: str
-    root: Path
+    root: Path | str
     files: list[dict[str, Any]]
+
+
+def within(part: Part, folder: str) -> Path | str:
+    """Where the part's files of ``folder`` (a folder entry it holds) are: the ``root`` of paths relative to it."""
+    return part.root / folder if isinstance(part.root, Path) else storage.join(part.root, folder)
 
 
 def folder_entries(files: Files) -> dict[str, Files]:
@@ -230,7 +240,7 @@ class NodeParts:
                  final_wait: float = FINAL_WAIT) -> None:
         self.uri, self.nodes, self.staging, self.final_wait = uri, nodes, staging, final_wait
         self.log = log or log_line
-        self.downloaded: dict[str, Part] = {}  # part name -> its local copy
+        self.seen: dict[str, Part] = {}  # part name -> where its files are taken from
         self.all_final: bool | None = None  # every other node said it uploaded all it will (wait_final)
 
     def _indexes(self) -> dict[int, Index | None]:
@@ -271,9 +281,9 @@ class NodeParts:
                     problems.setdefault(entry, f"node {node}'s files of it were {when}")
                     continue
                 try:
-                    found[entry].append(self._download(entry, part))
+                    found[entry].append(self._take(entry, part))
                 except (CloudtrainError, OSError, ValueError) as exc:
-                    problems.setdefault(entry, f"node {node}'s files of it could not be downloaded ({exc})")
+                    problems.setdefault(entry, f"node {node}'s files of it could not be read ({exc})")
         return found, problems
 
     def complete(self, entries: list[str], own: list[str], final: bool,
@@ -292,14 +302,19 @@ class NodeParts:
                 problems[entry] = f"no node holds its {missing}"
         return found, problems
 
-    def _download(self, entry: str, part: str) -> Part:
-        if part in self.downloaded:
-            return self.downloaded[part]
+    def _take(self, entry: str, part: str) -> Part:
+        """The part, from its manifest: left in the store where the store copies objects itself (the publish
+        checks each copy's size; a restore verifies every sha256), else downloaded and verified here."""
+        if part in self.seen:
+            return self.seen[part]
         folder = _part_uri(self.uri, entry, part)
         manifest = json.loads(storage.read_bytes(folder + ".json"))
         files = checked_files({"step": 0, "files": manifest.get("files") if isinstance(manifest, dict) else None}, 0)
         if any(not safe_relative(f["path"]) or not f["path"].startswith(entry + "/") for f in files):
             raise ValueError(f"{folder}.json lists a file outside {entry}")
+        if storage.copier(folder) is not None:
+            self.seen[part] = Part(entry, part, folder, files)
+            return self.seen[part]
         local = self.staging / part
         shutil.rmtree(local, ignore_errors=True)
         items = []
@@ -311,11 +326,11 @@ class NodeParts:
         if wrong:
             shutil.rmtree(local, ignore_errors=True)
             raise ValueError(f"{wrong[0]} does not match its part's manifest")
-        self.downloaded[part] = Part(entry, part, local, files)
-        return self.downloaded[part]
+        self.seen[part] = Part(entry, part, local, files)
+        return self.seen[part]
 
     def taken(self, parts: list[Part]) -> None:
-        """After a publish: the parts it holds leave the store (node 0 keeps its copies while it runs)."""
+        """After a publish: the parts it holds leave the store (node 0 keeps its downloads while it runs)."""
         for part in parts:
             folder = _part_uri(self.uri, part.entry, part.name)
             try:

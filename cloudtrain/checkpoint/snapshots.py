@@ -288,7 +288,7 @@ class Snapshotter:
         for part in parts:
             files = [f for f in part.files if f["path"] not in own]
             own.update(f["path"] for f in files)
-            checkpoint_store.upload_files(part.root, files, folder, log=self.log)
+            checkpoint_store.carry_files(part.root, files, folder, log=self.log)
             entries += files
         return entries
 

@@ -19,6 +19,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -164,6 +165,35 @@ def _upload_each(root: Path, rel_paths: list[str], folder_uri: str, log: Log, ha
 def upload_files(root: Path, files: list[dict[str, Any]], folder_uri: str, log: Log = _print) -> int:
     """Upload files (as described by ``describe_files``), several at once, with retries; returns bytes uploaded."""
     return _upload_each(root, [entry["path"] for entry in files], folder_uri, log, hash_files=False)[0]
+
+
+def copy_files(source_uri: str, files: list[dict[str, Any]], folder_uri: str, log: Log = _print) -> int:
+    """Files the store already holds under ``source_uri`` (another node's part) into ``folder_uri``, copied by the
+    store itself (``storage.copier``): their bytes never pass through this node. Several at once, with retries;
+    each copy's size is checked against its description. Returns the bytes copied."""
+    copy = storage.copier(folder_uri)
+    if copy is None:
+        raise CloudtrainError(f"the store of {folder_uri} cannot copy objects itself",
+                              remedy="carry the files from a local copy (upload_files)")
+
+    def one(entry: dict[str, Any]) -> int:
+        source, target = storage.join(source_uri, entry["path"]), storage.join(folder_uri, entry["path"])
+        size = int(storage.with_retries(functools.partial(copy, source, target), f"copy of {source} to {target}",
+                                        log=log))
+        if size != int(entry["size"]):
+            raise CloudtrainError(f"the copy {target} holds {size} bytes, its description {entry['size']}",
+                                  remedy="the source changed after it was described: publish it again")
+        return size
+
+    with ThreadPoolExecutor(max(1, min(transfer.threads(), len(files))), thread_name_prefix="cloudtrain-copy") as pool:
+        return sum(pool.map(one, files))
+
+
+def carry_files(source: Path | str, files: list[dict[str, Any]], folder_uri: str, log: Log = _print) -> int:
+    """``upload_files`` from a local folder, or ``copy_files`` from a folder in the store (a URI)."""
+    if isinstance(source, Path):
+        return upload_files(source, files, folder_uri, log=log)
+    return copy_files(source, files, folder_uri, log=log)
 
 
 def describe_and_upload(root: Path, rel_paths: list[str], folder_uri: str, log: Log = _print,

@@ -22,14 +22,14 @@ from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.checkpoint.download import log_line
 from cloudtrain.checkpoint.files import broken, marker_missing, working_files
 from cloudtrain.checkpoint.manifest import MANIFEST, step_dir, step_of
-from cloudtrain.checkpoint.parts import NodeParts
+from cloudtrain.checkpoint.parts import NodeParts, within
 from cloudtrain.checkpoint.retention import apply_retention
 from cloudtrain.checkpoint.snapshots import Snapshotter, quiet_period
 from cloudtrain.errors import CloudtrainError
 
 if TYPE_CHECKING:  # only in annotations: nodes may run Python 3.8, where collections.abc types take no [...]
     Log = Callable[[str], None]
-    Judge = Callable[[Path, bool], "tuple[str | None, list[tuple[Path, list[dict[str, Any]]]]]"]
+    Judge = Callable[[Path, bool], "tuple[str | None, list[tuple[Path | str, list[dict[str, Any]]]]]"]
 
 _print = log_line
 
@@ -44,7 +44,8 @@ def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = contract.MI
     are never mirrored to the bucket. Returns the steps published; raises CheckpointNotPublished (saying which
     steps and where their files are) when a folder could not be published. ``judge(folder, final)`` (the node's
     sync): why a folder is no checkpoint (yet), or None and the files other nodes wrote into it, as
-    ``(their folder, their descriptions)`` pairs; a folder it turns down stays unpublished.
+    ``(their folder, their descriptions)`` pairs (a folder here, or one in the store that the store copies from);
+    a folder it turns down stays unpublished.
     """
     if (local_root / checkpoint_store.RUNTIME_MARKER).exists():
         return []
@@ -64,7 +65,7 @@ def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = contract.MI
             checkpoint_store.upload_files(folder, files, remote, log=log)
             for root, theirs in others:  # a name this node holds too is this node's file
                 theirs = [f for f in theirs if f["path"] not in {mine["path"] for mine in files}]
-                checkpoint_store.upload_files(root, theirs, remote, log=log)
+                checkpoint_store.carry_files(root, theirs, remote, log=log)
                 files += theirs
             checkpoint_store.publish(remote, step, files, world_size=0, kind="files", log=log)
         except (CloudtrainError, OSError) as exc:
@@ -134,7 +135,7 @@ class PlainSync:
             for name in [n for n in self.folder_parts if step_of(n, False) in published]:
                 self.parts.taken(self.folder_parts.pop(name))
 
-    def _judge(self, folder: Path, final: bool) -> tuple[str | None, list[tuple[Path, list[dict[str, Any]]]]]:
+    def _judge(self, folder: Path, final: bool) -> tuple[str | None, list[tuple[Path | str, list[dict[str, Any]]]]]:
         """Whether a ``step-<N>`` folder is a checkpoint: none of its files torn or empty, every node's files of it
         in the store (with DCP, a shard of every rank). Returns why not (said once; kept at the end), or None and
         the other nodes' files of it (their folder, their descriptions relative to it)."""
@@ -153,7 +154,7 @@ class PlainSync:
             return why, []
         self.folder_parts[name] = parts
         cut = len(name) + 1
-        return None, [(part.root / name, [{**f, "path": f["path"][cut:]} for f in part.files]) for part in parts]
+        return None, [(within(part, name), [{**f, "path": f["path"][cut:]} for f in part.files]) for part in parts]
 
     def _run(self) -> None:
         next_sync = time.monotonic() + self.every  # step folders: the first pass after one interval, as before

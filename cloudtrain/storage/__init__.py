@@ -44,6 +44,15 @@ class Store(Protocol):
     def read_stream(self, uri: str, start: int = 0, end: int | None = None) -> tuple[int, Iterator[bytes]]: ...
     def list(self, prefix: str) -> builtins.list[str]: ...  # every object URI under prefix, recursively
     def delete(self, uris: builtins.list[str]) -> None: ...
+    # Optional, where the service copies an object itself (S3 CopyObject, GCS rewrite, Azure Copy Blob, a hard link
+    # on file://): ``copy(source_uri, uri) -> size of the copy``, both in this store. Node 0 then takes the other
+    # nodes' checkpoint files into a checkpoint without their bytes passing through it (``copier``).
+
+
+def copier(uri: str) -> Callable[[str, str], int] | None:
+    """The store's own object copy for ``uri``'s store, or None where it has none (a plugin without ``copy``)."""
+    copy = getattr(store_for(uri), "copy", None)
+    return copy if callable(copy) else None
 
 
 # scheme -> ("module:Class", the extra that installs its client). Imported only when a URI of that scheme is used.

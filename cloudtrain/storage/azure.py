@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from urllib.parse import urlparse
 
 from cloudtrain.errors import UserError
 from cloudtrain.storage.transfer import chunked, range_header, total_size
+
+COPY_WAIT = 900.0  # seconds a server-side copy may stay pending (within one account it is done at once or soon)
 
 
 class AzureBlobStore:
@@ -83,6 +86,23 @@ class AzureBlobStore:
         with open(source, "rb") as data:  # block blob: committed whole at the end, never visible half-written
             self._blob(uri).upload_blob(data, overwrite=True, max_concurrency=8, progress_hook=hook)
         return source.stat().st_size
+
+    def copy(self, source: str, uri: str) -> int:
+        """Copy Blob from the source's URL (within one account the destination's own credential authorises the
+        source, a connection string's key or an Entra ID token alike), waited for where the service copies it
+        later (large blobs): the bytes stay in Azure."""
+        target = self._blob(uri)
+        copied = target.start_copy_from_url(self._blob(source).url)
+        status, delay, deadline = copied.get("copy_status"), 0.05, time.monotonic() + COPY_WAIT
+        while status == "pending" and time.monotonic() < deadline:
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
+            status = target.get_blob_properties().copy.status
+        if status == "pending":  # never left half-copied: the caller's retry starts it again
+            target.abort_copy(copied["copy_id"])
+        if status != "success":
+            raise OSError(f"copying {source} to {uri} ended {status}")
+        return int(target.get_blob_properties().size)
 
     def get_file(self, uri: str, target: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)

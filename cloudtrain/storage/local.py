@@ -152,6 +152,11 @@ class LocalStore:
             raise
         return source.stat().st_size
 
+    def copy(self, source: str, uri: str) -> int:
+        """A hard link of an object the store holds (objects here are never rewritten in place: a write replaces
+        the file), else a copy."""
+        return self.link_file(local_path(source), uri)
+
     def get_file(self, uri: str, target: Path) -> None:
         def copy(out: BinaryIO) -> None:
             with open(local_path(uri), "rb") as src:

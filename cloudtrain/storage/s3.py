@@ -83,6 +83,14 @@ class S3Store:
         self._uploads().upload(str(source), bucket, key, subscribers=subscribers).result()
         return source.stat().st_size
 
+    def copy(self, source: str, uri: str) -> int:
+        """CopyObject (UploadPartCopy in 16 MiB parts above the multipart threshold) through the uploads' shared
+        TransferManager: the bytes stay in S3."""
+        source_bucket, source_key = self._split(source)
+        bucket, key = self._split(uri)
+        self._uploads().copy({"Bucket": source_bucket, "Key": source_key}, bucket, key).result()
+        return int(self.client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+
     def get_file(self, uri: str, target: Path) -> None:
         bucket, key = self._split(uri)
         target.parent.mkdir(parents=True, exist_ok=True)

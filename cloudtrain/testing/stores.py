@@ -129,6 +129,25 @@ class StoreConformance:
         found = checkpoint_restore.restore_latest(store_root, tmp_path / "restore")
         assert found is not None and found.step == 10
 
+    def test_copy_within_the_store(self, store_root: str, tmp_path: Path) -> None:
+        """``copy`` (optional): the store copies an object itself. Node 0 of a multi-node job takes the other nodes'
+        checkpoint files into a checkpoint this way; a store without it has them downloaded and uploaded again."""
+        store, copy = storage.store_for(store_root), storage.copier(store_root)
+        if copy is None:
+            pytest.skip("this store has no copy(): node 0 downloads other nodes' checkpoint files and uploads them")
+            return
+        data = os.urandom(20 * 1024 * 1024 + 5)  # above S3's 16 MiB multipart threshold: copied in parts there
+        (tmp_path / "big.bin").write_bytes(data)
+        big, empty = storage.join(store_root, "part", "big.bin"), storage.join(store_root, "part", "empty")
+        store.put_file(tmp_path / "big.bin", big)
+        store.write_bytes(empty, b"")
+        assert copy(big, storage.join(store_root, "step", "big.bin")) == len(data)
+        assert copy(empty, storage.join(store_root, "step", "empty")) == 0
+        store.delete([big, empty])  # the copies stand on their own
+        store.get_file(storage.join(store_root, "step", "big.bin"), tmp_path / "back.bin")
+        assert (tmp_path / "back.bin").read_bytes() == data
+        assert store.read_bytes(storage.join(store_root, "step", "empty")) == b""
+
     def test_an_unknown_scheme_is_a_clear_error(self) -> None:
         with pytest.raises(storage.UserError, match="not supported"):
             storage.store_for("ftp-never-registered://host/x")
