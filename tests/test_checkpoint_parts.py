@@ -189,15 +189,16 @@ RESUMED = re.compile(r"\[byo\] resumed from step (\d+)")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["checkpoint-dir", "default"])
+@pytest.mark.parametrize(("layout", "store_root"), [("checkpoint-dir", "file"), ("default", "file"),
+                                                    ("checkpoint-dir", "s3")], indirect=["store_root"])
 def test_a_two_node_dcp_job_publishes_and_resumes_from_both_nodes_shards(
-        layout: str, tmp_path: Path, _no_stray_jobs: None) -> None:
+        layout: str, store_root: str, tmp_path: Path, _no_stray_jobs: None) -> None:
     """37.5 end to end: plain DCP (torchtitan's layout) on 2 nodes x 1 process. Before: nothing was published (the
     checkpoint-dir layout) or node 0's half of each step folder was (the default layout), and the job read
     `succeeded`. Now every step's checkpoint holds both shards and .metadata, and a second submission resumes from
-    the newest and trains on."""
+    the newest and trains on. On S3 (moto) node 1's shard reaches each checkpoint by CopyObject."""
     ct = Cloudtrain(tmp_path / "home", tmp_path)
-    store = (tmp_path / "store").as_uri()
+    store = storage.join(store_root, "ckpt")
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "dcp_plain.py").write_text((SCRIPTS / "byo" / "dcp_plain.py").read_text())
@@ -216,7 +217,8 @@ def test_a_two_node_dcp_job_publishes_and_resumes_from_both_nodes_shards(
     out = again.stdout + again.stderr
     resumed, done = RESUMED.search(out), DONE.search(out)
     assert resumed and int(resumed.group(1)) == 8 and done and int(done.group(1)) == 12, out[-4000:]
-    assert not list((tmp_path / "store").glob(f"{PARTS}/*")), "the parts leave the store at the job's end"
+    left = storage.store_for(store).list(storage.join(store, PARTS))
+    assert left == [], f"the parts leave the store at the job's end: {left}"
 
 
 @pytest.mark.soak  # two HF runs on 2 nodes, one preempted: ~80 s, a long end-to-end run (nox -s soak)
