@@ -147,6 +147,26 @@ def test_other_nodes_files_are_copied_in_the_store_never_through_node_0(
     assert (tmp_path / "again" / "step-4" / "__1_0.distcp").read_bytes() == shard
 
 
+@pytest.mark.parametrize("store_root", ["file", "s3"], indirect=True)
+def test_a_part_a_later_checkpoint_needs_again_is_copied_from_the_checkpoint_that_holds_it(
+        store_root: str, tmp_path: Path) -> None:
+    """An entry node 1 wrote once and left alone is in every later snapshot, but its part left the store with the
+    first publish. Node 0 used to keep its download for that; copied in the store, the next checkpoint copies node
+    1's files from the checkpoint that holds them (every later publish failed: the part was gone)."""
+    uri, node0, node1 = nodes(tmp_path, uri=storage.join(store_root, "job"))
+    save(tmp_path / "node0" / "checkpoint-5" / "model.pt", 5.0)
+    save(tmp_path / "node0" / "extra" / "rank0.pt", 0.0)
+    save(tmp_path / "node1" / "extra" / "rank1.pt", 1.0)
+    node1.poll()
+    assert node0.poll() == 5
+    save(tmp_path / "node0" / "checkpoint-10" / "model.pt", 10.0)
+    node1.poll()
+    assert node0.poll() == 10
+    assert published(uri)[-1] == (10, ["checkpoint-10/model.pt", "extra/rank0.pt", "extra/rank1.pt"])
+    checkpoint_restore.restore_latest(uri, tmp_path / "again")
+    assert torch.load(tmp_path / "again" / "extra" / "rank1.pt")["w"].tolist() == [1.0] * 4
+
+
 def test_a_part_whose_files_do_not_match_its_manifest_is_not_taken(tmp_path: Path) -> None:
     """Copied in the store, a file of another size than its part's manifest says stops the publish."""
     uri, node0, node1 = nodes(tmp_path)

@@ -329,9 +329,17 @@ class NodeParts:
         self.seen[part] = Part(entry, part, local, files)
         return self.seen[part]
 
-    def taken(self, parts: list[Part]) -> None:
-        """After a publish: the parts it holds leave the store (node 0 keeps its downloads while it runs)."""
+    def taken(self, parts: list[Part], published: str | None = None) -> None:
+        """After a publish: the parts it holds leave the store. A later checkpoint may need a part again (an entry
+        node n left unchanged is in every snapshot): node 0 keeps its downloads while it runs, and a part the store
+        copied is copied from ``published`` next time (the checkpoint that holds its files under their own paths;
+        without it, the part is read anew and found gone, and that checkpoint waits)."""
         for part in parts:
+            if isinstance(part.root, str):
+                if published is None:
+                    self.seen.pop(part.name, None)
+                else:
+                    self.seen[part.name] = part._replace(root=published)
             folder = _part_uri(self.uri, part.entry, part.name)
             try:
                 store = storage.store_for(folder)

@@ -361,7 +361,7 @@ class Snapshotter:
                             extra={"layout": LAYOUT_DIR, "entries": chosen, "script_step": script_step(chosen)})
         self.published = snapshot
         if self.parts is not None:
-            self.parts.taken(extra)
+            self.parts.taken(extra, published=folder)
         self.members = self._checkpoint_entries(snapshot)
         self.log(f"published {', '.join(chosen)} from {self.root} as {folder}")
         try:  # the checkpoint stands; what retention misses now, the next publish's retention removes
