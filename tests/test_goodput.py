@@ -262,7 +262,10 @@ def test_a_worker_sees_the_environment_bare_torchrun_gives_it(cli, script: Path,
     assert "OMP_NUM_THREADS" not in json.loads(theirs.stdout)["nodes"][1]["env"]  # theirs reaches the worker as is
 
 
-@pytest.mark.soak  # the whole GPU benchmark at small sizes, its real local job included: ~90 s (nox -s soak)
+# the whole GPU benchmark at small sizes, its real local jobs included: ~90 s on session 17's machines, over the
+# suite's 300 s limit on a loaded 2-core machine today; the benchmark's process gets 540 s, the test 600 s
+@pytest.mark.soak
+@pytest.mark.timeout(600)
 def test_the_gpu_benchmark_runs_on_cpu(tmp_path: Path) -> None:
     """benchmarks/gpu_goodput.py --device cpu: the same sections as on a GPU, small sizes, each with its ratio."""
     out = tmp_path / "figures.json"
@@ -270,7 +273,7 @@ def test_the_gpu_benchmark_runs_on_cpu(tmp_path: Path) -> None:
     env.pop("OMP_NUM_THREADS", None)
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_goodput.py"), "--device", "cpu",
                              "--gb", "0.03", "--repeat", "1", "--pairs", "1", "--steps", "5", "--json", str(out)],
-                            capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
+                            capture_output=True, text=True, timeout=540, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     for section in ("(a) training blocked per save", "(b) save to published", "(c) restore into the training state",
                     "(d) step time", "cloudtrain's own processes"):
