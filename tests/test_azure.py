@@ -352,7 +352,8 @@ def test_a_job_preempted_twice_resumes_from_the_checkpoint_store_and_completes(
         reader = threading.Thread(target=lambda node=node, lines=lines: lines.extend(node.stdout or []))
         reader.start()
         if attempt < 2:  # pre-empted once it has published a checkpoint of its own: its first. The publish line
-            # comes after the upload, and on a crowded CI machine 20 steps later: 2 epochs (64 steps) leave room for it
+            # comes after the upload, late on a crowded CI machine (run 2 once finished all 32 steps of 1 epoch before
+            # its SIGTERM): 2 epochs (64 steps) leave room for it
             wait_for(lambda lines=lines: any(re.search(r"checkpoint step \d+ published", x) for x in lines),
                      timeout=120)
             os.killpg(node.pid, signal.SIGTERM)
