@@ -24,6 +24,7 @@ from cloudtrain.checkpoint.manifest import (
     CorruptCheckpoint,
     checked_files,
     is_dir_layout,
+    is_shard,
     step_dir,
 )
 from cloudtrain.storage import transfer
@@ -69,11 +70,14 @@ class Restored:
     bytes: int = 0
     local_bytes: int = 0
     seconds: float = 0.0
+    left_bytes: int = 0  # shards left to the ranks that read them (on_demand.py)
 
     def summary(self) -> str:
         rate = self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
         local = f"; {self.local_bytes / 1e9:.2f} GB verified from this node's own copy" if self.local_bytes else ""
-        return f"{self.bytes / 1e9:.2f} GB in {self.seconds:.1f}s, {rate:.2f} GB/s{local}"
+        left = f"; {self.left_bytes / 1e9:.2f} GB of shards left to the ranks that read them" \
+            if self.left_bytes else ""
+        return f"{self.bytes / 1e9:.2f} GB in {self.seconds:.1f}s, {rate:.2f} GB/s{local}{left}"
 
 
 def _reuse_local(files: list[dict[str, Any]], folders: list[Path], staged: Path) -> set[int]:
@@ -114,13 +118,15 @@ def fetch_objects(store: Any, items: list[tuple[str, Path, int]], link: bool, lo
     return transfer.copy_many([(path_of(uri), local, size) for uri, local, size in items], link=link)
 
 
-def download(checkpoint: Checkpoint, target: Path, log: Log = _print, earlier: list[Path] | None = None) -> Restored:
+def download(checkpoint: Checkpoint, target: Path, log: Log = _print, earlier: list[Path] | None = None,
+             shards_later: bool = False) -> Restored:
     """Download and verify every file, then move the folder to ``target`` whole. Raises CorruptCheckpoint when the
     manifest is unusable or a file does not match it, CloudtrainError when the store cannot be read; either way
     nothing is left behind and nothing is written outside ``target``. All files are fetched at once and hashed as
     they arrive (cloudtrain.storage.transfer). A file the node already holds under ``target`` or an ``earlier``
     folder (``<folder>/step-N/<path>``) with the manifest's size and sha256 is used instead of a download (a
-    restart on the same machine)."""
+    restart on the same machine). ``shards_later``: DCP shards the node does not hold are not downloaded; the
+    ranks whose load reads them fetch them (on_demand.py)."""
     started = time.monotonic()
     files = checked_files(checkpoint.manifest, checkpoint.step)
     store = storage.store_for(checkpoint.uri)
@@ -140,7 +146,8 @@ def download(checkpoint: Checkpoint, target: Path, log: Log = _print, earlier: l
             items.append((storage.join(checkpoint.uri, entry["path"]), local, int(entry["size"])))
         folders = [] if snapshot else [target, *(e / step_dir(checkpoint.step) for e in earlier or [])]
         reused = _reuse_local(files, folders, staged)
-        rest = [i for i in range(len(files)) if i not in reused]
+        later = {i for i in range(len(files)) if shards_later and i not in reused and is_shard(files[i]["path"])}
+        rest = [i for i in range(len(files)) if i not in reused and i not in later]
         # the Checkpointer's own files ("full") are never rewritten in place: a file:// store's may be linked
         link = checkpoint.manifest.get("kind") == "full"
         fetched = fetch_objects(store, [items[i] for i in rest], link, log)
@@ -164,8 +171,9 @@ def download(checkpoint: Checkpoint, target: Path, log: Log = _print, earlier: l
         shutil.rmtree(staged, ignore_errors=True)
         with contextlib.suppress(OSError):
             staged.parent.rmdir()  # only once empty: another restore may be using it
-    return Restored(bytes=sum(int(f["size"]) for f in files),
-                    local_bytes=sum(int(files[i]["size"]) for i in reused), seconds=time.monotonic() - started)
+    return Restored(bytes=sum(int(f["size"]) for i, f in enumerate(files) if i not in later),
+                    local_bytes=sum(int(files[i]["size"]) for i in reused), seconds=time.monotonic() - started,
+                    left_bytes=sum(int(files[i]["size"]) for i in later))
 
 
 def place(staged: Path, root: Path) -> None:

@@ -16,6 +16,8 @@ MANIFEST = "manifest.json"
 # layout: cloudtrain/checkpoint/snapshots.py), not to a step-<N> folder inside it; restored under those very names.
 LAYOUT_DIR = "dir"
 QUARANTINE_PREFIX = "quarantine-"  # step-N/quarantine-<manifest sha256>.json: a restore found that manifest corrupt
+# A DCP shard: one rank's part of the model and optimizer state (__<rank>_<i>.distcp), the bulk of a checkpoint
+SHARD_SUFFIX = ".distcp"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -50,6 +52,17 @@ def step_of(name: str, canonical: bool = True) -> int | None:
 
 def is_dir_layout(manifest: Any) -> bool:
     return isinstance(manifest, dict) and manifest.get("layout") == LAYOUT_DIR
+
+
+def shards_on_demand(manifest: Any, nodes: int) -> bool:
+    """Whether a node's restore leaves this checkpoint's DCP shards to the ranks whose load reads them
+    (cloudtrain/checkpoint/on_demand.py): a Checkpointer's checkpoint ("full") on a job of several nodes, where each
+    node's ranks read only part of the shards (their own, at an unchanged sharding)."""
+    return nodes > 1 and isinstance(manifest, dict) and manifest.get("kind") == "full"
+
+
+def is_shard(path: str) -> bool:
+    return path.endswith(SHARD_SUFFIX)
 
 
 def quarantine_name(manifest_digest: str) -> str:

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 from cloudtrain import storage
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.checkpoint.download import Restored, download, log_line
-from cloudtrain.checkpoint.manifest import MANIFEST, Checkpoint, CorruptCheckpoint, is_dir_layout, step_dir
+from cloudtrain.checkpoint.manifest import (
+    MANIFEST,
+    Checkpoint,
+    CorruptCheckpoint,
+    is_dir_layout,
+    shards_on_demand,
+    step_dir,
+)
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.storage.paths import is_within
 
@@ -48,13 +55,15 @@ def check_lineage(uri: str, candidates: list[Checkpoint]) -> None:
 
 
 def restore_latest(uri: str, local_root: Path, log: Log = _print, earlier: list[Path] | None = None,
-                   moved: list[Restored] | None = None, refused: list[str] | None = None) -> Checkpoint | None:
+                   moved: list[Restored] | None = None, refused: list[str] | None = None,
+                   nodes: int = 1) -> Checkpoint | None:
     """Bring the newest checkpoint that verifies to ``local_root/step-<N>``; fall back to older ones, saying so.
     A checkpoint that does not verify is marked in the store (``store.quarantine``). Files this node already holds of it
     (in ``local_root`` or the ``earlier`` folders: what an earlier run on this machine left) are verified against
     the manifest and used instead of downloads. With ``moved``, what was moved is appended there and the caller
     says it (the node's one line), else it is logged here. With ``refused``, why each checkpoint it could not use
-    failed is appended there."""
+    failed is appended there. ``nodes``: the job's; with several, a Checkpointer's DCP shards are left to the ranks
+    whose load reads them (manifest.shards_on_demand)."""
     candidates = checkpoint_store.list_complete(uri, log=log)
     check_lineage(uri, candidates)
     for checkpoint in reversed(candidates):
@@ -63,7 +72,8 @@ def restore_latest(uri: str, local_root: Path, log: Log = _print, earlier: list[
         if not snapshot and _restored_already(target, checkpoint):
             return checkpoint  # already here (the bootstrap restored it before the job started)
         try:
-            done = download(checkpoint, target, log=log, earlier=earlier)
+            done = download(checkpoint, target, log=log, earlier=earlier,
+                            shards_later=shards_on_demand(checkpoint.manifest, nodes))
         except CorruptCheckpoint as exc:
             log(f"checkpoint {checkpoint.uri} is corrupt ({exc}); falling back to the previous one")
             checkpoint_store.quarantine(checkpoint, str(exc), log=log)
@@ -90,9 +100,10 @@ def _overlaps(uri: str, local_root: Path) -> bool:
     return is_within(store, local) or is_within(local, store)
 
 
-def restore_report(uri: str, local: Path, earlier: list[Path] | None = None) -> dict[str, Any]:
+def restore_report(uri: str, local: Path, earlier: list[Path] | None = None, nodes: int = 1) -> dict[str, Any]:
     """The node's restore, before its workers start (the bootstrap, through cloudtrain.node.steps, or
-    ``python -m cloudtrain.checkpoint restore``): ``{"step": N or None, "error": why or None}``."""
+    ``python -m cloudtrain.checkpoint restore``): ``{"step": N or None, "error": why or None}``. ``nodes``: the
+    job's (restore_latest)."""
     if _overlaps(uri, local):
         _print(f"warning: the checkpoint URI {uri} and CLOUDTRAIN_CHECKPOINT_DIR {local} are the same folder (or "
                "one holds the other): the store then holds the script's own folders too; give the checkpoint "
@@ -100,7 +111,7 @@ def restore_report(uri: str, local: Path, earlier: list[Path] | None = None) -> 
     try:
         moved: list[Restored] = []
         refused: list[str] = []
-        found = restore_latest(uri, local, earlier=earlier, moved=moved, refused=refused)
+        found = restore_latest(uri, local, earlier=earlier, moved=moved, refused=refused, nodes=nodes)
     except CloudtrainError as exc:  # unreadable store, or another job's checkpoints: the node stops, saying why
         return {"step": None, "error": f"{exc.message}; {exc.remedy}" if exc.remedy else exc.message}
     entries = found.manifest.get("entries") if found and is_dir_layout(found.manifest) else None

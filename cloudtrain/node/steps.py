@@ -107,7 +107,8 @@ def restore_checkpoint(env: dict[str, str], cwd: Path, earlier: Path | None = No
     try:
         from cloudtrain.checkpoint import restore as checkpoint_restore
 
-        report = checkpoint_restore.restore_report(uri, _local(env, cwd), [earlier] if earlier else None)
+        report = checkpoint_restore.restore_report(uri, _local(env, cwd), [earlier] if earlier else None,
+                                                   nodes=int(env.get(contract.NNODES) or 1))
     except Exception as exc:  # a storage client that is missing or breaks: the node stops, saying why
         return f"restoring checkpoints from {uri} failed: {exc!r}"
     if report["error"]:

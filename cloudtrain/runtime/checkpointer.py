@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import signal
 import threading
 import time
@@ -33,6 +34,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -41,9 +43,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from cloudtrain import contract, storage
+from cloudtrain.checkpoint import on_demand, saves
 from cloudtrain.checkpoint import restore as checkpoint_restore
-from cloudtrain.checkpoint import saves
 from cloudtrain.checkpoint import store as checkpoint_store
+from cloudtrain.checkpoint.manifest import CorruptCheckpoint
 from cloudtrain.checkpoint.retention import prune_local
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.node import events
@@ -314,27 +317,75 @@ class Checkpointer:
 
         Where this node's bootstrap restored the same store into the same folder before the workers started
         (``contract.RESTORED_STEP``), the first restore of each worker loads that step: the store is not listed,
-        nor anything downloaded, a second time."""
+        nor anything downloaded, a second time. On several nodes the node's restore leaves the DCP shards out, and
+        each rank fetches those its load reads (cloudtrain/checkpoint/on_demand.py). A file that does not match its
+        manifest makes every rank fall back to the previous checkpoint, as a node's restore does."""
         restored = saves.node_restored_step(self.uri, self.local_dir)
-        if self.uri and self.local_rank == 0 and restored is saves.UNKNOWN:
-            checkpoint_restore.restore_latest(self.uri, self.local_dir, log=self.log.warning)
-        dist.barrier(group=self.control_group)
-        choice: list[Any] = [None]
-        if self.rank == 0:
-            choice[0] = saves.newest_local(self.local_dir, self.uri) if restored is saves.UNKNOWN else restored
-        dist.broadcast_object_list(choice, src=0, group=self.control_group)
-        step = choice[0]
-        if step is None:
-            return 0
+        refused: set[int] = set()
+        while True:
+            if self.uri and self.local_rank == 0 and restored is saves.UNKNOWN:
+                checkpoint_restore.restore_latest(self.uri, self.local_dir, log=self.log.warning, nodes=self._nodes())
+            dist.barrier(group=self.control_group)
+            choice: list[Any] = [None]
+            if self.rank == 0:
+                choice[0] = saves.newest_local(self.local_dir, self.uri) if restored is saves.UNKNOWN else restored
+            dist.broadcast_object_list(choice, src=0, group=self.control_group)
+            if choice[0] is None:
+                return 0
+            step = int(choice[0])
+            if step in refused:  # corrupt, and still listed: its quarantine marker could not be written
+                raise CloudtrainError(f"checkpoint step {step} under {self.uri} is corrupt and could not be marked so "
+                                      "in the store: not loading it again",
+                                      remedy="make the checkpoint store writable from the job, or delete that "
+                                             "checkpoint's manifest.json")
+            if self._load(step):
+                return step
+            refused.add(step)
+            restored = saves.UNKNOWN  # the previous checkpoint, from the store
+
+    def _nodes(self) -> int:
+        return max(1, self.world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or self.world_size)))
+
+    def _load(self, step: int) -> bool:
+        """Every rank loads checkpoint ``step`` from this node's folder; False (on every rank) where a file it needs
+        does not match the manifest: the checkpoint is then quarantined and its folder removed on every node."""
         folder = self.local_dir / checkpoint_store.step_dir(step)
+        source = on_demand.OnDemand(self.uri, step, folder, log=self.log.warning) if self.uri else None
+        own = f"extra/rank-{self.rank}.pt"
+        failure: tuple[str, str] | None = None
+        try:
+            if source is not None:
+                source.fetch([".metadata", own if source.listed(own) else "extra/rank-0.pt"])
+        except CorruptCheckpoint as exc:
+            failure = ("corrupt", str(exc))
+        except (CloudtrainError, OSError) as exc:
+            failure = ("error", saves.reason(exc))
+        verdicts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(verdicts, failure, group=self.control_group)  # every rank: the same verdict
+        errors = [(rank, v) for rank, v in enumerate(verdicts) if v is not None]
+        hard = [f"rank {rank}: {why}" for rank, (kind, why) in errors if kind == "error"]
+        if hard:
+            raise CloudtrainError(f"restoring checkpoint step {step} from {self.uri} failed: {hard[0]}",
+                                  remedy="check that the checkpoint store is reachable from the job")
+        if errors:
+            return self._refuse(source, step, folder, errors[0][0], errors[0][1][1])
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-        reader = dcp_files.ParallelFileSystemReader(str(folder), saves.write_threads())  # its files at once
-        dcp.load(state, storage_reader=reader, process_group=self.save_group)
+        # its files at once; on several nodes, fetched first where this node's folder lacks them
+        reader = dcp_files.ParallelFileSystemReader(str(folder), saves.write_threads(),
+                                                    before_read=source.fetch if source is not None else None)
+        try:
+            dcp.load(state, storage_reader=reader, process_group=self.save_group)
+        except CheckpointException as exc:  # raised on every rank, before anything was read into the state
+            corrupt = sorted((rank, str(failure[0])) for rank, failure in exc.failures.items()
+                             if isinstance(failure[0], CorruptCheckpoint))
+            if not corrupt:
+                raise
+            return self._refuse(source, step, folder, *corrupt[0])
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        own = folder / "extra" / f"rank-{self.rank}.pt"
-        extra = torch.load(own if own.is_file() else folder / "extra" / "rank-0.pt", weights_only=False)
-        if own.is_file():
+        extra = torch.load(folder / own if (folder / own).is_file() else folder / "extra" / "rank-0.pt",
+                           weights_only=False)
+        if (folder / own).is_file():
             set_rng_state(extra["rng"])
         else:
             self.log.warning(f"no RNG state for rank {self.rank} (the world size changed); RNG continues fresh")
@@ -344,8 +395,23 @@ class Checkpointer:
             self.scheduler.load_state_dict(extra["scheduler"])
         self.last_saved_step = step
         self._restored_at = time.monotonic()
-        self.log.info(f"resumed from step {step} ({folder})")
-        return int(step)
+        fetched = source.fetched if source is not None else None
+        brought = f"; fetched {fetched.summary()} of the files its load reads" if fetched and fetched.bytes else ""
+        self.log.info(f"resumed from step {step} ({folder}{brought})")
+        return True
+
+    def _refuse(self, source: on_demand.OnDemand | None, step: int, folder: Path, found_by: int, why: str) -> bool:
+        """A file of checkpoint ``step`` that rank ``found_by`` read does not match its manifest: that rank marks
+        the checkpoint corrupt in the store, and every node drops its folder, so the next choice is an older one."""
+        if self.rank == found_by:
+            self.log.warning(f"checkpoint step {step} is corrupt ({why}); falling back to the previous one")
+            if source is not None:
+                source.quarantine(why)
+        dist.barrier(group=self.control_group)
+        if self.local_rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+        dist.barrier(group=self.control_group)
+        return False
 
 
 def save_final_model(model: torch.nn.Module, uri: str | None = None, name: str = "model.pt") -> str | None:

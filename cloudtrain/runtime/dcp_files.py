@@ -28,9 +28,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.futures import Future
 
+from cloudtrain.checkpoint.manifest import is_shard
+
 if TYPE_CHECKING:  # only in annotations: nodes may run Python 3.8, where collections.abc types take no [...]
     Written = Callable[[str, int, str], None]  # (file name in the step folder, bytes, sha256)
-SHARD_SUFFIX = ".distcp"
 
 
 WRITEBACK_BYTES = 64 << 20  # a durable shard's bytes are sent to disk in steps of this, while DCP writes on
@@ -105,7 +106,7 @@ class HashingFileSystem(FileSystem):
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
         name = os.path.basename(os.fspath(path))
-        if mode != "wb" or not name.endswith(SHARD_SUFFIX):  # the metadata (renamed into place): hashed later
+        if mode != "wb" or not is_shard(name):  # the metadata (renamed into place): hashed later
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
@@ -149,11 +150,19 @@ class _OneAtATime:
 
 
 class ParallelFileSystemReader(dcp.FileSystemReader):
-    """torch's FileSystemReader, loading up to ``threads`` of the rank's files at once."""
+    """torch's FileSystemReader, loading up to ``threads`` of the rank's files at once. ``before_read`` is given the
+    files the rank's load plan reads, before any is read (cloudtrain/checkpoint/on_demand.py fetches those the
+    node's folder lacks); what it raises reaches every rank as DCP's CheckpointException, with nothing loaded."""
 
-    def __init__(self, folder: str, threads: int) -> None:
+    def __init__(self, folder: str, threads: int, before_read: Callable[[list[str]], None] | None = None) -> None:
         super().__init__(folder)
         self.threads = max(1, threads)
+        self.before_read = before_read
+
+    def prepare_local_plan(self, plan: Any) -> Any:
+        if self.before_read is not None:
+            self.before_read(sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}))
+        return super().prepare_local_plan(plan)
 
     def read_data(self, plan: Any, planner: Any) -> Future[None]:
         per_file: dict[str, list[Any]] = {}
