@@ -236,3 +236,81 @@ def test_a_shard_a_rank_reads_corrupt_makes_every_rank_fall_back(tmp_path: Path)
     manifest = (newest / MANIFEST).read_bytes()
     assert (newest / quarantine_name(hashlib.sha256(manifest).hexdigest())).is_file()
     assert [c.step for c in checkpoint_store.list_complete(store)] == [1]
+
+
+READS = r'''
+import sys
+import torch, torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from cloudtrain.runtime import dcp_files
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+for layer in model:
+    fully_shard(layer)
+fully_shard(model)
+opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+model(torch.randn(4, 64)).sum().backward()
+opt.step()
+state = dict(zip(("model", "optim"), get_state_dict(model, opt)))
+planner = dcp_files.SavePlanner() if sys.argv[2] == "cloudtrain" else None
+dcp.save(state, storage_writer=dcp_files.writer(sys.argv[1], 2), planner=planner)
+read = []
+dcp.load(state, storage_reader=dcp_files.ParallelFileSystemReader(sys.argv[1], 2, before_read=read.extend))
+print("rank %d reads %s" % (dist.get_rank(), " ".join(read)), flush=True)
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.parametrize("planner", ["torch", "cloudtrain"])
+def test_a_sharded_rank_reads_its_own_files_and_the_lowest_ranks(planner: str, tmp_path: Path) -> None:
+    """FSDP's optimizer step counts are held by every rank. torch's planner spreads such items over the ranks'
+    files, so each rank's load reads a little of every file; cloudtrain's has the lowest rank write them."""
+    script = tmp_path / "reads.py"
+    script.write_text(READS)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                          str(script), str(tmp_path / "ckpt"), planner], capture_output=True, text=True,
+                         timeout=240, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    reads = {int(rank): set(files.split()) for rank, files in re.findall(r"rank (\d) reads (.*)", run.stdout)}
+    assert sorted(reads) == [0, 1, 2, 3]
+    owners = {rank: {int(name[2]) for name in names} for rank, names in reads.items()}  # __<rank>_<i>.distcp
+    if planner == "cloudtrain":
+        assert owners == {0: {0}, 1: {0, 1}, 2: {0, 2}, 3: {0, 3}}
+    else:  # what cloudtrain's planner is for: the reads torch's choice makes
+        assert any(len(ranks) > 2 for ranks in owners.values()), owners
+
+
+@pytest.mark.slow
+def test_each_node_of_an_fsdp_job_fetches_only_what_its_ranks_read(tmp_path: Path) -> None:
+    """2 nodes x 2 processes, the reference FSDP trainer, resumed: each node's restore leaves the shards, its ranks
+    fetch fewer than all of them, and the resumed run ends bitwise equal to an uninterrupted one."""
+    from tests.support import Cloudtrain, assert_bitwise_equal, final_weights
+
+    ct = Cloudtrain(tmp_path / "home", tmp_path)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    script = proj / "train_fsdp.py"
+    script.write_text((REPO / "entrypoints" / "train_fsdp.py").read_text())
+
+    def submit(run: str, epochs: str) -> str:
+        done = ct("submit", str(script), "--nodes", "2", "--procs-per-node", "2", "--checkpoint-uri",
+                  (tmp_path / f"ckpt-{run}").as_uri(), "--output-uri", (tmp_path / f"out-{run}").as_uri(), "--",
+                  "--epochs", epochs, "--samples", "512")  # 4 steps per epoch (4 ranks x 32)
+        return done.stdout + done.stderr
+
+    submit("straight", "2")
+    submit("resumed", "1")
+    again = submit("resumed", "2")
+    logs = again + "".join(p.read_text(errors="replace") for p in (tmp_path / "home").rglob("node-*.log"))
+    assert "INFO resumed from step 4" in again, again[-3000:]
+    assert_bitwise_equal(final_weights((tmp_path / "out-resumed").as_uri()),
+                         final_weights((tmp_path / "out-straight").as_uri()))
+    shards = [f for f in checkpoint_store.list_complete((tmp_path / "ckpt-resumed").as_uri())[0].manifest["files"]
+              if f["path"].endswith(".distcp")]
+    assert len(re.findall(r"GB of shards left to the ranks that read them", logs)) >= 2, logs[-4000:]
+    fetched = [int(n) for n in re.findall(r"fetched (\d+) file\(s\) its load reads", logs)]
+    assert fetched and sum(fetched) < 2 * len(shards), (fetched, len(shards), logs[-4000:])

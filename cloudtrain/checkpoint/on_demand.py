@@ -52,6 +52,7 @@ class OnDemand:
         self.uri, self.step, self.folder, self.log = uri, step, folder, log
         self.checkpoint_uri = storage.join(uri, step_dir(step))
         self.fetched = Restored()  # what this process brought, for its log line
+        self.fetched_files = 0
         self._entries: dict[str, dict[str, Any]] | None = None
         self._manifest: dict[str, Any] | None = None
 
@@ -151,6 +152,7 @@ class OnDemand:
             for _uri, part, _size in items:
                 part.unlink(missing_ok=True)
         self.fetched.bytes += sum(int(e["size"]) for e in entries)
+        self.fetched_files += len(entries)
 
     def quarantine(self, reason: str) -> None:
         """Mark this checkpoint corrupt in the store, so that no later listing takes it (store.quarantine)."""

@@ -201,12 +201,15 @@ class Checkpointer:
         try:
             staged = self._stage(state) if self.async_save else None
             if staged is not None:  # the copy is whole: DCP writes it from the host buffers while training goes on
-                write = functools.partial(dcp.save, staged, storage_writer=writer, process_group=self.save_group)
+                write = functools.partial(dcp.save, staged, storage_writer=writer, planner=dcp_files.SavePlanner(),
+                                          process_group=self.save_group)
             elif self.async_save:  # torch's own per-save copy (no staging helpers, or the host cannot hold buffers)
-                write = cast(Any, dcp.async_save(state, storage_writer=writer, process_group=self.save_group)).result
+                write = cast(Any, dcp.async_save(state, storage_writer=writer, planner=dcp_files.SavePlanner(),
+                                                 process_group=self.save_group)).result
             else:
                 with _without_zip_crc():
-                    dcp.save(state, storage_writer=writer, process_group=self.save_group)
+                    dcp.save(state, storage_writer=writer, planner=dcp_files.SavePlanner(),
+                             process_group=self.save_group)
                 write = None
         except BaseException:
             if upload is not None:
@@ -395,8 +398,8 @@ class Checkpointer:
             self.scheduler.load_state_dict(extra["scheduler"])
         self.last_saved_step = step
         self._restored_at = time.monotonic()
-        fetched = source.fetched if source is not None else None
-        brought = f"; fetched {fetched.summary()} of the files its load reads" if fetched and fetched.bytes else ""
+        brought = f"; fetched {source.fetched_files} file(s) its load reads that this node lacked: " \
+            f"{source.fetched.summary()}" if source is not None and source.fetched_files else ""
         self.log.info(f"resumed from step {step} ({folder}{brought})")
         return True
 

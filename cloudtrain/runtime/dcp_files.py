@@ -22,9 +22,10 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.futures import Future
 
@@ -124,6 +125,37 @@ def writer(folder: str, threads: int, written: Written | None = None, durable: b
     if written is not None and isinstance(getattr(made, "fs", None), FileSystem):
         made.fs = HashingFileSystem(written, durable)
     return made
+
+
+SMALL_REPLICATED = 1 << 20  # bytes: a replicated item up to this size is written by the lowest rank holding it
+
+
+class SavePlanner(DefaultSavePlanner):
+    """torch's save planner, but a small item several ranks hold (an optimizer's step counts and param groups, under
+    FSDP) is written by the lowest rank holding it, not by whichever rank had written least so far. torch's choice
+    put a little of every rank's file in every rank's load: on several nodes each node then needed every shard
+    (cloudtrain/checkpoint/on_demand.py fetches whole files). Now a sharded rank reads its own files and the
+    lowest rank's. Large replicated items (DDP's whole state) stay spread over the ranks, as torch spreads them, so
+    writing them stays shared. Only where torch has the ``_dedup_save_plans`` hook (2.6 and later); before,
+    torch's own choice, which loads the same."""
+
+    def _dedup_save_plans(self, all_plans: list[Any]) -> list[Any]:
+        holders: dict[Any, int] = {}  # item -> the lowest rank whose plan holds it
+        for rank, plan in enumerate(all_plans):
+            for item in plan.items:
+                holders.setdefault(item.index, rank)
+        counts: dict[Any, int] = {}
+        for plan in all_plans:
+            for item in plan.items:
+                counts[item.index] = counts.get(item.index, 0) + 1
+
+        def kept(rank: int, item: Any) -> bool:
+            small = (item.tensor_storage_size() or 0) <= SMALL_REPLICATED
+            return counts[item.index] == 1 or not small or holders[item.index] == rank
+
+        trimmed = [dataclasses.replace(plan, items=[item for item in plan.items if kept(rank, item)])
+                   for rank, plan in enumerate(all_plans)]
+        return cast(list[Any], super()._dedup_save_plans(trimmed))
 
 
 class _OneAtATime:
