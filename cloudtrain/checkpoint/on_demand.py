@@ -155,9 +155,10 @@ class OnDemand:
         self.fetched_files += len(entries)
 
     def quarantine(self, reason: str) -> None:
-        """Mark this checkpoint corrupt in the store, so that no later listing takes it (store.quarantine)."""
+        """Mark this checkpoint corrupt in the store, so that no later listing takes it (store.quarantine): this very
+        manifest, never another one of the same step (a marker names its manifest's digest)."""
         for checkpoint in checkpoint_store.list_complete(self.uri, log=lambda _m: None):
-            if checkpoint.step == self.step:
+            if checkpoint.step == self.step and checkpoint.manifest == self.manifest:
                 checkpoint_store.quarantine(checkpoint, reason, log=self.log)
 
 
