@@ -272,6 +272,23 @@ def test_goodput_counts_the_steps_redone_after_a_restore() -> None:
                                                                                                 abs=1e-3)
 
 
+def test_goodput_counts_the_workers_load_as_restore() -> None:
+    """On several nodes a node's restore leaves the shards to the ranks, which fetch them in the Checkpointer's
+    load: its time (``training_again``'s ``load_s``) is restore, not provisioning."""
+    from types import SimpleNamespace
+
+    from cloudtrain.job_types import JobState
+    from cloudtrain.show.goodput import summarise
+
+    events = [{"e": "submitted", "t": 0}, {"e": "node_started", "t": 5, "attempt": 0},
+              {"e": "restored", "t": 6, "step": 40, "seconds": 0.2},
+              {"e": "training_again", "t": 9, "step": 41, "load_s": 1.5},
+              {"e": "step", "t": 14, "step": 91, "total": 91}, {"e": "ended", "t": 15, "state": "succeeded"}]
+    status = SimpleNamespace(state=JobState.SUCCEEDED, started_at=5, ended_at=15, created_at=0)
+    losses = summarise(events, status)["goodput"]["losses_s"]
+    assert losses["restore"] == pytest.approx(1.7) and losses["provisioning"] == pytest.approx(4 - 1.7)
+
+
 def test_recovery_restarts_are_in_the_first_jobs_timeline(vertex: VertexFake, project: Path,
                                                           ct_home: Path) -> None:
     """`wait --recover` resubmits a Vertex job preempted twice: the first job's timeline names each restart and the

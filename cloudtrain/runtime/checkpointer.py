@@ -137,6 +137,7 @@ class Checkpointer:
         self._stop_requested = False
         self._last_save = time.monotonic()
         self._restored_at: float | None = None  # when restore() loaded a checkpoint: the next step() says how long
+        self._load_seconds = 0.0  # how long restore() took (on several nodes: the ranks' fetch of their shards too)
         self._previous_handler: Any = None
         self._request = saves.CheckpointRequest()  # the node's ask on a spot notice (cloudtrain/node/spot_notice.py)
         if threading.current_thread() is threading.main_thread():
@@ -156,7 +157,8 @@ class Checkpointer:
             self.log.info(f"training again: step {step}, {time.monotonic() - self._restored_at:.1f}s after the "
                           "restore")
             if self.rank == 0:
-                events.emit("training_again", step=step, after_restore_s=round(time.monotonic() - self._restored_at, 3))
+                events.emit("training_again", step=step, after_restore_s=round(time.monotonic() - self._restored_at, 3),
+                            load_s=round(self._load_seconds, 3))
             self._restored_at = None
         due_time = self.rank == 0 and self.every_seconds is not None and \
             time.monotonic() - self._last_save >= self.every_seconds
@@ -323,6 +325,7 @@ class Checkpointer:
         nor anything downloaded, a second time. On several nodes the node's restore leaves the DCP shards out, and
         each rank fetches those its load reads (cloudtrain/checkpoint/on_demand.py). A file that does not match its
         manifest makes every rank fall back to the previous checkpoint, as a node's restore does."""
+        started = time.monotonic()
         restored = saves.node_restored_step(self.uri, self.local_dir)
         refused: set[int] = set()
         while True:
@@ -342,6 +345,7 @@ class Checkpointer:
                                       remedy="make the checkpoint store writable from the job, or delete that "
                                              "checkpoint's manifest.json")
             if self._load(step):
+                self._load_seconds = time.monotonic() - started  # the load ends in a collective: every rank's time
                 return step
             refused.add(step)
             restored = saves.UNKNOWN  # the previous checkpoint, from the store

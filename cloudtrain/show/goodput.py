@@ -108,6 +108,8 @@ def summarise_chain(parts: list[tuple[list[dict[str, Any]], Any, Any]]) -> dict[
     for n, (start, _stop, own) in enumerate(legs):
         restored = next((e for e in own if e["e"] == "restored"), None)
         restore_s = float(restored.get("seconds") or 0) if restored else 0.0
+        again = next((e for e in own if e["e"] == "training_again"), None)
+        restore_s += float(again.get("load_s") or 0) if again else 0.0  # the workers' load (their shards' fetch)
         losses["restore"] += restore_s
         trained = [e for e in own if e["e"] in ("step", "checkpoint", "training_again") and
                    isinstance(e.get("step"), int)]
