@@ -31,6 +31,7 @@ from cloudtrain import storage
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.checkpoint.download import Restored, fetch_objects, log_line, matches
 from cloudtrain.checkpoint.manifest import MANIFEST, CorruptCheckpoint, checked_files, step_dir
+from cloudtrain.errors import CloudtrainError
 
 try:  # POSIX (every node, macOS); without it each process fetches what it lacks itself, still atomically
     import fcntl
@@ -156,8 +157,15 @@ class OnDemand:
 
     def quarantine(self, reason: str) -> None:
         """Mark this checkpoint corrupt in the store, so that no later listing takes it (store.quarantine): this very
-        manifest, never another one of the same step (a marker names its manifest's digest)."""
-        for checkpoint in checkpoint_store.list_complete(self.uri, log=lambda _m: None):
+        manifest, never another one of the same step (a marker names its manifest's digest). Best effort, as
+        store.quarantine is: a store that cannot be listed now only means the next restore checks it again."""
+        try:
+            listed = checkpoint_store.list_complete(self.uri, log=lambda _m: None)
+        except CloudtrainError as exc:
+            self.log(f"could not mark {self.checkpoint_uri} as corrupt in the store ({exc.message}); the next restore "
+                     "checks it again")
+            return
+        for checkpoint in listed:
             if checkpoint.step == self.step and checkpoint.manifest == self.manifest:
                 checkpoint_store.quarantine(checkpoint, reason, log=self.log)
 

@@ -136,8 +136,8 @@ class SavePlanner(DefaultSavePlanner):
     put a little of every rank's file in every rank's load: on several nodes each node then needed every shard
     (cloudtrain/checkpoint/on_demand.py fetches whole files). Now a sharded rank reads its own files and the
     lowest rank's. Large replicated items (DDP's whole state) stay spread over the ranks, as torch spreads them, so
-    writing them stays shared. Only where torch has the ``_dedup_save_plans`` hook (2.6 and later); before,
-    torch's own choice, which loads the same."""
+    writing them stays shared. Where torch's planner does not call its ``_dedup_save_plans`` hook (torch 2.13
+    does), torch's own choice stands, and loads the same."""
 
     def _dedup_save_plans(self, all_plans: list[Any]) -> list[Any]:
         holders: dict[Any, int] = {}  # item -> the lowest rank whose plan holds it
@@ -155,7 +155,7 @@ class SavePlanner(DefaultSavePlanner):
 
         trimmed = [dataclasses.replace(plan, items=[item for item in plan.items if kept(rank, item)])
                    for rank, plan in enumerate(all_plans)]
-        return cast(list[Any], super()._dedup_save_plans(trimmed))
+        return cast("list[Any]", super()._dedup_save_plans(trimmed))
 
 
 class _OneAtATime:
