@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import storage
+from cloudtrain.checkpoint import download as checkpoint_download
 from cloudtrain.checkpoint import on_demand
 from cloudtrain.checkpoint import restore as checkpoint_restore
 from cloudtrain.checkpoint import store as checkpoint_store
@@ -132,7 +133,7 @@ def test_a_node_that_restored_another_step_reads_the_stores_manifest(tmp_path: P
 
 
 def _fetch_in_process(uri: str, folder: str, names: list[str], log: str, start) -> None:
-    fetch = on_demand.fetch_objects
+    fetch = checkpoint_download.fetch_objects
 
     def recorded(store, items, link, log_):
         with open(log, "a") as out:
@@ -140,7 +141,7 @@ def _fetch_in_process(uri: str, folder: str, names: list[str], log: str, start) 
                 out.write(remote.rsplit("/", 1)[1] + "\n")
         return fetch(store, items, link, log_)
 
-    on_demand.fetch_objects = recorded
+    checkpoint_download.fetch_objects = recorded
     start.wait()
     on_demand.OnDemand(uri, STEP, Path(folder)).fetch(names)
 

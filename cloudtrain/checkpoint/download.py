@@ -118,6 +118,23 @@ def fetch_objects(store: Any, items: list[tuple[str, Path, int]], link: bool, lo
     return transfer.copy_many([(path_of(uri), local, size) for uri, local, size in items], link=link)
 
 
+def fetch_verified(store: Any, items: list[tuple[str, Path, int]], entries: list[dict[str, Any]], link: bool,
+                   log: Log) -> None:
+    """``fetch_objects``, each file checked against its manifest entry (size and sha256). A mismatch is confirmed by
+    a second fetch: a reply cut short that the client did not notice must not condemn (and quarantine) a good
+    checkpoint. Raises CorruptCheckpoint naming the first file still wrong."""
+    fetched = fetch_objects(store, items, link, log)
+    wrong = [i for i, got in enumerate(fetched) if not matches(entries[i], got)]
+    if not wrong:
+        return
+    for i in wrong:
+        items[i][1].unlink(missing_ok=True)
+    again = fetch_objects(store, [items[i] for i in wrong], False, log)
+    still = [entries[i]["path"] for i, got in zip(wrong, again) if not matches(entries[i], got)]
+    if still:
+        raise CorruptCheckpoint(f"{still[0]} does not match its manifest (size or sha256)")
+
+
 def download(checkpoint: Checkpoint, target: Path, log: Log = _print, earlier: list[Path] | None = None,
              shards_later: bool = False) -> Restored:
     """Download and verify every file, then move the folder to ``target`` whole. Raises CorruptCheckpoint when the
@@ -150,17 +167,7 @@ def download(checkpoint: Checkpoint, target: Path, log: Log = _print, earlier: l
         rest = [i for i in range(len(files)) if i not in reused and i not in later]
         # the Checkpointer's own files ("full") are never rewritten in place: a file:// store's may be linked
         link = checkpoint.manifest.get("kind") == "full"
-        fetched = fetch_objects(store, [items[i] for i in rest], link, log)
-        wrong = [i for i, got in zip(rest, fetched) if not matches(files[i], got)]
-        if wrong:
-            # a mismatch is confirmed by a second download: a reply cut short that the client did not notice must
-            # not condemn (and quarantine) a good checkpoint
-            for i in wrong:
-                items[i][1].unlink(missing_ok=True)
-            again = fetch_objects(store, [items[i] for i in wrong], False, log)
-            still = [files[i]["path"] for i, got in zip(wrong, again) if not matches(files[i], got)]
-            if still:
-                raise CorruptCheckpoint(f"{still[0]} does not match its manifest (size or sha256)")
+        fetch_verified(store, [items[i] for i in rest], [files[i] for i in rest], link, log)
         if snapshot:  # the script's own names, in its folder, and nothing beside them
             place(staged, target)
         else:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from cloudtrain import storage
 from cloudtrain.checkpoint import store as checkpoint_store
-from cloudtrain.checkpoint.download import Restored, fetch_objects, log_line, matches
+from cloudtrain.checkpoint.download import Restored, fetch_verified, log_line
 from cloudtrain.checkpoint.manifest import MANIFEST, CorruptCheckpoint, checked_files, step_dir
 from cloudtrain.errors import CloudtrainError
 
@@ -136,15 +136,7 @@ class OnDemand:
                   int(e["size"])) for e in entries]
         try:
             # the Checkpointer's files are never rewritten in place: a file:// store's may be linked
-            got = fetch_objects(store, items, self.manifest.get("kind") == "full", self.log)
-            wrong = [i for i, g in enumerate(got) if not matches(entries[i], g)]
-            if wrong:  # confirmed by a second fetch: a reply cut short must not condemn a good checkpoint
-                for i in wrong:
-                    items[i][1].unlink(missing_ok=True)
-                again = fetch_objects(store, [items[i] for i in wrong], False, self.log)
-                still = [entries[i]["path"] for i, g in zip(wrong, again) if not matches(entries[i], g)]
-                if still:
-                    raise CorruptCheckpoint(f"{still[0]} does not match its manifest (size or sha256)")
+            fetch_verified(store, items, entries, self.manifest.get("kind") == "full", self.log)
             for entry, (_uri, part, _size) in zip(entries, items):
                 target = self.folder / entry["path"]
                 target.parent.mkdir(parents=True, exist_ok=True)
