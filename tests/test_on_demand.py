@@ -115,8 +115,8 @@ def test_a_shard_that_does_not_match_is_never_placed(tmp_path: Path) -> None:
         source.fetch(["__0_0.distcp", "__0_1.distcp"])
     assert "__0_1.distcp" not in _held(folder) and not any(p.suffix == ".part" for p in folder.rglob("*"))
     source.quarantine("test")
-    digest = checkpoint_store.list_complete(uri)  # the marker hides it from every later listing
-    assert digest == [] and any(p.name.startswith("quarantine-") for p in stored.parent.iterdir())
+    listed = checkpoint_store.list_complete(uri)  # the marker hides it from every later listing
+    assert listed == [] and any(p.name.startswith("quarantine-") for p in stored.parent.iterdir())
 
 
 def test_a_node_that_restored_another_step_reads_the_stores_manifest(tmp_path: Path) -> None:
