@@ -390,9 +390,9 @@ class Checkpointer:
                 raise
             return self._refuse(source, step, folder, *corrupt[0])
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        extra = torch.load(folder / own if (folder / own).is_file() else folder / "extra" / "rank-0.pt",
-                           weights_only=False)
-        if (folder / own).is_file():
+        has_own = (folder / own).is_file()  # not where the world size changed
+        extra = torch.load(folder / (own if has_own else "extra/rank-0.pt"), weights_only=False)
+        if has_own:
             set_rng_state(extra["rng"])
         else:
             self.log.warning(f"no RNG state for rank {self.rank} (the world size changed); RNG continues fresh")

@@ -140,18 +140,14 @@ class SavePlanner(DefaultSavePlanner):
     does), torch's own choice stands, and loads the same."""
 
     def _dedup_save_plans(self, all_plans: list[Any]) -> list[Any]:
-        holders: dict[Any, int] = {}  # item -> the lowest rank whose plan holds it
+        holders: dict[Any, list[int]] = {}  # item -> the ranks whose plans hold it, lowest first
         for rank, plan in enumerate(all_plans):
             for item in plan.items:
-                holders.setdefault(item.index, rank)
-        counts: dict[Any, int] = {}
-        for plan in all_plans:
-            for item in plan.items:
-                counts[item.index] = counts.get(item.index, 0) + 1
+                holders.setdefault(item.index, []).append(rank)
 
         def kept(rank: int, item: Any) -> bool:
-            small = (item.tensor_storage_size() or 0) <= SMALL_REPLICATED
-            return counts[item.index] == 1 or not small or holders[item.index] == rank
+            ranks = holders[item.index]
+            return len(ranks) == 1 or (item.tensor_storage_size() or 0) > SMALL_REPLICATED or ranks[0] == rank
 
         trimmed = [dataclasses.replace(plan, items=[item for item in plan.items if kept(rank, item)])
                    for rank, plan in enumerate(all_plans)]
