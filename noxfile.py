@@ -1,9 +1,9 @@
 """Sessions: lint, typecheck, tests (everything but the soak-marked runs, in parallel), soak (the preemption soaks,
-the fuzzers and the other long end-to-end runs, then the full preemption soak), bootstrap (the in-node code under
-the oldest Python a node image carries): what CI runs. quick (the fast unit tests, for the edit-test loop), demo, and
-live (real clouds, opt-in).
+the fuzzers and the other long end-to-end runs, then the full preemption soak), compat (the node runtime on the
+oldest torch cloudtrain supports), bootstrap (the in-node code under the oldest Python a node image carries): what CI
+runs. quick (the fast unit tests, for the edit-test loop), demo, and live (real clouds, opt-in).
 Every install goes through constraints/test.txt, which pins the CPU build of torch so pip never swaps in a
-multi-GB CUDA wheel."""
+multi-GB CUDA wheel (compat swaps in the oldest torch, whose only build on PyPI is a CUDA one)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests", "soak", "bootstrap"]
+nox.options.sessions = ["lint", "typecheck", "tests", "soak", "compat", "bootstrap"]
 nox.options.reuse_existing_virtualenvs = True
 CONSTRAINTS = ("-c", "constraints/test.txt")
 
@@ -93,6 +93,29 @@ def soak(session: nox.Session) -> None:
     session.run("pytest", *(session.posargs if session.posargs and not full else ["-q", *PARALLEL, "-m", "soak"]))
     if full:
         session.run("python", "benchmarks/soak.py", "--interruptions", "20", "--seed", "1")
+
+
+# The oldest torch cloudtrain supports (pyproject's floor; Vertex's newest prebuilt container runs it, SageMaker's
+# and Azure's default images 2.5): torch's behaviour and the private helpers the Checkpointer leans on changed since.
+COMPAT_TORCH = "2.4.1"
+COMPAT_TESTS = ["tests/test_runtime_compat.py", "tests/test_goodput.py", "tests/test_dcp_files.py",
+                "tests/test_node_restore.py", "tests/test_on_demand.py",
+                "tests/test_resume.py::test_preempted_then_hard_killed_resumes_bitwise[ddp-file]"]
+
+
+@nox.session(python="3.11")
+def compat(session: nox.Session) -> None:
+    """The node runtime (the Checkpointer's staging, DCP files, on-demand restore, a bitwise DDP resume) on
+    COMPAT_TORCH. PyPI has only its CUDA build (about 3 GB with its libraries), which runs on CPU. Its FSDP needs
+    CUDA (torch 2.4 and 2.5), so the FSDP tests stay in ``tests``. ``-- ARGS`` replace the pytest arguments."""
+    pins = Path(session.create_tmp()) / "constraints.txt"
+    pins.write_text("".join(f"torch=={COMPAT_TORCH}\n" if line.startswith("torch==") else line
+                            for line in Path("constraints/test.txt").read_text().splitlines(keepends=True)))
+    session.install("-c", str(pins), "-e", ".[dev]")
+    compiled(session)
+    azurite(session)
+    session.run("pytest", *(session.posargs or ["-q", "-n", "2", "--dist", "loadgroup", *COMPAT_TESTS, "-k",
+                                                "not fsdp and not sharded_rank"]))
 
 
 @nox.session(python="3.11")

@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,7 +54,7 @@ from cloudtrain.runtime import dcp_files
 from cloudtrain.runtime.data import ResumableSampler
 from cloudtrain.runtime.logs import get_logger
 from cloudtrain.runtime.rng import rng_state, set_rng_state
-from cloudtrain.runtime.stager import HostStager, StagingUnavailable, state_device
+from cloudtrain.runtime.stager import HostStager, StagingUnavailable, fresh_copy, state_device
 
 EXIT_PREEMPTED = contract.EXIT_PREEMPTED
 
@@ -101,6 +101,27 @@ def _without_zip_crc() -> Any:
             _crc_off -= 1
             if _crc_off == 0:
                 setter(_crc_before)
+
+
+def _state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``get_state_dict``, on every torch the images run. torch 2.4 (Vertex's newest prebuilt container) refuses an
+    optimizer that holds no state (plain SGD) while gradients are set ("state_dict can only be used if the optimizer
+    states are initialized ..."), where later torch reads it as it is: the gradients are then set aside for the call
+    and given back, so the training step after a save finds them as it left them (torch's refusal has already
+    given zero gradients to the parameters before the first one it found set)."""
+    grads = [(param, param.grad) for group in optimizer.param_groups for param in group["params"]]
+    try:
+        return get_state_dict(model, optimizer)
+    except RuntimeError as exc:
+        if "optimizer states are initialized" not in str(exc):
+            raise
+    try:
+        for param, _ in grads:
+            param.grad = None
+        return get_state_dict(model, optimizer)
+    finally:
+        for param, grad in grads:
+            param.grad = grad
 
 
 class Checkpointer:
@@ -192,7 +213,7 @@ class Checkpointer:
         extra = folder / "extra" / f"rank-{self.rank}.pt"
         extra.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = _state_dicts(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         torch.save(self._extra_state(step), extra)
         # each shard goes to the store the moment DCP closes it, hashed as it was written
@@ -201,13 +222,13 @@ class Checkpointer:
                                   durable=saves.links_into_store(self.uri))
         write: Any
         try:
-            staged = self._stage(state) if self.async_save else None
-            if staged is not None:  # the copy is whole: DCP writes it from the host buffers while training goes on
-                write = functools.partial(dcp.save, staged, storage_writer=writer, planner=dcp_files.SavePlanner(),
+            if self.async_save:
+                # the copy is whole when this returns: DCP writes it while training goes on. It is the reused host
+                # buffers, else a copy for this save alone (no staging helpers, or no room for the buffers)
+                staged = self._stage(state)
+                write = functools.partial(dcp.save, fresh_copy(state) if staged is None else staged,
+                                          storage_writer=writer, planner=dcp_files.SavePlanner(),
                                           process_group=self.save_group)
-            elif self.async_save:  # torch's own per-save copy (no staging helpers, or the host cannot hold buffers)
-                write = cast(Any, dcp.async_save(state, storage_writer=writer, planner=dcp_files.SavePlanner(),
-                                                 process_group=self.save_group)).result
             else:
                 with _without_zip_crc():
                     dcp.save(state, storage_writer=writer, planner=dcp_files.SavePlanner(),
@@ -239,8 +260,8 @@ class Checkpointer:
             # a value of a type they refuse): never a failed save, the slower copy instead
             self._staging_off = str(exc)
             self._stager = None
-            self.log.warning(f"checkpoint staging: {exc}; each save copies the state out with torch's own "
-                             "dcp.async_save instead (training is blocked longer)")
+            self.log.warning(f"checkpoint staging: {exc}; each save makes a fresh host copy of the state instead "
+                             "(training is blocked longer)")
             return None
 
     def _finish(self, write: Any, step: int, folder: Path, upload: saves.RankUpload | None) -> None:
@@ -376,7 +397,7 @@ class Checkpointer:
                                   remedy="check that the checkpoint store is reachable from the job")
         if errors:
             return self._refuse(source, step, folder, errors[0][0], errors[0][1][1])
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = _state_dicts(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         # its files at once; on several nodes, fetched first where this node's folder lacks them
         reader = dcp_files.ParallelFileSystemReader(str(folder), saves.write_threads(),

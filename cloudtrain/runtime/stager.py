@@ -6,7 +6,7 @@ the training stream), so it moves at the link's speed (an H200: 55 GB/s, against
 of each tensor, which is what ``dcp.async_save`` does without a stager). On CPU they are ordinary memory, copied into
 in place. The pinned buffers are one copy of the rank's state in host memory; where the host cannot hold that (the
 node's ranks together over ``HOST_SHARE`` of the memory available) or pinning fails, the Checkpointer falls back to
-torch's own per-save copy and logs why.
+a fresh copy per save (``fresh_copy``) and logs why.
 
 torch's ``DefaultStager`` (2.9+) does the same, but raised ``KeyError(<class 'type'>)`` in its deep copy for a plain
 model + AdamW state dict under torch 2.11 (the H200 image), so this uses the helpers torch's own stager and
@@ -15,13 +15,14 @@ torchtitan's ``async_with_pinned_mem`` are built on (``_create_cpu_state_dict``/
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-try:  # private helpers, present since torch 2.4; without them the Checkpointer keeps dcp.async_save's own copy
+try:  # private helpers, present since torch 2.4; without them each save makes a fresh copy (fresh_copy)
     from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 except ImportError:  # pragma: no cover - older torch
     _copy_state_dict = _create_cpu_state_dict = None  # type: ignore[assignment]
@@ -66,6 +67,21 @@ def available_host_bytes() -> int | None:
     except OSError:
         return None
     return None
+
+
+def fresh_copy(state: Any) -> Any:
+    """A copy of a (nested) state dict whose tensors are new host tensors, made for one save where the reused
+    buffers cannot be. Never torch's own offload: before torch 2.9 ``dcp.async_save`` copies with
+    ``tensor.to("cpu")``, which returns a CPU tensor itself, so the background write read what training changed
+    after ``save()`` returned (a checkpoint holding parts of two steps)."""
+    if isinstance(state, dict):
+        return {key: fresh_copy(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        copied = [fresh_copy(value) for value in state]
+        return copied if isinstance(state, list) else tuple(copied)
+    if isinstance(state, torch.Tensor):  # a DTensor or ShardedTensor copies its local shards
+        return state.to("cpu", copy=True)
+    return copy.deepcopy(state)
 
 
 class HostStager:
