@@ -110,6 +110,32 @@ def test_diagnosis_reads_the_worker_logs(tmp_path: Path) -> None:
     assert diagnosis.explain_failure(None, gpus=0) is None
 
 
+def test_fsdp_on_a_torch_that_runs_it_on_cuda_only_names_the_torch_not_the_script(tmp_path: Path) -> None:
+    """torch 2.4/2.5 (the reference FSDP trainer under `nox -s compat`): the script already picks its device from
+    the environment, so the fix is a GPU or a newer torch, not init_distributed()."""
+    run = tmp_path / "worker-logs" / "job_abc"
+    _logs(run, 0, stderr="Traceback (most recent call last):\n  File \"train_fsdp.py\", line 60\n"
+                         "RuntimeError: FSDP requires CUDA for streams\n")
+    said = diagnosis.explain_failure(run, gpus=0)
+    assert said == ("local rank 0 needs a GPU and this machine has none (RuntimeError: FSDP requires CUDA for "
+                    f"streams): {diagnosis.FSDP_FIX}") and diagnosis.GPU_FIX not in said
+    older = tmp_path / "worker-logs-2.4" / "job_abc"  # torch 2.4 fails in torch.cuda.Stream, called by its FSDP
+    fsdp = "/venv/lib/python3.11/site-packages/torch/distributed/_composable/fsdp"
+    _logs(older, 0, stderr="[rank0]: Traceback (most recent call last):\n"
+                           f'[rank0]:   File "{fsdp}/_fsdp_param_group.py", line 49, in init\n'
+                           "[rank0]:     self.all_gather_copy_in_stream = torch.cuda.Stream(priority=high_priority)\n"
+                           '[rank0]:   File "/venv/lib/python3.11/site-packages/torch/cuda/streams.py", line 35\n'
+                           "[rank0]: RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime "
+                           "version\n")
+    said = diagnosis.explain_failure(older, gpus=0)
+    assert said and said.endswith(diagnosis.FSDP_FIX), said
+    elsewhere = tmp_path / "worker-logs-cuda" / "job_abc"  # a CUDA call of the script's own: the usual fix
+    _logs(elsewhere, 0, stderr="[rank0]: Traceback (most recent call last):\n"
+                               '[rank0]:   File "train.py", line 4, in <module>\n'
+                               "[rank0]: RuntimeError: CUDA error: CUDA driver version is insufficient\n")
+    assert (diagnosis.explain_failure(elsewhere, gpus=0) or "").endswith(diagnosis.GPU_FIX)
+
+
 STORE_TAKEN = """Traceback (most recent call last):
   File "torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py", line 156, in _create_tcp_store
     store = TCPStore(

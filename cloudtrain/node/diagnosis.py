@@ -18,6 +18,12 @@ from cloudtrain.node import rank_report
 
 GPU_FIX = ("run it on a GPU provider (e.g. --provider aws --gpus A10G:1), or let the script pick its backend and "
            "device from the environment: cloudtrain.runtime.init_distributed()")
+# torch 2.4 and 2.5 (the default images' torch) run FSDP2 on CUDA only: the script is right, the local torch is old.
+# 2.5 says so; 2.4 fails in torch.cuda.Stream, seen as a frame of torch's FSDP in the rank's traceback
+FSDP_CUDA_ONLY = "FSDP requires CUDA for streams"
+_FSDP_FRAME = re.compile(r'File "[^"]*/torch/distributed/(?:_composable/)?fsdp/')
+FSDP_FIX = ("this torch's FSDP runs on CUDA only: run it on a GPU provider (e.g. --provider aws --gpus A10G:1), or "
+            "rehearse it here with a newer torch, whose FSDP also runs on CPU with gloo (torch 2.13 does)")
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b.*")
 _GPU_WORDS = re.compile(r"cuda|nccl|\bgpus?\b", re.IGNORECASE)
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch prefixes a worker's traceback once it joined a process group
@@ -147,6 +153,12 @@ def first_failure(run: Path | None) -> tuple[str, str] | None:
     return str(min(rank for _, _, rank, same in found if same == error)), error
 
 
+def _in_fsdp(run: Path | None, local_rank: str) -> bool:
+    """Whether the rank's traceback passes through torch's FSDP."""
+    return any(_FSDP_FRAME.search(line) for folder in _rank_dirs(run) if folder.name == local_rank
+               for line in _tail(folder / "stderr.log"))
+
+
 def explain_failure(run: Path | None, gpus: int) -> str | None:
     """One line for a node whose workers failed: the first failed rank's exception, and on a node without GPUs, when
     that exception is about CUDA or NCCL, that the script needs a GPU and what to do instead."""
@@ -155,7 +167,8 @@ def explain_failure(run: Path | None, gpus: int) -> str | None:
         return None
     local_rank, error = first
     if gpus == 0 and _GPU_WORDS.search(error):
-        return f"local rank {local_rank} needs a GPU and this machine has none ({error}): {GPU_FIX}"
+        fix = FSDP_FIX if FSDP_CUDA_ONLY in error or _in_fsdp(run, local_rank) else GPU_FIX
+        return f"local rank {local_rank} needs a GPU and this machine has none ({error}): {fix}"
     return f"local rank {local_rank}: {error}"
 
 
