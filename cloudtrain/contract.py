@@ -157,6 +157,7 @@ EXIT_PREEMPTED = 143  # 128 + SIGTERM: what a container stopped by SIGTERM repor
 # Defaults both sides use.
 MIN_KEEP = 2  # complete checkpoints kept, at least (the spec refuses fewer)
 SYNC_EVERY = 60.0  # seconds between a plain script's checkpoint syncs when the spec sets no interval
+RUNTIME_MIN_TORCH = "2.4"  # the oldest torch cloudtrain.runtime's Checkpointer runs on (`nox -s compat` tests it)
 
 
 def keep_count(value: str | None) -> int:

@@ -104,6 +104,22 @@ def test_init_template_plans_on_every_cloud_as_written_and_says_which_torch(temp
     assert load_spec(tmp_path / "cloudtrain.yaml").image.model_fields_set == set()  # left to each cloud
 
 
+def test_a_torch_older_than_the_checkpointer_runs_on_is_said_in_the_plan(clouds: None, project: Path) -> None:
+    """torch 2.2, a version every cloud has (what TORCH DIFFERS suggests for one torch everywhere), stopped the
+    reference trainers on every node with an ImportError from deep in torch, after the machines had started."""
+    for cloud in ("aws", "azure", "gcp"):
+        with Job(script="train_ddp.py", source_dir=str(project), image={"torch_version": "2.2"}).plan(cloud) as plan:
+            said = [n for n in plan.notes if "TOO OLD FOR CLOUDTRAIN.RUNTIME" in n]
+            assert plan.runtime is not None and plan.runtime.torch and len(said) == 1, plan.notes
+            assert said[0].startswith(f"{cloud}: TORCH 2.2 IS TOO OLD FOR CLOUDTRAIN.RUNTIME: the nodes run torch "
+                                      f"{plan.runtime.torch}, and cloudtrain.runtime's Checkpointer"), said
+            assert "needs torch 2.4 or newer" in said[0] and "choose image.torch_version 2.4 or newer" in said[0]
+        with Job(script="train_ddp.py", source_dir=str(project)).plan(cloud) as plan:  # 2.5, or Vertex's 2.4
+            assert not [n for n in plan.notes if "TOO OLD" in n], plan.notes
+    with Job(script="train_ddp.py", source_dir=str(project), image={"uri": "example.com/mine:1"}).plan("gcp") as plan:
+        assert not [n for n in plan.notes if "TOO OLD" in n]  # a custom image's torch is unknown
+
+
 def test_a_custom_image_says_torch_is_only_known_on_the_node(clouds: None, project: Path) -> None:
     with Job(script="train_ddp.py", source_dir=str(project), image={"uri": "example.com/mine:1"}).plan("gcp") as p:
         assert p.runtime is not None and p.runtime.torch is None

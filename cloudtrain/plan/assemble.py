@@ -44,10 +44,11 @@ def assemble(impl: Provider, spec: JobSpec, package: Package) -> Plan:
     decl = impl.declaration
     check_job_name(impl.name, plan.job_id, decl.name_pattern, decl.name_rule)
     _check_processes(plan)
-    from cloudtrain.platforms.images import torch_note
+    from cloudtrain.platforms.images import runtime_note, torch_note
 
     differs = torch_note(impl.name, plan.runtime, plan.spec)  # what a local try-out runs, against the nodes
-    plan.notes += [differs] if differs else []
+    too_old = runtime_note(impl.name, plan.runtime)
+    plan.notes += [note for note in (differs, too_old) if note]
     if decl.catalog:  # a provider that lists prices (a local job costs this computer's time)
         from cloudtrain.platforms.catalog import estimate
 

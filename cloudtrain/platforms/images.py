@@ -108,6 +108,19 @@ def torch_note(provider: str, runtime: Runtime | None, spec: JobSpec) -> str | N
             f"torch=={minor(runtime.torch)}.* here, or choose image.torch_version")
 
 
+def runtime_note(provider: str, runtime: Runtime | None) -> str | None:
+    """One line when the nodes' torch is older than cloudtrain.runtime's Checkpointer runs on: a script built on it
+    (the reference trainers) would stop before training, on every node, after the machines started."""
+    from cloudtrain.contract import RUNTIME_MIN_TORCH
+
+    if runtime is None or runtime.torch is None or version_key(minor(runtime.torch)) >= version_key(RUNTIME_MIN_TORCH):
+        return None
+    return (f"{provider}: TORCH {minor(runtime.torch)} IS TOO OLD FOR CLOUDTRAIN.RUNTIME: the nodes run torch "
+            f"{runtime.torch}, and cloudtrain.runtime's Checkpointer (the reference trainers use it) needs torch "
+            f"{RUNTIME_MIN_TORCH} or newer: a script built on it stops before training; choose image.torch_version "
+            f"{RUNTIME_MIN_TORCH} or newer, or save checkpoints with your own code (checkpoint.dir)")
+
+
 @functools.cache
 def data() -> dict[str, Any]:
     """The rules every provider shares (``min_python`` ...); a provider's own image table is `table`."""

@@ -32,6 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from cloudtrain.runtime import torch_floor  # noqa: F401 - first: on an older torch, one line that says so
+
+# isort: split
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
