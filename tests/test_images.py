@@ -51,6 +51,9 @@ def test_default_spec_runs_one_torch_minor_where_the_clouds_allow_and_says_where
             seen[cloud] = (plan.runtime.torch, plan.runtime.python)
             differs = [n for n in plan.notes if "TORCH DIFFERS" in n]
             assert bool(differs) is (cloud == "gcp"), plan.notes
+            # every version the clouds share is older than the Checkpointer runs on: the advice says for whom
+            assert all(n.endswith("to run the same torch everywhere (a script that saves its own checkpoints: "
+                                  "cloudtrain.runtime's Checkpointer needs torch 2.4 or newer)") for n in differs)
             assert plan.to_dict()["runtime"]["torch"] == plan.runtime.torch
     assert seen == {"aws": ("2.5.1", "3.11"), "azure": ("2.5.1", "3.10"), "gcp": ("2.4", "3.10")}
     common = images.common_minors()

@@ -166,9 +166,16 @@ def choose_minor(provider: str, offered: list[str], spec: JobSpec) -> tuple[str,
                         remedy=f"use one of {', '.join(ordered)}, or set image.uri to an image with torch")
     older = [v for v in ordered if version_key(v) < version_key(wanted)]
     chosen = older[-1] if older else ordered[0]
+    from cloudtrain.contract import RUNTIME_MIN_TORCH
+
+    common = common_minors()
+    # none of them may run cloudtrain.runtime: then the advice is for a script that saves its own checkpoints
+    too_old = (f" (a script that saves its own checkpoints: cloudtrain.runtime's Checkpointer needs torch "
+               f"{RUNTIME_MIN_TORCH} or newer)" if common and all(version_key(v) < version_key(RUNTIME_MIN_TORCH)
+                                                                for v in common) else "")
     return chosen, [f"{provider}: TORCH DIFFERS: {_title(provider)} has no PyTorch {wanted} image, so these nodes "
                     f"run torch {chosen} while the default spec runs {wanted} elsewhere; set image.torch_version to "
-                    f"a version every cloud has ({', '.join(common_minors())}) to run the same torch everywhere"]
+                    f"a version every cloud has ({', '.join(common)}) to run the same torch everywhere{too_old}"]
 
 
 def common_minors() -> list[str]:
