@@ -96,7 +96,7 @@ def test_a_host_that_cannot_hold_the_buffers_falls_back_and_says_so(tmp_path: Pa
     """The fallback copies the state before save() returns: torch's own offload (dcp.async_save before torch 2.9,
     run by `nox -s compat`) handed the live CPU tensors to the write, so a save held the next step's values."""
     got, log = run_scenario(tmp_path, TINY_HOST="1", SLOW_WRITE="1")
-    assert got["buffers"] == []  # no reused buffers: torch's own per-save copy
+    assert got["buffers"] == []  # no reused buffers: a fresh copy per save
     assert got["restored"] == 3 and got["equal"]
     assert log.count("checkpoint staging:") == 1 and "would not fit" in log and "a fresh host copy" in log
 
