@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain import registry
+from cloudtrain.contract import RUNTIME_MIN_TORCH
 from cloudtrain.errors import ProviderNotFound, SpecError
 
 if TYPE_CHECKING:
@@ -111,8 +112,6 @@ def torch_note(provider: str, runtime: Runtime | None, spec: JobSpec) -> str | N
 def runtime_note(provider: str, runtime: Runtime | None) -> str | None:
     """One line when the nodes' torch is older than cloudtrain.runtime's Checkpointer runs on: a script built on it
     (the reference trainers) would stop before training, on every node, after the machines started."""
-    from cloudtrain.contract import RUNTIME_MIN_TORCH
-
     if runtime is None or runtime.torch is None or version_key(minor(runtime.torch)) >= version_key(RUNTIME_MIN_TORCH):
         return None
     return (f"{provider}: TORCH {minor(runtime.torch)} IS TOO OLD FOR CLOUDTRAIN.RUNTIME: the nodes run torch "
@@ -166,8 +165,6 @@ def choose_minor(provider: str, offered: list[str], spec: JobSpec) -> tuple[str,
                         remedy=f"use one of {', '.join(ordered)}, or set image.uri to an image with torch")
     older = [v for v in ordered if version_key(v) < version_key(wanted)]
     chosen = older[-1] if older else ordered[0]
-    from cloudtrain.contract import RUNTIME_MIN_TORCH
-
     common = common_minors()
     # none of them may run cloudtrain.runtime: then the advice is for a script that saves its own checkpoints
     too_old = (f" (a script that saves its own checkpoints: cloudtrain.runtime's Checkpointer needs torch "

@@ -229,10 +229,8 @@ class Checkpointer:
             if self.async_save:
                 # the copy is whole when this returns: DCP writes it while training goes on. It is the reused host
                 # buffers, else a copy for this save alone (no staging helpers, or no room for the buffers)
-                staged = self._stage(state)
-                write = functools.partial(dcp.save, fresh_copy(state) if staged is None else staged,
-                                          storage_writer=writer, planner=dcp_files.SavePlanner(),
-                                          process_group=self.save_group)
+                write = functools.partial(dcp.save, self._stage(state), storage_writer=writer,
+                                          planner=dcp_files.SavePlanner(), process_group=self.save_group)
             else:
                 with _without_zip_crc():
                     dcp.save(state, storage_writer=writer, planner=dcp_files.SavePlanner(),
@@ -251,10 +249,11 @@ class Checkpointer:
         if block:
             self.wait()
 
-    def _stage(self, state: dict[str, Any]) -> dict[str, Any] | None:
-        """The state copied into the reused host buffers, or None where they cannot be used (said once)."""
+    def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The state copied into the reused host buffers, or, where they cannot be used (said once), into new host
+        memory for this save alone."""
         if self._staging_off is not None:
-            return None
+            return fresh_copy(state)
         try:
             if self._stager is None:
                 self._stager = HostStager(state_device(state), log=self.log.warning)
@@ -266,7 +265,7 @@ class Checkpointer:
             self._stager = None
             self.log.warning(f"checkpoint staging: {exc}; each save makes a fresh host copy of the state instead "
                              "(training is blocked longer)")
-            return None
+            return fresh_copy(state)
 
     def _finish(self, write: Any, step: int, folder: Path, upload: saves.RankUpload | None) -> None:
         """Write, hash and upload this rank's files; then every rank learns whether the step was published."""
