@@ -107,6 +107,51 @@ def test_a_state_the_staging_helpers_refuse_is_saved_the_slower_way(tmp_path: Pa
     assert log.count("checkpoint staging:") == 1 and "torch.dtype" in log
 
 
+def test_the_reused_buffers_take_only_a_state_of_their_own_layout() -> None:
+    """Buffers made for one layout met a state of another: torch's copy into them cast another dtype (fp64 state
+    saved as fp32), broadcast a shape that fits (one value saved as four), handed back the training tensor itself
+    where the buffers held None (the background write then read a later step's values), and refused a new key with
+    a CompanionMismatch that failed the save. Each is now staged into buffers made again for it."""
+    import torch
+
+    from cloudtrain.runtime.stager import HostStager
+
+    first = {"w": torch.ones(4), "lr": None, "groups": [{"m": torch.zeros(2)}]}
+    changed = {
+        "another dtype": {**first, "w": torch.full((4,), 1 + 2.0 ** -40, dtype=torch.float64)},
+        "a shape that broadcasts": {**first, "w": torch.tensor([3.0])},
+        "a tensor where None was": {**first, "lr": torch.tensor(0.5)},
+        "a key added": {**first, "grown": torch.arange(3.0)},
+        "a list entry added": {**first, "groups": [{"m": torch.zeros(2)}, {"m": torch.ones(2)}]},
+    }
+    stager = HostStager(torch.device("cpu"), log=print)
+    stager.stage(first)
+    made = stager.buffers
+    assert made is not None
+    again = stager.stage({**first, "w": torch.full((4,), 2.0)})  # the same layout: the same buffers, new values
+    assert again["w"].data_ptr() == made["w"].data_ptr() and torch.equal(again["w"], torch.full((4,), 2.0))
+    for name, state in changed.items():
+        stager.stage(first)
+        staged = stager.stage(state)
+        live = {str(path): value for path, value in _tensors(state)}
+        got = {str(path): value for path, value in _tensors(staged)}
+        assert sorted(got) == sorted(live), name
+        for path, value in live.items():
+            assert got[path].dtype == value.dtype and got[path].shape == value.shape, (name, path, got[path])
+            assert torch.equal(got[path], value), (name, path)
+            assert got[path].data_ptr() != value.data_ptr(), (name, path)  # a copy, never the training tensor
+
+
+def _tensors(state: object, path: tuple = ()) -> list[tuple[tuple, object]]:
+    import torch
+
+    if isinstance(state, dict):
+        return [found for key, value in state.items() for found in _tensors(value, (*path, key))]
+    if isinstance(state, list):
+        return [found for i, value in enumerate(state) for found in _tensors(value, (*path, i))]
+    return [(path, state)] if isinstance(state, torch.Tensor) else []
+
+
 def test_published_files_are_linked_and_a_save_never_rewrites_them(tmp_path: Path) -> None:
     """A file:// store on the node's file system gets the Checkpointer's files as hard links (no copy). A save of a
     step whose folder holds files of an earlier attempt replaces them with new files: the published ones, which

@@ -58,7 +58,7 @@ from cloudtrain.runtime import dcp_files
 from cloudtrain.runtime.data import ResumableSampler
 from cloudtrain.runtime.logs import get_logger
 from cloudtrain.runtime.rng import rng_state, set_rng_state
-from cloudtrain.runtime.stager import HostStager, StagingUnavailable, fresh_copy, state_device
+from cloudtrain.runtime.stager import REFUSED, HostStager, StagingUnavailable, fresh_copy, state_device
 
 EXIT_PREEMPTED = contract.EXIT_PREEMPTED
 
@@ -258,7 +258,7 @@ class Checkpointer:
             if self._stager is None:
                 self._stager = HostStager(state_device(state), log=self.log.warning)
             return self._stager.stage(state)
-        except (StagingUnavailable, ValueError, TypeError, KeyError, RuntimeError) as exc:
+        except (StagingUnavailable, *REFUSED) as exc:
             # host memory or pinning refused, or a state torch's staging helpers do not take (an optimizer keeping
             # a value of a type they refuse): never a failed save, the slower copy instead
             self._staging_off = str(exc)

@@ -26,6 +26,14 @@ try:  # private helpers, present since torch 2.4; without them each save makes a
     from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 except ImportError:  # pragma: no cover - older torch
     _copy_state_dict = _create_cpu_state_dict = None  # type: ignore[assignment]
+try:  # what the copy raises for a state whose keys are not the buffers' (``layout`` makes new buffers first)
+    from torch.distributed._state_dict_utils import CompanionMismatch
+except ImportError:  # pragma: no cover - older torch
+    class CompanionMismatch(Exception):  # type: ignore[no-redef]
+        pass
+# what the helpers raise for a state they refuse (a value of a type DCP does not save, a torch.dtype in a param
+# group): the Checkpointer then makes a fresh copy per save, never a failed one
+REFUSED = (ValueError, RuntimeError, KeyError, TypeError, CompanionMismatch)
 
 HOST_SHARE = 0.8  # of MemAvailable the node's ranks may pin together
 
@@ -46,10 +54,29 @@ def tensors(state: Any) -> Iterator[torch.Tensor]:
         yield state
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor's own shard
+
+
+def layout(state: Any, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], Any]:
+    """Every entry of a (nested) state, by its path: a tensor's (local) shape and dtype, and where the other values
+    are. Buffers made for one layout take only a state of that layout: torch's copy into them casts another dtype,
+    broadcasts another shape, and returns the training tensor itself where the buffers hold None, so the background
+    write would read a later step's values."""
+    if isinstance(state, dict):
+        return {k: v for key, value in state.items() for k, v in layout(value, (*path, key)).items()}
+    if isinstance(state, (list, tuple)):
+        return {k: v for i, value in enumerate(state) for k, v in layout(value, (*path, i)).items()}
+    if isinstance(state, torch.Tensor):
+        if hasattr(state, "local_shards"):  # a ShardedTensor: its shards here
+            return {path: tuple((tuple(s.tensor.shape), s.tensor.dtype) for s in state.local_shards())}
+        return {path: (type(state).__name__, tuple(_local(state).shape), state.dtype)}
+    return {path: None}
+
+
 def state_bytes(state: Any) -> int:
     """Bytes of the tensors in a (nested) state dict, counting a DTensor's local shard only."""
-    locals_ = (t.to_local() if hasattr(t, "to_local") else t for t in tensors(state))
-    return sum(int(t.numel() * t.element_size()) for t in locals_)
+    return sum(int(t.numel() * t.element_size()) for t in map(_local, tensors(state)))
 
 
 def state_device(state: Any) -> torch.device:
@@ -98,6 +125,7 @@ class HostStager:
         self.log = log
         self.local_ranks = local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
         self.buffers: dict[str, Any] | None = None
+        self.made_for: dict[tuple[Any, ...], Any] = {}  # the layout of the state the buffers were made for
         self.stream: Any = torch.cuda.Stream(device) if self.pin else None
         self.allocated = 0
 
@@ -117,15 +145,11 @@ class HostStager:
         self.allocated = need
 
     def stage(self, state: dict[str, Any]) -> dict[str, Any]:
-        if self.buffers is None:
-            self._allocate(state)
-        try:
-            return self._copy(state)
-        except (ValueError, RuntimeError, KeyError, TypeError):
-            # the state's shape changed since the buffers were made (optimizer state that appears later, a
-            # scheduler with new keys): make them again once
-            self._allocate(state)
-            return self._copy(state)
+        shape = layout(state)
+        if self.buffers is None or shape != self.made_for:  # the first save, or the layout changed since (a
+            self._allocate(state)                             # buffer registered, a param group added, a dtype)
+            self.made_for = shape
+        return self._copy(state)
 
     def _copy(self, state: dict[str, Any]) -> dict[str, Any]:
         assert self.buffers is not None
