@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import shutil
 import signal
@@ -61,6 +62,7 @@ from cloudtrain.runtime.rng import rng_state, set_rng_state
 from cloudtrain.runtime.stager import REFUSED, HostStager, StagingUnavailable, fresh_copy, state_device
 
 EXIT_PREEMPTED = contract.EXIT_PREEMPTED
+_instances = itertools.count()
 
 
 class CheckpointNotPublished(checkpoint_store.CheckpointNotPublished, RuntimeError):
@@ -157,6 +159,7 @@ class Checkpointer:
         self._last_step: int | None = None  # the newest step seen by step()/save(): what close() saves
         self._stager: HostStager | None = None
         self._staging_off: str | None = None  # why reused host buffers are not used here (said once)
+        self._plan_key = f"cloudtrain-checkpointer-{next(_instances)}"  # its saves' cached DCP plans
         self._inflight: threading.Thread | None = None
         self._error: CheckpointNotPublished | None = None
         self._stop_requested = False
@@ -230,10 +233,11 @@ class Checkpointer:
                 # the copy is whole when this returns: DCP writes it while training goes on. It is the reused host
                 # buffers, else a copy for this save alone (no staging helpers, or no room for the buffers)
                 write = functools.partial(dcp.save, self._stage(state), storage_writer=writer,
-                                          planner=dcp_files.SavePlanner(), process_group=self.save_group)
+                                          planner=dcp_files.SavePlanner(self._plan_key),
+                                          process_group=self.save_group)
             else:
                 with _without_zip_crc():
-                    dcp.save(state, storage_writer=writer, planner=dcp_files.SavePlanner(),
+                    dcp.save(state, storage_writer=writer, planner=dcp_files.SavePlanner(self._plan_key),
                              process_group=self.save_group)
                 write = None
         except BaseException:

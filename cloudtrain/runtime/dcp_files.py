@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import inspect
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -128,6 +129,8 @@ def writer(folder: str, threads: int, written: Written | None = None, durable: b
 
 
 SMALL_REPLICATED = 1 << 20  # bytes: a replicated item up to this size is written by the lowest rank holding it
+# torch's save-plan cache (torch 2.7+): a save whose layout is unchanged skips the global planning
+PLAN_CACHING = "enable_plan_caching" in inspect.signature(DefaultSavePlanner.__init__).parameters
 
 
 class SavePlanner(DefaultSavePlanner):
@@ -137,7 +140,20 @@ class SavePlanner(DefaultSavePlanner):
     (cloudtrain/checkpoint/on_demand.py fetches whole files). Now a sharded rank reads its own files and the
     lowest rank's. Large replicated items (DDP's whole state) stay spread over the ranks, as torch spreads them, so
     writing them stays shared. Where torch's planner does not call its ``_dedup_save_plans`` hook (torch 2.13
-    does), torch's own choice stands, and loads the same."""
+    does), torch's own choice stands, and loads the same.
+
+    ``cache_key``: the plans are cached under it (torch's plan caching, where the installed torch has it; the cache
+    is process-wide, so each Checkpointer gives a key of its own). A save whose state has the same layout as the
+    last one under that key then sends no plans to rank 0 and skips the global planning: rank 0 reuses the last
+    global plan and metadata, and each rank its last final plan. A changed layout (an optimizer's state appearing
+    after its first step, another world size in a new process) is planned again."""
+
+    def __init__(self, cache_key: str | None = None) -> None:
+        if cache_key is not None and PLAN_CACHING:
+            super().__init__(enable_plan_caching=True)
+            self._cached_plans_key = cache_key
+        else:
+            super().__init__()
 
     def _dedup_save_plans(self, all_plans: list[Any]) -> list[Any]:
         holders: dict[Any, list[int]] = {}  # item -> the ranks whose plans hold it, lowest first
