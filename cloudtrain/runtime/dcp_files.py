@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
+import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
@@ -129,8 +130,11 @@ def writer(folder: str, threads: int, written: Written | None = None, durable: b
 
 
 SMALL_REPLICATED = 1 << 20  # bytes: a replicated item up to this size is written by the lowest rank holding it
-# torch's save-plan cache (torch 2.7+): a save whose layout is unchanged skips the global planning
-PLAN_CACHING = "enable_plan_caching" in inspect.signature(DefaultSavePlanner.__init__).parameters
+# torch's save-plan cache: a save whose layout is unchanged skips the global planning. torch has it since 2.7, but
+# it was mended since (a stale cache after a failed validation; a reported crash on 2.10, "unexpected pos", for bytes
+# items): it is used from the torch it is tested on here (2.13), and older ones plan every save as before
+PLAN_CACHING = torch.__version__ >= "2.13" and \
+    "enable_plan_caching" in inspect.signature(DefaultSavePlanner.__init__).parameters
 
 
 class SavePlanner(DefaultSavePlanner):
@@ -142,11 +146,11 @@ class SavePlanner(DefaultSavePlanner):
     writing them stays shared. Where torch's planner does not call its ``_dedup_save_plans`` hook (torch 2.13
     does), torch's own choice stands, and loads the same.
 
-    ``cache_key``: the plans are cached under it (torch's plan caching, where the installed torch has it; the cache
+    ``cache_key``: the plans are cached under it (torch's plan caching, from torch 2.13: ``PLAN_CACHING``; the cache
     is process-wide, so each Checkpointer gives a key of its own). A save whose state has the same layout as the
     last one under that key then sends no plans to rank 0 and skips the global planning: rank 0 reuses the last
-    global plan and metadata, and each rank its last final plan. A changed layout (an optimizer's state appearing
-    after its first step, another world size in a new process) is planned again."""
+    global plan and metadata, and each rank its last final plan. A changed layout (a param group added, a buffer
+    registered) is planned again."""
 
     def __init__(self, cache_key: str | None = None) -> None:
         if cache_key is not None and PLAN_CACHING:
