@@ -213,3 +213,52 @@ def test_a_save_whose_layout_is_unchanged_reuses_its_plan_and_restores_exactly(t
         assert got["planned"] == ["a1", "b1", "b2", "a3"], got
     else:
         assert got["planned"] == ["a1", "b1", "a2", "b2", "a3", "a4"], got
+
+
+LEFT_OUT = r'''
+import sys
+from pathlib import Path
+import torch, torch.distributed as dist
+from cloudtrain.runtime import Checkpointer
+
+def model(frozen):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    net[0].requires_grad_(not frozen)
+    return net, torch.optim.AdamW(net.parameters(), lr=0.01)
+
+dist.init_process_group("gloo")
+root = Path(sys.argv[1])
+net, opt = model(frozen=False)
+net(torch.randn(4, 8)).sum().backward()
+opt.step()
+ckpt = Checkpointer(net, opt, uri=(root / "store").as_uri(), local_dir=root / "node")
+ckpt.save(1, block=True)
+ckpt.close(save=False)
+for run, frozen in (("same", False), ("frozen", True)):
+    print(f"--- {run}", flush=True)
+    again, opt = model(frozen)
+    restored = Checkpointer(again, opt, uri=(root / "store").as_uri(), local_dir=root / run)
+    assert restored.restore() == 1
+    assert torch.equal(again[0].weight, net[0].weight) and torch.equal(again[1].weight, net[1].weight)
+    restored.close(save=False)
+dist.destroy_process_group()
+'''
+
+
+def test_a_restore_says_what_the_checkpoint_holds_that_the_state_has_no_place_for(tmp_path: Path) -> None:
+    """DCP loads what the state has room for and leaves the rest out without a word: a run resumed with a layer
+    frozen that was trained when it was saved lost that layer's optimizer moments silently. The restore names
+    them; a restore into the layout that was saved says nothing of the kind."""
+    from tests.emulators import free_port
+
+    result = subprocess.run([sys.executable, "-c", LEFT_OUT, str(tmp_path)], capture_output=True, text=True,
+                            timeout=180, env={**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
+                                              "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    same, frozen = result.stdout.split("--- same")[1].split("--- frozen")
+    assert "resumed from step 1" in same and "not loaded" not in same, same
+    said = [line for line in frozen.splitlines() if "not loaded" in line]
+    assert len(said) == 1, frozen
+    assert "checkpoint step 1 holds 6 entries this model and optimizer have no place for, not loaded: " in said[0]
+    assert "optim.state.0.weight.exp_avg" in said[0] and "before restore()" in said[0], said

@@ -409,8 +409,9 @@ class Checkpointer:
         # its files at once; on several nodes, fetched first where this node's folder lacks them
         reader = dcp_files.ParallelFileSystemReader(str(folder), saves.write_threads(),
                                                     before_read=source.fetch if source is not None else None)
+        planner = dcp_files.LoadPlanner()
         try:
-            dcp.load(state, storage_reader=reader, process_group=self.save_group)
+            dcp.load(state, storage_reader=reader, planner=planner, process_group=self.save_group)
         except CheckpointException as exc:  # raised on every rank, before anything was read into the state
             corrupt = sorted((rank, str(failure[0])) for rank, failure in exc.failures.items()
                              if isinstance(failure[0], CorruptCheckpoint))
@@ -433,6 +434,13 @@ class Checkpointer:
         brought = f"; fetched {source.fetched_files} file(s) its load reads that this node lacked: " \
             f"{source.fetched.summary()}" if source is not None and source.fetched_files else ""
         self.log.info(f"resumed from step {step} ({folder}{brought})")
+        if planner.left_out and self.rank == 0:  # the same names on every rank: said once
+            shown = ", ".join(planner.left_out[:5]) + (f" and {len(planner.left_out) - 5} more"
+                                                       if len(planner.left_out) > 5 else "")
+            self.log.warning(f"checkpoint step {step} holds {len(planner.left_out)} entr"
+                             f"{'y' if len(planner.left_out) == 1 else 'ies'} this model and optimizer have no "
+                             f"place for, not loaded: {shown}; give them the layout they had at that step (a layer "
+                             "thawed, a param group added) before restore(), or this run continues without them")
         return True
 
     def _refuse(self, source: on_demand.OnDemand | None, step: int, folder: Path, found_by: int, why: str) -> bool:

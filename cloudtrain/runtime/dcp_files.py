@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.futures import Future
 
@@ -172,6 +172,19 @@ class SavePlanner(DefaultSavePlanner):
         trimmed = [dataclasses.replace(plan, items=[item for item in plan.items if kept(rank, item)])
                    for rank, plan in enumerate(all_plans)]
         return cast("list[Any]", super()._dedup_save_plans(trimmed))
+
+
+class LoadPlanner(DefaultLoadPlanner):
+    """torch's load planner, noting what the checkpoint holds that the state being loaded has no place for
+    (``left_out``: DCP's flattened names). DCP loads the rest and leaves those out without a word: optimizer state of
+    a layer frozen now that was trained when it was saved, a buffer the model no longer registers."""
+
+    left_out: list[str] = []
+
+    def set_up_planner(self, state_dict: Any, metadata: Any = None, is_coordinator: bool = False) -> None:
+        super().set_up_planner(state_dict, metadata, is_coordinator)
+        if metadata is not None:
+            self.left_out = sorted(set(metadata.state_dict_metadata) - set(self.state_dict))
 
 
 class _OneAtATime:
