@@ -108,6 +108,8 @@ def test_preempted_then_hard_killed_resumes_bitwise(baselines: Callable[[str], d
     done = ct(*submit, *ARGS)  # the user (or cloudtrain's recovery) submits the same job again
     resumed = re.search(r"INFO resumed from step (\d+)", done.stdout)
     assert resumed and 16 <= int(resumed.group(1)) < STEPS[trainer], done.stdout[-3000:]
+    # both restores loaded every entry the checkpoint holds (nothing the state had no place for)
+    assert "no place for" not in after_restart() + done.stdout
     assert_bitwise_equal(final_weights(out), expected)
     kept = [c.step for c in checkpoint_store.list_complete(ckpt)]
     history = [line for line in (ct.logs(handle) + done.stdout).splitlines()
@@ -130,6 +132,7 @@ def test_checkpoint_from_two_ranks_restores_on_one_and_three(tmp_path: Path) -> 
                  "--checkpoint-uri", ckpt, "--env", f"CLOUDTRAIN_LINEAGE={lineage}").stdout
         match = re.search(r"restored step=16 world_size=(\d) weights=(\w+)", out)  # 1024 samples / (32 x 2)
         assert match and match.group(1) == procs, out[-3000:]
+        assert "no place for" not in out  # another world size: the same entries, resharded
         digests[procs] = match.group(2)
     assert len(set(digests.values())) == 1, digests
 
