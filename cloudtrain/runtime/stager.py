@@ -58,20 +58,28 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor's own shard
 
 
-def layout(state: Any, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], Any]:
+def layout(state: Any) -> dict[tuple[Any, ...], Any]:
     """Every entry of a (nested) state, by its path: a tensor's (local) shape and dtype, and where the other values
     are. Buffers made for one layout take only a state of that layout: torch's copy into them casts another dtype,
     broadcasts another shape, and returns the training tensor itself where the buffers hold None, so the background
     write would read a later step's values."""
+    return dict(_entries(state, ()))
+
+
+def _entries(state: Any, path: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], Any]]:
     if isinstance(state, dict):
-        return {k: v for key, value in state.items() for k, v in layout(value, (*path, key)).items()}
-    if isinstance(state, (list, tuple)):
-        return {k: v for i, value in enumerate(state) for k, v in layout(value, (*path, i)).items()}
-    if isinstance(state, torch.Tensor):
+        for key, value in state.items():
+            yield from _entries(value, (*path, key))
+    elif isinstance(state, (list, tuple)):
+        for i, value in enumerate(state):
+            yield from _entries(value, (*path, i))
+    elif isinstance(state, torch.Tensor):
         if hasattr(state, "local_shards"):  # a ShardedTensor: its shards here
-            return {path: tuple((tuple(s.tensor.shape), s.tensor.dtype) for s in state.local_shards())}
-        return {path: (type(state).__name__, tuple(_local(state).shape), state.dtype)}
-    return {path: None}
+            yield path, tuple((tuple(s.tensor.shape), s.tensor.dtype) for s in state.local_shards())
+        else:
+            yield path, (type(state).__name__, tuple(_local(state).shape), state.dtype)
+    else:
+        yield path, None
 
 
 def state_bytes(state: Any) -> int:
