@@ -333,4 +333,6 @@ def test_the_gpu_benchmark_runs_on_cpu(tmp_path: Path) -> None:
     assert re.search(r"Checkpointer\.save\s+[\d.]+ s\s+[\d.]+ ms/GB\s+[\d.]+x floor", result.stdout), result.stdout
     figures = json.loads(out.read_text())
     assert figures["checkpoint"]["restore_store_gbps"] > 0 and figures["steps"]["ratio"] > 0
+    # published (the manifest's own timestamp) comes before the save is done with (retention after it)
+    assert 0 < figures["checkpoint"]["ready_gbps"] <= figures["checkpoint"]["publish_gbps"], figures["checkpoint"]
     assert figures["steps"]["node_cpu_per_s"]
