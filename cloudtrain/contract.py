@@ -94,8 +94,8 @@ VARIABLES = (
              "cloudtrain.jobs.chain_file"),
     Variable("CLOUDTRAIN_STEP_REPORT_SECONDS", "at most one step event per this many seconds (default 2)", "you",
              "cloudtrain.runtime.report_step (cloudtrain.node.events)"),
-    Variable("CLOUDTRAIN_TRANSFER_THREADS", "objects transferred at once by a restore or a checkpoint upload "
-             "(default 8)", "you (the spec's env, or your shell)", "cloudtrain.storage.transfer"),
+    Variable("CLOUDTRAIN_TRANSFER_THREADS", "objects transferred (or deleted) at once by a restore, a checkpoint "
+             "upload or retention (default 8)", "you (the spec's env, or your shell)", "cloudtrain.storage.transfer"),
     Variable("CLOUDTRAIN_FORCE_CPU", "1: use the CPU even where CUDA is available", "you",
              "cloudtrain.runtime (init_distributed)"),
     # spot notices (cloudtrain/node/spot_notice.py): checkpoint before the reclaim

@@ -194,6 +194,7 @@ class FaultProxy:
         self.requests = 0
         self.journal: list[tuple[str, str, str]] = []  # (kind, method, target) of every fault, for failure messages
         self.trace: list[tuple[float, str, str, str]] = []  # (monotonic, method, target, status or fault kind)
+        self.arrived: list[tuple[float, str, str]] = []  # (monotonic, method, target) of every request, as it came
         self._rng = random.Random(self.plan.seed)
         self._turn = 0
         self._rules: list[_Rule] = []
@@ -263,6 +264,7 @@ class FaultProxy:
     def _decide(self, request: Request) -> str | None:
         with self._lock:
             self.requests += 1
+            self.arrived.append((time.monotonic(), request.method, request.target))
             for rule in self._rules:
                 if rule.times != 0 and rule.predicate(request):
                     rule.times = None if rule.times is None else rule.times - 1

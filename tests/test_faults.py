@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
@@ -170,6 +171,57 @@ def _publish_small(root: str, tmp_path: Path, steps: tuple[int, ...]) -> None:
         remote = storage.join(root, checkpoint_store.step_dir(step))
         checkpoint_store.upload_files(folder, files, remote)
         checkpoint_store.publish(remote, step, files, world_size=1)
+
+
+@pytest.mark.parametrize("faulty", ["gs", "az"], indirect=True)
+def test_retention_sends_a_checkpoints_deletes_at_once(faulty: Faulty, tmp_path: Path) -> None:
+    """Retention removes a whole checkpoint after each publish, and the next save (the final one at a SIGTERM too)
+    waits for it. GCS and Azure delete each object with a request of its own, and those went one after another: one
+    round trip per file of the checkpoint (hundreds on a large FSDP job). Now they are in flight together; the
+    manifest still goes first, on its own, so a half-deleted checkpoint is never taken for a complete one."""
+    names = [f"__{rank}_{i}.distcp" for rank in range(6) for i in range(2)] + \
+        [f"extra/rank-{rank}.pt" for rank in range(6)]
+    with faulty.proxy.calm():
+        for step in (10, 20, 30):
+            folder = tmp_path / "local" / checkpoint_store.step_dir(step)
+            for name in names:
+                (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                (folder / name).write_bytes(f"{step}-{name}".encode() * 16)
+            files = checkpoint_store.describe_files(folder, names)
+            remote = storage.join(faulty.root, checkpoint_store.step_dir(step))
+            checkpoint_store.upload_files(folder, files, remote)
+            checkpoint_store.publish(remote, step, files, world_size=6)
+    deleting = lambda request: request.method == "DELETE"  # noqa: E731
+    with faulty.proxy.calm(), faulty.proxy.fail_matching(deleting, kind="slow"):  # each answer 0.3 s late
+        removed = checkpoint_retention.apply_retention(faulty.root, 2, log=lambda _m: None)
+    assert removed == [10]
+    assert storage.store_for(faulty.root).list(storage.join(faulty.root, checkpoint_store.step_dir(10))) == []
+    sent = [(t, unquote(target.split("?")[0])) for t, method, target in faulty.proxy.arrived if method == "DELETE"]
+    answered = [(t, unquote(target.split("?")[0])) for t, method, target, status in faulty.proxy.trace
+                if method == "DELETE" and status.isdigit()]
+    manifest = [t for t, target in answered if target.endswith("manifest.json")]
+    files_sent = [t for t, target in sent if not target.endswith("manifest.json")]
+    assert len(manifest) == 1 and len(files_sent) == len(names), (sent, answered)
+    assert min(files_sent) > manifest[0], "the manifest must be gone before any of its files"
+    first_file_answer = min(t for t, target in answered if not target.endswith("manifest.json"))
+    at_once = sum(1 for t in files_sent if t < first_file_answer)
+    assert at_once >= 4, f"{at_once} delete(s) were sent before the first answer; one after another sends 1"
+
+
+@pytest.mark.parametrize("faulty", ["gs", "az"], indirect=True)
+def test_a_delete_the_store_refuses_is_raised_once_the_others_are_done(faulty: Faulty, tmp_path: Path) -> None:
+    """With the deletes in flight together, one refused must still fail the call (retention then retries, and says
+    so), an object already gone must not, and the others are deleted, none left in flight when it raises."""
+    store = storage.store_for(faulty.root)
+    uris = [storage.join(faulty.root, f"doomed/{i}.bin") for i in range(12)]
+    with faulty.proxy.calm():
+        for uri in uris:
+            store.write_bytes(uri, b"x")
+        refused = lambda request: request.method == "DELETE" and request.mentions("doomed/5.bin")  # noqa: E731
+        with faulty.proxy.fail_matching(refused, kind="http_403"), pytest.raises(Exception) as caught:
+            store.delete([*uris, storage.join(faulty.root, "doomed/never-existed.bin")])
+        assert "injected fault" in str(caught.value), repr(caught.value)  # the proxy's refusal, not another error
+        assert store.list(storage.join(faulty.root, "doomed")) == [uris[5]]
 
 
 @pytest.mark.parametrize(("faulty", "what", "kind"), _READ_FAULTS, indirect=["faulty"])

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from cloudtrain.errors import UserError
-from cloudtrain.storage.transfer import chunked, range_header, total_size
+from cloudtrain.storage.transfer import chunked, delete_each, range_header, total_size
 
 COPY_WAIT = 900.0  # seconds a server-side copy may stay pending (within one account it is done at once or soon)
 
@@ -133,8 +133,4 @@ class AzureBlobStore:
     def delete(self, uris: builtins.list[str]) -> None:
         from azure.core.exceptions import ResourceNotFoundError
 
-        for uri in uris:
-            try:
-                self._blob(uri).delete_blob()
-            except ResourceNotFoundError:
-                continue
+        delete_each(uris, lambda uri: self._blob(uri).delete_blob(), ResourceNotFoundError)

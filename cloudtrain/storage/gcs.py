@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlparse
 
-from cloudtrain.storage.transfer import chunked, range_header, total_size
+from cloudtrain.storage.transfer import chunked, delete_each, range_header, total_size
 
 TIMEOUT = 60  # seconds to connect, and between two reads: the client's own default
 SINGLE_REQUEST_MAX = 8 * 1024 * 1024  # the client's own switch from one request to a resumable session
@@ -222,8 +222,4 @@ class GCSStore:
     def delete(self, uris: builtins.list[str]) -> None:
         from google.api_core.exceptions import NotFound
 
-        for uri in uris:
-            try:
-                self._blob(uri).delete()
-            except NotFound:
-                continue
+        delete_each(uris, lambda uri: self._blob(uri).delete(), NotFound)

@@ -19,6 +19,7 @@ file into concurrent parts itself) while other threads, one per core, hash them 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -433,6 +434,27 @@ def upload_many(items: list[tuple[Path, str]], upload: Callable[[Path, str], int
         for i, future in hashed.items():
             digests[i] = future.result()
     return total, digests
+
+
+def delete_each(uris: list[str], delete_one: Callable[[str], object], missing: type[BaseException],
+                workers: int | None = None) -> None:
+    """Delete each object with its own request, several at once (GCS and Azure have no plain batch delete: their
+    batch APIs are multipart requests the emulators do not all take). Retention removes a whole checkpoint after
+    each publish, and the next save, or the final one at a SIGTERM, waits for it: one request after another took
+    one round trip per file. An object already gone (``missing``) is fine; the first other error is raised once
+    every request has ended, so nothing is left in flight."""
+    def one(uri: str) -> None:
+        with contextlib.suppress(missing):
+            delete_one(uri)
+
+    if len(uris) <= 1:  # a manifest, a marker: no thread for one request
+        for uri in uris:
+            one(uri)
+        return
+    with ThreadPoolExecutor(min(workers or threads(), len(uris)), thread_name_prefix="cloudtrain-delete") as pool:
+        done = [pool.submit(one, uri) for uri in uris]
+    for future in done:
+        future.result()
 
 
 def chunked(read: Callable[[int], bytes], close: Callable[[], object], limit: int | None = None,
