@@ -438,11 +438,10 @@ def upload_many(items: list[tuple[Path, str]], upload: Callable[[Path, str], int
 
 def delete_each(uris: list[str], delete_one: Callable[[str], object], missing: type[BaseException],
                 workers: int | None = None) -> None:
-    """Delete each object with its own request, several at once (GCS and Azure have no plain batch delete: their
-    batch APIs are multipart requests the emulators do not all take). Retention removes a whole checkpoint after
-    each publish, and the next save, or the final one at a SIGTERM, waits for it: one request after another took
-    one round trip per file. An object already gone (``missing``) is fine; the first other error is raised once
-    every request has ended, so nothing is left in flight."""
+    """Delete each object with a request of its own (GCS's and Azure's stores), several at once. Retention removes
+    a whole checkpoint after each publish, and the next save, or the final one at a SIGTERM, waits for it: one
+    request after another took one round trip per file. An object already gone (``missing``) is fine; the first
+    other error is raised once every request has ended, so nothing is left in flight."""
     def one(uri: str) -> None:
         with contextlib.suppress(missing):
             delete_one(uri)
