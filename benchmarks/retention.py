@@ -70,13 +70,13 @@ def publish(root: str, step: int, folder: Path, names: list[str]) -> None:
     checkpoint_store.publish(remote, step, files, world_size=1)
 
 
-def bench(scheme: str, folder: Path, names: list[str], repeat: int, label: str) -> float:
+def bench(scheme: str, folder: Path, names: list[str], repeat: int, label: str, tag: str) -> float:
     from cloudtrain import storage
     from cloudtrain.checkpoint import store as checkpoint_store
     from cloudtrain.checkpoint.retention import apply_retention
 
     def prepared(run: int, side: str) -> str:
-        root = f"{scheme}://{BUCKET}/retention-{label.split()[0]}-{side}-{run}"
+        root = f"{scheme}://{BUCKET}/retention-{tag}-{side}-{run}"
         for step in (1, 2, 3):
             publish(root, step, folder, names)
         return root
@@ -130,10 +130,11 @@ def main() -> None:
     try:
         for scheme in args.stores.split(","):
             with emulated(scheme, tmp):
-                ratios[f"{scheme} (emulator)"] = bench(scheme, folder, names, args.repeat, "the emulator itself")
+                ratios[f"{scheme} (emulator)"] = bench(scheme, folder, names, args.repeat, "the emulator itself",
+                                                       "direct")
                 with round_trip(scheme, args.round_trip_ms / 1000):
                     ratios[f"{scheme} ({args.round_trip_ms:g} ms)"] = bench(
-                        scheme, folder, names, args.repeat, f"{args.round_trip_ms:g}-ms round trips")
+                        scheme, folder, names, args.repeat, f"{args.round_trip_ms:g}-ms round trips", "late")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("ratios (one after another / cloudtrain): " + "; ".join(f"{s} {r:.2f}x" for s, r in ratios.items()))
