@@ -326,3 +326,53 @@ def test_names_that_are_not_utf8_outside_the_package_are_shown_escaped(tmp_path:
                        cwd=proj, env=cli_env(tmp_path / "home"), stdout=out, check=True, timeout=120)
     handle = ct("submit", "--plan", saved.name, "--detach").stdout.strip()
     assert ct("wait", handle, "--timeout", "120").returncode == 0
+
+
+# -- issue 50.8: empty files are packaged; only a plan (or a plan's beginning) is left out as one ------------------
+
+
+def test_empty_files_are_packaged_and_count_toward_the_file_limit(tmp_path: Path) -> None:
+    """Every empty .json was left out as "a plan still being saved", one note line each: 51,000 of them made a
+    51,000-line plan of a 1-file package, and package.max_files was never reached."""
+    root = make_tree(tmp_path / "src")
+    (root / "data").mkdir()
+    for n in range(60):
+        (root / "data" / f"{n:02}.json").write_bytes(b"")
+    (root / "empty.yaml").write_bytes(b"")
+    with build_package(root) as package:
+        shipped = {f["path"] for f in package.files}
+        assert {"data/00.json", "data/59.json", "empty.yaml"} <= shipped, sorted(shipped)[:5]
+        assert package.left_out == [] and package.notes() == []
+    with pytest.raises(PackagingError, match=r"source folder too large: 64 files, .* \(limits: 50 files"):
+        build_package(root, PackageLimits(max_files=50))  # what package.max_files sets
+
+
+def test_only_a_saved_plan_or_its_beginning_is_left_out_and_said_in_one_line(cli, tmp_path: Path) -> None:
+    """A real saved plan (`plan -o json`, `-o yaml`) and the beginning of one (being written, or cut short at any
+    byte) are left out; a complete JSON file that only starts like one (a config with provider and job_id) ships.
+    What was left out is one note line: the count and the first few names."""
+    outside = tmp_path / "planned"
+    outside.mkdir()
+    (outside / "train.py").write_text("print('hi')\n")
+    plans = {}
+    for form in ("json", "yaml"):
+        out = cli("plan", "train.py", "-o", form, cwd=outside)
+        assert out.returncode == 0, out.stderr
+        plans[form] = out.stdout.encode()
+    root = make_tree(tmp_path / "src")
+    (root / "plan.json").write_bytes(plans["json"])
+    (root / "plan.yaml").write_bytes(plans["yaml"])
+    cuts = (1, 2, 12, 30, 200, len(plans["json"]) // 2, len(plans["json"]) - 2)
+    for cut in cuts:
+        (root / f"cut-{cut:06}.json").write_bytes(plans["json"][:cut])
+    (root / "cut.yaml").write_bytes(plans["yaml"][:20])
+    (root / "config.json").write_text('{"provider": "openai", "job_id": "ft-1", "lr": 0.1}\n')
+    with build_package(root) as package:
+        left = [f"cut-{cut:06}.json" for cut in cuts] + ["cut.yaml", "plan.json", "plan.yaml"]
+        assert package.left_out == left
+        assert [f["path"] for f in package.files] == [".env.example", "config.json", "pkg/model.py", "train.py"]
+        [note] = package.notes()
+        assert note.startswith("package: left out 10 files: cut-000001.json, cut-000002.json, cut-000012.json, "
+                               "cut-000030.json, cut-000200.json and 3 more (the beginning of a saved plan"), note
+        assert note.endswith("; plan.json, plan.yaml (a cloudtrain spec file or saved plan: nodes get its settings "
+                             "through the request)"), note

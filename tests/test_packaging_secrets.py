@@ -215,7 +215,7 @@ def test_spec_files_are_left_out_and_said_so(tmp_path: Path) -> None:
         assert package.left_out == ["cloudtrain.yaml", "jobs/big.yml", "jobs/gpu.yaml"]
         assert package.manifest()["left_out"] == package.left_out
         assert [note.split(" (")[0] for note in package.notes()] == [  # cloudtrain.yaml goes without saying
-            "package: left out jobs/big.yml", "package: left out jobs/gpu.yaml"]
+            "package: left out 2 files: jobs/big.yml, jobs/gpu.yaml"]
 
 
 def test_downloaded_outputs_are_left_out(tmp_path: Path) -> None:
@@ -258,6 +258,6 @@ def test_the_plan_says_what_was_left_out(cli, tmp_path: Path) -> None:
     (root / "out" / "model.pt").write_bytes(b"weights")
     out = cli("plan", "-f", "gpu.yaml", cwd=root)
     assert out.returncode == 0, out.stderr
-    assert "package: left out gpu.yaml (a cloudtrain spec file" in out.stdout
-    assert f"package: left out out/ (downloaded outputs; delete out/{DOWNLOAD_MARKER} to package it)" in out.stdout
+    assert "package: left out 1 file and 1 folder: gpu.yaml (a cloudtrain spec file" in out.stdout
+    assert f"; out/ (downloaded outputs; delete out/{DOWNLOAD_MARKER} to package it)" in out.stdout
     assert "hunter2-x" not in out.stdout

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cloudtrain.bundle.plan_files import OUTPUT_WHY, SPEC_FILE_NAMES, SPEC_FILE_WHY, output_files, own_file_why
 from cloudtrain.bundle.secret_scan import Finding, ScanningReader, describe
 from cloudtrain.bundle.tarstream import GzipPipe, add_file, finish
 from cloudtrain.errors import PackagingError
@@ -59,23 +60,6 @@ DOWNLOAD_MARKER = ".cloudtrain-download"
 # `cloudtrain plan --export DIR` marks DIR with this file, written before anything else there: the request it holds
 # carries the job's secrets in clear, so bundles leave the folder out.
 EXPORT_MARKER = ".cloudtrain-export"
-# A cloudtrain spec file: cloudtrain.yaml, or YAML with script/module and one more of the spec's top-level keys. Never
-# packaged: a node gets every setting through the provider request and its environment, and a copy would carry env
-# values in clear.
-SPEC_FILE_NAMES = ("cloudtrain.yaml", "cloudtrain.yml")
-_SPEC_KEYS = ("nodes|procs_per_node|providers|checkpoint|strategy|accelerator|env|args|source_dir|requirements|spot"
-              "|max_runtime|image|inputs|output_uri|package")
-_SPEC_FILE = re.compile(rf"^(?:script|module):.*^(?:{_SPEC_KEYS}):|^(?:{_SPEC_KEYS}):.*^(?:script|module):",
-                        re.MULTILINE | re.DOTALL)
-_SPEC_PROBE_BYTES = 256 * 1024
-# A plan saved with `plan -o json > plan.json` (what `submit --plan` reads), or `-o yaml`: not source either.
-# Packaged, it would change the bundle's digest, so the saved plan would be refused as stale the moment it was written.
-# A plan for a provider list (`plan -p aws,gcp -o json`) starts with its first leg: provider, region, plan.
-_SAVED_PLAN = re.compile(r'^\{\s*(?:"provider":\s*"[^"]*",\s*"job_id":\s*"|"legs":\s*\[\s*\{\s*"provider":\s*"[^"]*",'
-                         r'\s*"region":)')
-_SAVED_YAML_PLAN = re.compile(r"^provider: \S+\njob_id: \S+\ncreated_at: ")
-SPEC_FILE_WHY = "a cloudtrain spec file or saved plan: nodes get its settings through the request"
-
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 DEFAULT_MAX_FILES = 50_000
 
@@ -124,9 +108,11 @@ class Package:
 
     def notes(self) -> list[str]:
         """What a plan says about the package: what cloudtrain left out on its own, and why (cloudtrain.yaml goes
-        without saying; another YAML taken for a spec, downloaded outputs, an export or a FIFO may surprise)."""
-        return [f"package: left out {path} ({why})" for path, why in self.left_out_why.items()
-                if not (path.rsplit("/", 1)[-1] in SPEC_FILE_NAMES and why == SPEC_FILE_WHY)]
+        without saying; another YAML taken for a spec, downloaded outputs, an export or a FIFO may surprise). One
+        line however many: the count, and the first few names of each reason (package.left_out names them all)."""
+        said = {path: why for path, why in self.left_out_why.items()
+                if not (path.rsplit("/", 1)[-1] in SPEC_FILE_NAMES and why == SPEC_FILE_WHY)}
+        return [left_out_note(said)] if said else []
 
     def __post_init__(self) -> None:
         # The bundle is a temp file: delete it however the Package is dropped (notebooks rarely close things).
@@ -167,47 +153,12 @@ def _matches(name: str, rel: str, patterns: tuple[str, ...], ignore_case: bool =
     return bool(regex and (regex.match(name) or regex.match(rel)))
 
 
-def is_spec_file(path: Path) -> bool:
-    """A YAML file that is a cloudtrain job spec (cloudtrain.yaml, or any file given to -f), or a JSON plan saved
-    for `submit --plan`."""
-    if path.name.lower() in SPEC_FILE_NAMES:
-        return True
-    suffix = path.suffix.lower()
-    if suffix not in (".yaml", ".yml", ".json"):
-        return False
-    try:
-        with open_regular(path) as f:  # never a FIFO named data.yaml: opening it would wait for a writer
-            head = f.read(_SPEC_PROBE_BYTES if suffix != ".json" else 256).decode("utf-8", "replace")
-    except OSError:  # unreadable, not a regular file or a dangling link: judged where it is read
-        return False
-    if suffix == ".json":
-        return bool(_SAVED_PLAN.search(head))
-    return bool(_SPEC_FILE.search(head) or _SAVED_YAML_PLAN.search(head))
-
-
-def _empty(path: Path) -> bool:
-    try:
-        return path.stat().st_size == 0
-    except OSError:
-        return False
-
-
-def _stdout_file() -> tuple[int, int] | None:
-    """(device, inode) of the regular file standard output is redirected to, if it is one: `plan -o json >
-    plan.json` in the project creates the (empty) file before the plan is made, and it must not be packaged."""
-    try:
-        st = os.fstat(1)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
-
-
-def _same_file(path: Path, identity: tuple[int, int]) -> bool:
+def _same_file(path: Path, identities: set[tuple[int, int]]) -> bool:
     try:
         st = path.stat()
     except OSError:
         return False
-    return (st.st_dev, st.st_ino) == identity
+    return (st.st_dev, st.st_ino) in identities
 
 
 def ignore_rules(folder: Path, extra: tuple[str, ...] = (), names: tuple[str, ...] = IGNORE_FILES) -> Any:
@@ -248,7 +199,7 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
     own = {folder.strip("/"): what for folder, what in limits.own}
     written = {folder.strip("/"): what for folder, what in limits.written}
     took = taken if taken is not None else []
-    being_written = _stdout_file() if check_secrets else None
+    being_written = output_files() if check_secrets else set()
 
     def ignored(rel: str, rules: list[tuple[str, Any]]) -> bool:
         return any(spec.match_file(rel[len(prefix):]) for prefix, spec in rules)
@@ -283,12 +234,9 @@ def collect_files(root: Path, *, excludes: tuple[str, ...] = BUILTIN_EXCLUDES,
         if check_secrets and is_dir and (path / DOWNLOAD_MARKER).exists():
             return "omit", f"downloaded outputs; delete {rel}/{DOWNLOAD_MARKER} to package it"
         if being_written and not is_dir and _same_file(path, being_written):
-            return "omit", "the file this command's output goes to (`plan -o json > plan.json`)"
-        if check_secrets and not is_dir and name.lower().endswith(".json") and _empty(path):
-            return "omit", "empty, so not JSON: a plan still being saved (`plan -o json | tee plan.json`)"
-        if check_secrets and not is_dir and is_spec_file(path):
-            return "omit", SPEC_FILE_WHY
-        return None
+            return "omit", OUTPUT_WHY
+        plan = own_file_why(path) if check_secrets and not is_dir else None  # a spec file or saved plan
+        return ("omit", plan) if plan else None
 
     def link(rel: str, path: Path) -> int:
         """A link ships its target's content, so the target must be a file that would ship by its own path."""
@@ -382,6 +330,23 @@ def _utf8(name: str) -> bool:
 def shown_path(path: str) -> str:
     """A file name as text that can be printed and stored: bytes that are not UTF-8 as \\xNN."""
     return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def left_out_note(why_of: dict[str, str], most: int = 5) -> str:
+    """One line for the paths left out (path -> why): ``package: left out 3 files: a.json, b.json (why); c/ (why)``,
+    at most ``most`` names a reason, then how many more."""
+    if len(why_of) == 1:
+        [(path, why)] = why_of.items()
+        return f"package: left out {path} ({why})"
+    by_why: dict[str, list[str]] = {}
+    for path, why in why_of.items():
+        by_why.setdefault(why, []).append(path)
+    shown = "; ".join(", ".join(paths[:most]) + (f" and {len(paths) - most:,} more" if len(paths) > most else "")
+                      + f" ({why})" for why, paths in by_why.items())
+    folders = sum(path.endswith("/") for path in why_of)
+    counted = " and ".join(f"{n:,} {word}{'s' if n != 1 else ''}"
+                           for n, word in ((len(why_of) - folders, "file"), (folders, "folder")) if n)
+    return f"package: left out {counted}: {shown}"
 
 
 def _few(paths: list[str], most: int = 10) -> str:
