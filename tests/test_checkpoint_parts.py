@@ -53,6 +53,16 @@ def nodes(tmp_path: Path, world_size: int = 2,
     return uri, node0, other
 
 
+def agreed(node0: checkpoint_snapshots.Snapshotter, node1: PartSync) -> int | None:
+    """One multi-node publish: node 0 finds a snapshot whole on its side and asks the other nodes to look again,
+    node 1 answers (uploading its part), node 0 publishes."""
+    first = node0.poll()
+    if first is not None:
+        return first
+    node1.poll()
+    return node0.poll()
+
+
 def test_a_dcp_folder_is_published_with_every_nodes_shards(tmp_path: Path) -> None:
     """37.5: each node holds its own ranks' shards. Before: node 0's folder never held rank 1's, so nothing was ever
     published (the job still read `succeeded`). Node 0 now waits for node 1's part, then publishes both."""
@@ -64,7 +74,7 @@ def test_a_dcp_folder_is_published_with_every_nodes_shards(tmp_path: Path) -> No
     assert node0.poll() == 4
     assert published(uri) == [(4, ["step-4/.metadata", "step-4/__0_0.distcp", "step-4/__1_0.distcp"])]
     left = [u.rsplit(f"/{PARTS}/", 1)[1] for u in checkpoint_store.storage.store_for(uri).list(f"{uri}/{PARTS}")]
-    assert left == ["node-1.json"], left  # the part is in the checkpoint now: gone from the store
+    assert left == ["ask.json", "node-1.json"], left  # the part is in the checkpoint now: gone from the store
 
 
 def test_a_restart_restores_every_nodes_files_to_each_node(tmp_path: Path) -> None:
@@ -75,7 +85,9 @@ def test_a_restart_restores_every_nodes_files_to_each_node(tmp_path: Path) -> No
     (tmp_path / "node0" / "checkpoint-5" / "trainer_state.json").write_text("{}")
     save(tmp_path / "node1" / "checkpoint-5" / "rng_state_1.pth", 1.0)
     node1.poll()
-    assert node0.poll() == 5
+    assert node0.poll() is None  # the first save of the run: published once the next has begun, or at the end
+    assert node1.finish() is None
+    assert node0.poll(final=True) == 5
     for node in ("again0", "again1"):
         checkpoint_restore.restore_latest(uri, tmp_path / node)
         assert sorted(p.name for p in (tmp_path / node / "checkpoint-5").iterdir()) == [
@@ -89,13 +101,14 @@ def test_a_part_still_being_written_when_the_job_ends_publishes_nothing_new(tmp_
     save(tmp_path / "node0" / "checkpoint-5" / "rng_state_0.pth", 0.0)
     (tmp_path / "node0" / "checkpoint-5" / "trainer_state.json").write_text("{}")
     save(tmp_path / "node1" / "checkpoint-5" / "rng_state_1.pth", 1.0)
-    node1.poll()
-    assert node0.poll() == 5
     save(tmp_path / "node0" / "checkpoint-10" / "rng_state_0.pth", 0.0)
     (tmp_path / "node0" / "checkpoint-10" / "trainer_state.json").write_text("{}")
     save(tmp_path / "node1" / "checkpoint-10" / "rng_state_1.pth", 2.0)
     whole = (tmp_path / "node1" / "checkpoint-10" / "rng_state_1.pth").read_bytes()
     (tmp_path / "node1" / "checkpoint-10" / "rng_state_1.pth").write_bytes(whole[: len(whole) // 2])
+    assert node0.poll() is None  # checkpoint-10 was begun, so checkpoint-5 is over here: has node 1 looked?
+    node1.poll()
+    assert node0.poll() == 5  # with node 1's part
     assert node1.finish() is None
     assert node0.poll(final=True) is None
     assert [step for step, _ in published(uri)] == [5]
@@ -105,8 +118,11 @@ def test_a_part_still_being_written_when_the_job_ends_publishes_nothing_new(tmp_
 
 def test_a_node_that_wrote_nothing_into_a_folder_holds_nothing_back(tmp_path: Path) -> None:
     """HF, Lightning and nanoGPT save from global rank 0 only: node 1's index lists nothing, node 0 publishes alone."""
-    uri, node0, _node1 = nodes(tmp_path)
+    uri, node0, node1 = nodes(tmp_path)
     save(tmp_path / "node0" / "checkpoint-3" / "model.pt", 3.0)
+    save(tmp_path / "node0" / "checkpoint-6" / "model.pt", 6.0)
+    assert node0.poll() is None  # checkpoint-3's save is over here: node 0 asks whether node 1 holds part of it
+    node1.poll()  # node 1 looks after it read the question, and lists nothing
     assert node0.poll() == 3 and published(uri) == [(3, ["checkpoint-3/model.pt"])]
 
 
@@ -137,12 +153,11 @@ def test_other_nodes_files_are_copied_in_the_store_never_through_node_0(
     dcp_files(tmp_path / "node0" / "step-4", range(0, 1), metadata=True)
     (tmp_path / "node1" / "step-4").mkdir(parents=True)
     (tmp_path / "node1" / "step-4" / "__1_0.distcp").write_bytes(shard)
-    node1.poll()
-    assert node0.poll() == 4
+    assert agreed(node0, node1) == 4
     assert published(uri) == [(4, ["step-4/.metadata", "step-4/__0_0.distcp", "step-4/__1_0.distcp"])]
     assert not (tmp_path / ".node0.parts").exists()  # nothing of node 1's came here
     left = [u.rsplit(f"/{PARTS}/", 1)[1] for u in storage.store_for(uri).list(storage.join(uri, PARTS))]
-    assert left == ["node-1.json"], left  # the part itself is gone; its copy in the checkpoint stands
+    assert left == ["ask.json", "node-1.json"], left  # the part itself is gone; its copy in the checkpoint stands
     checkpoint_restore.restore_latest(uri, tmp_path / "again")
     assert (tmp_path / "again" / "step-4" / "__1_0.distcp").read_bytes() == shard
 
@@ -154,14 +169,13 @@ def test_a_part_a_later_checkpoint_needs_again_is_copied_from_the_checkpoint_tha
     first publish. Node 0 used to keep its download for that; copied in the store, the next checkpoint copies node
     1's files from the checkpoint that holds them (every later publish failed: the part was gone)."""
     uri, node0, node1 = nodes(tmp_path, uri=storage.join(store_root, "job"))
+    node0.declared = checkpoint_snapshots.save_sets.Declared(["checkpoint-*/model.pt"])  # each save is that file
     save(tmp_path / "node0" / "checkpoint-5" / "model.pt", 5.0)
     save(tmp_path / "node0" / "extra" / "rank0.pt", 0.0)
     save(tmp_path / "node1" / "extra" / "rank1.pt", 1.0)
-    node1.poll()
-    assert node0.poll() == 5
+    assert agreed(node0, node1) == 5
     save(tmp_path / "node0" / "checkpoint-10" / "model.pt", 10.0)
-    node1.poll()
-    assert node0.poll() == 10
+    assert agreed(node0, node1) == 10
     assert published(uri)[-1] == (10, ["checkpoint-10/model.pt", "extra/rank0.pt", "extra/rank1.pt"])
     checkpoint_restore.restore_latest(uri, tmp_path / "again")
     assert torch.load(tmp_path / "again" / "extra" / "rank1.pt")["w"].tolist() == [1.0] * 4
@@ -172,6 +186,7 @@ def test_a_part_whose_files_do_not_match_its_manifest_is_not_taken(tmp_path: Pat
     uri, node0, node1 = nodes(tmp_path)
     dcp_files(tmp_path / "node0" / "step-4", range(0, 1), metadata=True)
     dcp_files(tmp_path / "node1" / "step-4", range(1, 2), metadata=False)
+    assert node0.poll() is None  # asks node 1
     node1.poll()
     shard = next((tmp_path / "store" / PARTS).rglob("__1_0.distcp"))
     shard.write_bytes(b"tampered")
@@ -188,6 +203,7 @@ def test_a_store_that_cannot_copy_has_each_part_downloaded_and_verified(
     uri, node0, node1 = nodes(tmp_path)
     dcp_files(tmp_path / "node0" / "step-4", range(0, 1), metadata=True)
     dcp_files(tmp_path / "node1" / "step-4", range(1, 2), metadata=False)
+    assert node0.poll() is None  # asks node 1
     node1.poll()
     shard = next((tmp_path / "store" / PARTS).rglob("__1_0.distcp"))
     shard.write_bytes(b"shard 9")  # the same size, other bytes

@@ -6,8 +6,14 @@ Each node n >= 1 runs ``PartSync`` beside its workers. A folder entry of its che
 ``checkpoint-500/``) whose files are whole and have not changed for the quiet period is uploaded as a *part*,
 ``<uri>/node-parts/<entry>/<part>/`` with the part's manifest ``<part>.json`` written last, and the node's index
 ``<uri>/node-parts/node-<n>.json`` then names it: for every folder entry the node holds, the part that holds it, or
-null while it is being written; ``final`` once the workers have exited and everything is uploaded. The index is
-rewritten before the workers start, so node 0 never reads an earlier run's.
+null while it is being written; the paths of the files it holds in each (``files``); ``final`` once the workers have
+exited and everything is uploaded. The index is rewritten before the workers start, so node 0 never reads an earlier
+run's.
+
+A node's silence about a folder is not a fact until node 0 knows the node looked after the save was over: node 0
+writes a question, ``<uri>/node-parts/ask.json`` (a word of its own), and each node answers it in its index
+(``looked``) from a look at its folder taken after it read the question. Only then does an entry a node does not list
+mean that node wrote nothing into it (no clocks are compared: the store's own order of writes and reads decides).
 
 Node 0 (``NodeParts``) takes a folder entry into a checkpoint only with every other node's part of it: an entry a
 node's index lists as being written holds the checkpoint back, one it does not list is one that node wrote nothing
@@ -83,6 +89,22 @@ def _part_uri(uri: str, entry: str, part: str) -> str:
 class Index(NamedTuple):
     entries: dict[str, str | None]  # folder entry -> part name, RESTORED, or None while it is being written
     final: bool
+    files: dict[str, list[str]] = {}  # folder entry -> the paths of the files the node's ranks wrote into it
+    looked: str | None = None  # the last question of node 0's (ask.json) this listing was taken after
+
+
+def _ask_uri(uri: str) -> str:
+    return storage.join(uri, PARTS, "ask.json")
+
+
+def read_ask(uri: str) -> str | None:
+    """Node 0's current question (ask.json), or None where there is none or it is not one."""
+    try:
+        data = json.loads(storage.read_bytes(_ask_uri(uri)))
+    except Exception:  # none asked yet (each store says "not found" its own way), or unreadable: no question
+        return None
+    ask = data.get("ask") if isinstance(data, dict) else None
+    return ask if isinstance(ask, str) else None
 
 
 def read_index(uri: str, node: int) -> Index | None:
@@ -95,7 +117,12 @@ def read_index(uri: str, node: int) -> Index | None:
     if not isinstance(entries, dict) or not all(isinstance(k, str) and (v is None or isinstance(v, str))
                                                 for k, v in entries.items()):
         return None
-    return Index(entries, data.get("final") is True)
+    files = data.get("files", {})
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, list)
+                                              and all(isinstance(p, str) for p in v) for k, v in files.items()):
+        return None
+    looked = data.get("looked")
+    return Index(entries, data.get("final") is True, files, looked if isinstance(looked, str) else None)
 
 
 class PartSync:
@@ -146,13 +173,15 @@ class PartSync:
         except (CloudtrainError, OSError) as exc:
             self.log(f"could not remove this node's earlier checkpoint parts under {self.uri} ({exc})")
 
-    def _write_index(self, final: bool) -> None:
+    def _write_index(self, final: bool, looked: str | None = None) -> None:
         current = {entry: part for entry, (files, part) in self.parts.items() if self.seen.get(entry) == files}
         pending = {entry: None for entry in self.seen if entry not in current}
-        index = Index({**pending, **current}, final)
+        written = {entry: sorted(files) for entry, files in self.seen.items() if current.get(entry) != RESTORED}
+        index = Index({**pending, **current}, final, written, looked)
         if index == self.written:
             return
-        data = json.dumps({"node": self.node, "final": final, "entries": index.entries}, indent=1).encode()
+        data = json.dumps({"node": self.node, "final": final, "entries": index.entries, "files": index.files,
+                           "looked": looked}, indent=1).encode()
         storage.with_retries(lambda: storage.write_bytes(_index_uri(self.uri, self.node), data),
                              f"writing {_index_uri(self.uri, self.node)}", log=self.log)
         self.written = index
@@ -182,6 +211,7 @@ class PartSync:
             pass  # node 0 removes what it took; the next run's start removes the rest
 
     def poll(self, final: bool = False) -> None:
+        asked = read_ask(self.uri)  # read before the look: the listing below answers it
         now = time.monotonic()
         current = folder_entries(self._scan())
         for entry, files in current.items():
@@ -206,7 +236,7 @@ class PartSync:
                 self.parts[entry] = (files, part)
                 if old:
                     self._forget(old[1], entry)
-        self._write_index(final)
+        self._write_index(final, asked)
 
     def _run(self) -> None:
         while not self._stop.wait(self.LOOK_EVERY):
@@ -242,9 +272,35 @@ class NodeParts:
         self.log = log or log_line
         self.seen: dict[str, Part] = {}  # part name -> where its files are taken from
         self.all_final: bool | None = None  # every other node said it uploaded all it will (wait_final)
+        self.token, self.asks = uuid.uuid4().hex[:8], 0  # node 0's questions (ask.json): this run's own words
+        self.read: dict[int, Index | None] = {}  # the indexes as last read (refresh)
 
     def _indexes(self) -> dict[int, Index | None]:
-        return {node: read_index(self.uri, node) for node in range(1, self.nodes)}
+        self.read = {node: read_index(self.uri, node) for node in range(1, self.nodes)}
+        return self.read
+
+    def refresh(self) -> None:
+        """Read every other node's index once (a poll's counts and listings use what was read here)."""
+        self._indexes()
+
+    def listed(self, entry: str) -> list[str]:
+        """The files other nodes' ranks wrote into a folder entry, as their indexes last read say."""
+        return [rel for index in self.read.values() if index is not None for rel in index.files.get(entry, [])]
+
+    def ask(self) -> str:
+        """A new question for every other node: look at your folder again and say what you hold. Returns it."""
+        self.asks += 1
+        question = f"{self.token}-{self.asks}"
+        data = json.dumps({"ask": question}).encode()
+        storage.with_retries(lambda: storage.write_bytes(_ask_uri(self.uri), data), f"writing {_ask_uri(self.uri)}",
+                             log=self.log)
+        return question
+
+    def looked(self, question: str) -> bool:
+        """Whether every other node has answered ``question`` (or said its last word), so that what its index
+        lists is what it held after the question was asked."""
+        return all(index is not None and (index.final or index.looked == question)
+                   for index in self._indexes().values())
 
     def wait_final(self, timeout: float | None = None) -> bool:
         """Once node 0's workers exited: wait (at most ``final_wait``, or ``timeout``; once) for every other node to

@@ -11,12 +11,16 @@ unchanged (manifest last, verified restore, quarantine, retention). ``G`` increa
 script's own step where a family's name carries one, else the next number. A restore puts its files back under the
 names the script wrote and adds nothing beside them.
 
-When is a snapshot complete? Never while a file in it is being written: a file in torch's zip format is complete
-only once its central directory (written last) is there, a safetensors file once it holds as many bytes as its
-header declares, a DCP folder once its ``.metadata`` exists, an HF Trainer folder once its ``trainer_state.json``
-does; anything else (and a folder, which may still gain files) once nothing in the snapshot has changed for a quiet
-period. After the workers exited, everything that is complete is final. A file whose bytes change while it is
-uploaded makes that snapshot void (its manifest is never written); the next one is taken when it has settled.
+When is a snapshot a checkpoint? When it is one whole save, by the set of files a save writes (save_sets.py):
+declared (``checkpoint.files``), learned from the saves before (every key that changed together in each of them
+changed again; a family member holds as many files of each kind as the member before it, on every node), or, for
+the first save of a run, shown by the next save beginning (until then it waits in the store, uploaded without a
+manifest). And never while a file in it is being written: a file in torch's zip format is whole only once its
+central directory (written last) is there, a safetensors file once it holds as many bytes as its header declares, a
+DCP folder once its ``.metadata`` exists, an HF Trainer folder once its ``trainer_state.json`` does; a file of no
+format that can say once it has not changed for a quiet period. After the workers exited, what is whole is final,
+but a save whose set is known and is not all there (a save cut short) is never published. A file whose bytes change
+while it is uploaded voids that upload; the next look takes it again.
 
 The ``step-<N>/`` folders cloudtrain's own layout uses are published per folder as before (sync.sync_dir).
 """
@@ -28,9 +32,10 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from cloudtrain import contract, storage
+from cloudtrain.checkpoint import save_sets
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.checkpoint.files import (
     CHECKPOINT_SUFFIXES,
@@ -87,12 +92,6 @@ def newest_first(names: list[str]) -> list[str]:
     return ordered + sorted(fixed)
 
 
-def kinds(entry: str, rels: list[str]) -> set[str]:
-    """The kinds of file a folder entry holds: their paths in it with every number blanked (``random_states_0.pkl``
-    and ``random_states_3.pkl`` are one kind, so a save at another world size holds the same kinds)."""
-    return {_NUMBER.sub("<n>", rel[len(entry) + 1:]) for rel in rels if rel.startswith(entry + "/")}
-
-
 def predecessors(order: list[str]) -> dict[str, str]:
     """Each family member (in ``newest_first`` order) -> the member just older than it."""
     found = {}
@@ -109,20 +108,35 @@ def script_step(names: list[str]) -> int | None:
     return max(steps) if steps else None
 
 
+class Staged:
+    """A snapshot uploaded into its step folder without a manifest (so it does not exist yet) while the set of files
+    a save writes is not known: published once the next save has begun, or the workers ended."""
+
+    def __init__(self, step: int, entries: list[str], snapshot: Files, described: dict[str, dict[str, Any]],
+                 changed: list[str], keys: set) -> None:
+        self.step, self.entries, self.snapshot, self.described = step, entries, snapshot, described
+        self.changed = changed  # its checkpoint files that differ from the last checkpoint's: this save's own
+        self.keys = keys  # and their keys (save_sets.key_of)
+        self.evident: str | None = None  # what showed the save over (the next one began), once seen
+
+
 class Snapshotter:
     """What node 0 runs around the workers for one checkpoint folder: ``poll()`` while they run (from the sync
     thread), ``poll(final=True)`` once they exited. Keeps what it saw between polls in memory (the bootstrap's
     process lives as long as the node); writes nothing into the folder."""
 
     def __init__(self, root: Path, uri: str, keep: int, quiet: float = QUIET, log: Any = None,
-                 world_size: int = 0, step_folders: bool = True, parts: NodeParts | None = None) -> None:
+                 world_size: int = 0, step_folders: bool = True, parts: NodeParts | None = None,
+                 files: Iterable[str] = (), announce: Callable[..., None] | None = None) -> None:
         self.root, self.uri, self.keep, self.quiet = root, uri, keep, quiet
         # on several nodes a DCP folder's shards are counted over every node's files (other_nodes), not node 0's
         self.world_size, self.ranks = (0 if parts else world_size), world_size
         self.parts = parts  # the other nodes' files of each folder entry (checkpoint_parts), where there are others
         self.step_folders = step_folders  # False: cloudtrain's step-<N> folders are published one by one elsewhere
         self.log = log or checkpoint_store.log_line
+        self.announce = announce  # the node's timeline: each checkpoint published is an event
         self.published: Files = self._scan()  # what the folder held when the node started: restored, in the store
+        self.restored = set(_by_entry(self.published))
         self.seen: dict[str, Files] = _by_entry(self.published)
         self.changed_at: dict[str, float] = {}  # entry -> when a poll last found it changed
         self.changes: dict[str, int] = {}  # entry -> polls in a row that found it changed
@@ -132,6 +146,12 @@ class Snapshotter:
         self.unpublished: list[str] = []  # after the final poll: what the folder holds that is not in the store
         self.members: set[str] = self._checkpoint_entries(self.published)  # the last snapshot's checkpoint files
         self.voided = 0  # snapshots voided by a rewrite during their upload: later ones upload from a copy
+        self.declared = save_sets.Declared(files)  # checkpoint.files: the set a save writes, as the user says it
+        self.together: set[str] | None = None  # the keys every save so far changed together (None: not known yet)
+        self.restored_ranks: int | None = None  # the world size that wrote the restored checkpoint
+        self.known = False  # the restored checkpoint's manifest was read (its set, its world size)
+        self.staged: Staged | None = None
+        self.asked: tuple[Any, str] | None = None  # (the snapshot, node 0's question to the other nodes about it)
 
     def _scan(self) -> Files:
         return scan(self.root, self.step_folders)
@@ -181,6 +201,31 @@ class Snapshotter:
             self.verdicts[key] = file_complete(self.root / rel)
         return self.verdicts[key]
 
+    def _verdict(self, files: Files) -> Callable[[str], bool | None]:
+        return lambda rel: self._complete(rel, files[rel]) if rel in files else None
+
+    def _read_store(self) -> None:
+        """Once: what the restored checkpoint's manifest says of the set its saves wrote and of its world size, so a
+        restarted node knows the set without waiting for a save to show it."""
+        if self.known:
+            return
+        self.known = True
+        if not self.published:
+            return
+        try:
+            complete = checkpoint_store.list_complete(self.uri, log=lambda _message: None)
+        except Exception:  # a store that cannot be listed now: the set is learned from the saves, as on a first run
+            return
+        manifest = complete[-1].manifest if complete else {}
+        if not is_dir_layout(manifest) or sorted(f["path"] for f in manifest["files"]) != sorted(self.published):
+            return  # not what was restored here
+        known = manifest.get("set")
+        if isinstance(known, list) and all(isinstance(key, str) for key in known) and known:
+            self.together = set(known)
+        ranks = manifest.get("ranks")
+        if isinstance(ranks, int) and not isinstance(ranks, bool):
+            self.restored_ranks = ranks
+
     def _unit_state(self, entry: str, rels: list[str], files: Files) -> tuple[str | None, bool, bool]:
         """(why the entry is not complete, or None; whether it is one file whose format vouches for it being whole;
         whether no file of it has a format that can say: a log, notes, but no checkpoint file cloudtrain knows)."""
@@ -198,32 +243,41 @@ class Snapshotter:
             return f"it has no {missing} (its stack writes that file last)", False, unknown
         return None, verdicts == [True], unknown
 
-    def choose(self, files: Files, now: float, final: bool) -> tuple[list[str] | None, dict[str, str]]:
-        """The entries of the snapshot to take now (None: not now), and the entries left out, with why."""
+    def _listed(self, entry: str) -> list[str]:
+        """The other nodes' files of a folder entry, as their indexes said at this poll."""
+        return self.parts.listed(entry) if self.parts is not None else []
+
+    def _fewer(self, entry: str, before: str, by_entry: dict[str, list[str]]) -> str | None:
+        """A family member holding fewer files of some kind than the member before it, counted over every node:
+        a save still being written somewhere (or stopped while it was written)."""
+        # a member this run wrote is counted file by file (the world size is the same); one restored from a run at
+        # another world size holds another number of per-rank files, so there only each kind must be there
+        counted = before not in self.restored or self.restored_ranks == self.ranks
+        return save_sets.fewer_than(entry, by_entry[entry] + self._listed(entry), before,
+                                    by_entry[before] + ([] if before in self.restored else self._listed(before)),
+                                    counted)
+
+    def choose(self, files: Files, now: float, final: bool,
+               older: bool = False) -> tuple[list[str] | None, dict[str, str]]:
+        """The entries of the snapshot to take now (None: not now), and the entries left out, with why. ``older``:
+        of each family only a member older than its newest (one whose save is over: the next has begun)."""
         by_entry = units(files)
         chosen: list[str] = []
         left: dict[str, str] = {}
         taken: set = set()
-        whole = False  # the snapshot is one file whose format vouches for it (a save of one file is over)
         order = newest_first(list(by_entry))
         previous = predecessors(order)
+        newest = {found[0] for found in map(family, order) if found}
         for entry in order:
             found = family(entry)
             if found and found[0] in taken:
                 continue  # an older member of a family whose newer one is taken
-            if not final and entry in previous and now - self.changed_at.get(entry, -self.quiet) < self.quiet:
-                continue  # being written, or just written: the member before it, once settled, stands in (a
-                # script that saves more often than the quiet period still gets its checkpoints published)
-            why, vouched, unknown = self._unit_state(entry, by_entry[entry], files)
-            if final and not why and entry in previous:
-                # no quiet period can tell any more: a save of files each whole on its own (Accelerate's model,
-                # optimizer, RNG states, registered objects) stopped between two of them holds fewer kinds of file
-                # than the save before it (while the workers run, the quiet period decides: a script may change
-                # what it saves)
-                before = previous[entry]
-                missing = sorted(kinds(before, by_entry[before]) - kinds(entry, by_entry[entry]))
-                if missing:
-                    why = f"it has no {missing[0]}, which {before} has (stopped while it was written?)"
+            if older and found and found[0] in newest:
+                newest.discard(found[0])
+                continue
+            why, _vouched, unknown = self._unit_state(entry, by_entry[entry], files)
+            if not why and entry in previous:  # a member holds every kind of file the one before it holds
+                why = self._fewer(entry, previous[entry], by_entry)
             # a file of no checkpoint format that changes at every look is a log: it must not hold back every
             # snapshot (a checkpoint file being written does hold it back, however long it takes)
             if not final and unknown and self.changes.get(entry, 0) >= LIVE_AFTER:
@@ -233,20 +287,13 @@ class Snapshotter:
                              "job ends")
                 continue
             if why:
-                if not final:
-                    return None, left  # being written: the snapshot waits for it
                 left[entry] = why
-                continue  # an older member of its family may stand in for it
+                if final or entry in previous:
+                    continue  # an older member of its family stands in for it
+                return None, left  # being written: the snapshot waits for it
             if found:
                 taken.add(found[0])
             chosen.append(entry)
-            whole = vouched and len(chosen) == 1
-        # taken as a whole: what one save writes one file after another (a model, then its optimizer) belongs
-        # together, so nothing in the snapshot may have changed within the quiet period, unless it is one file that
-        # says itself it is whole (after the workers exited, nothing changes any more)
-        if not final and not whole and any(now - self.changed_at.get(entry, -self.quiet) < self.quiet
-                                           for entry in chosen):
-            return None, left
         gone = self._members_gone(by_entry)
         if gone and not final:
             return None, left  # a checkpoint file of the last snapshot is being replaced: wait for it
@@ -263,15 +310,69 @@ class Snapshotter:
             return None, left
         return chosen, left
 
+    def _settled(self, entries: list[str], snapshot: Files, now: float) -> bool:
+        """Whether the snapshot's files of no format that can say they are whole have stopped changing for the
+        quiet period (an entry whose stack marks it done, DCP's ``.metadata``, the HF Trainer's
+        ``trainer_state.json``, needs no wait)."""
+        by_entry = _by_entry(snapshot)
+        for entry in entries:
+            rels = list(by_entry.get(entry, {}))
+            if _marked_done(entry, rels):
+                continue
+            unknown = [rel for rel in rels if self._complete(rel, snapshot[rel]) is None
+                       and self.published.get(rel) != snapshot[rel]]
+            if unknown and now - self.changed_at.get(entry, -self.quiet) < self.quiet:
+                return False
+        return True
+
+    def _not_whole(self, chosen: list[str], snapshot: Files, changed: set, now: float,
+                   final: bool) -> str | None:
+        """Why the snapshot is not (yet) one whole save by what is known of the set its saves write, or None. UNKNOWN
+        where that set is not known: the snapshot is staged and published once the next save has begun."""
+        if self.declared:
+            folders = [entry for entry in chosen if any(rel.startswith(entry + "/") for rel in snapshot)]
+            why = self.declared.missing(snapshot, [rel for e in folders for rel in self._listed(e)], self.published)
+            if why:
+                return why
+        elif self.together is not None:
+            missing = sorted(self.together - changed)
+            if missing:  # the rest of the save may still be written, or this save wrote less than the last
+                return (UNKNOWN if not final else f"{missing[0]} did not change with {sorted(changed)[0]}, as it "
+                        "did in every save before (the save was cut short?)")
+            verdict = self._verdict(self.published)
+            new = sorted(changed - self.together - save_sets.keys(self.published, verdict))
+            if new and not final:
+                self._say_once(f"the script saves {new[0]} now, which no save before held: the set of files a save "
+                               "writes changed, so this save is published once the next one has begun")
+                self.together = None
+                return UNKNOWN
+        elif not final:  # the first save of the run: is it over? Only the next one can say, but for a DCP folder
+            by_entry, boxes = _by_entry(snapshot), containers(snapshot)
+            saved = [entry for entry in chosen
+                     if any(save_sets.key_of(rel, boxes) in changed for rel in by_entry[entry])]
+            if not all(family(entry) and save_sets.dcp_member(list(by_entry[entry])) for entry in saved):
+                return UNKNOWN
+        if not final and not self._settled(chosen, snapshot, now):
+            return "its files of no known format are still changing"
+        return None
+
     def _other_nodes(self, chosen: list[str], snapshot: Files, final: bool) -> list[Part] | None:
         """The other nodes' parts of the snapshot's folder entries ([] on one node); None where one is missing
-        (still being written, or never uploaded), or a DCP folder lacks a rank's shard on every node: a checkpoint
-        is every node's files of a save, so nothing is published then."""
+        (still being written, or never uploaded), a node has not looked at its folder since node 0 found the
+        snapshot whole here, or a DCP folder lacks a rank's shard on every node: a checkpoint is every node's files
+        of a save, so nothing is published then."""
         if self.parts is None:
             return []
         folders = sorted({entry for entry in chosen if any(rel.startswith(entry + "/") for rel in snapshot)})
         if not folders:
             return []
+        if not final:  # a node that lists nothing of a folder may not have looked yet: ask, and wait for the answers
+            wanted = (tuple(folders), frozenset(snapshot.items()))
+            if self.asked is None or self.asked[0] != wanted:
+                self.asked = (wanted, self.parts.ask())
+                return None
+            if not self.parts.looked(self.asked[1]):
+                return None
         found, problems = self.parts.complete(folders, list(snapshot), final, self.ranks)
         if not problems:
             return [part for entry in folders for part in found[entry]]
@@ -310,35 +411,23 @@ class Snapshotter:
         step = script_step(names)
         return max(self.next_step, step if step is not None else 1)
 
-    def poll(self, final: bool = False) -> int | None:
-        """Publish the folder's snapshot if it is complete and differs from the last one published (or restored).
-        Returns its step, or None. Raises CloudtrainError (or OSError) when the store refuses it."""
-        now = time.monotonic()
-        files = self._look(now)
-        if not self.step_folders and files and _holds_step_folders(self.root):
-            # the checkpoints are the step-<N> folders (published one by one): a file beside them (a final export,
-            # a log) is part of none, and never a checkpoint of its own
-            if final:
-                self.unpublished = [f"{self.root / entry} (beside the step-<N> folders, in none of them: not part of "
-                                    "a checkpoint; write a final export to CLOUDTRAIN_OUTPUT_DIR)"
-                                    for entry in sorted(_by_entry(files))]
-            return None
-        chosen, left = self.choose(files, now, final)
-        if final:
-            self.unpublished = [f"{self.root / entry} ({why})" for entry, why in sorted(left.items())]
-        if not chosen:
-            return None
-        boxes = containers(files)
-        snapshot = {rel: state for rel, state in files.items() if entry_of(rel, boxes) in chosen}
-        if all(self.published.get(rel) == state for rel, state in snapshot.items()):
-            return None  # nothing new since the last snapshot, or the restore
-        extra = self._other_nodes(chosen, snapshot, final)
-        if extra is None:
-            return None
-        step = self._generation(chosen)
+    def _step_for(self, chosen: list[str]) -> int:
+        """The snapshot's step: the staged one's where it is the same save grown or settled (its uploads are kept)."""
+        staged = self.staged
+        if staged is not None and script_step(staged.entries) == script_step(chosen):
+            return staged.step
+        return self._generation(chosen)
+
+    def _upload(self, snapshot: Files, step: int) -> dict[str, dict[str, Any]] | None:
+        """Every file of the snapshot in the step folder, described; what the staged snapshot already uploaded of it
+        (the same file, unchanged) is not sent again. None where a file changed while it was read."""
         folder = storage.join(self.uri, step_dir(step))
-        self.next_step = step + 1  # a void attempt's objects never mix with the next attempt's
-        rels = sorted(snapshot)
+        staged = self.staged
+        described = {rel: d for rel, d in (staged.described if staged and staged.step == step else {}).items()
+                     if rel in snapshot and staged is not None and staged.snapshot.get(rel) == snapshot[rel]}
+        rels = sorted(rel for rel in snapshot if rel not in described)
+        if not rels:
+            return described
         frozen = self._freeze(rels, snapshot) if self.voided else None
         if self.voided and frozen is None:
             return None  # rewritten while it was copied: the next look tries again
@@ -349,7 +438,6 @@ class Snapshotter:
         finally:
             if frozen is not None:
                 shutil.rmtree(frozen, ignore_errors=True)
-        entries += self._upload_parts(extra, set(rels), folder)
         changed = [] if frozen else [rel for rel in rels if state_of(self.root / rel) != snapshot[rel]]
         if changed:  # rewritten while it was read: what reached the store may mix two versions
             self.voided += 1
@@ -357,18 +445,167 @@ class Snapshotter:
                      "from now on each snapshot is copied on this node first (the copy takes a moment, the upload "
                      "is then unhurried) and uploaded from the copy")
             return None
+        return {**described, **{entry["path"]: entry for entry in entries}}
+
+    def _stage(self, chosen: list[str], snapshot: Files, changed_rels: list[str], keys: set) -> None:
+        """Upload a snapshot whose set is not known yet, without its manifest: published once the next save began."""
+        step = self._step_for(chosen)
+        described = self._upload(snapshot, step)
+        if described is None:
+            return
+        self.next_step = max(self.next_step or 0, step + 1)
+        self.staged = Staged(step, chosen, snapshot, described, changed_rels, keys)
+        self._say_once(f"the first save of {self.root} is uploaded, and published once the next save has begun (which "
+                       "shows it was whole) or the workers end; declare checkpoint.files (--checkpoint-file) to "
+                       "publish each save the moment its files are whole")
+
+    def _settle(self, files: Files, final: bool) -> int | None:
+        """The staged snapshot: published once the next save has begun, unless what else changed in that look may
+        belong to the staged save (it is dropped then, and the next save staged anew). Returns the step published,
+        or None."""
+        staged = self.staged
+        assert staged is not None
+        if staged.evident is None:
+            began = save_sets.next_save_began(staged.snapshot, staged.entries, files, staged.changed)
+            if began is None:
+                return None  # the save goes on, or is over and no other has begun: the look below decides
+            doubt = save_sets.ambiguous(staged.snapshot, staged.entries, files, staged.changed, self._verdict(files))
+            if doubt is not None:
+                self.staged = None  # caught in the middle of a save: the next save's staging starts anew
+                return None
+            staged.evident = began
+        extra = self._other_nodes(staged.entries, staged.snapshot, final)
+        if extra is None:
+            if final:
+                self.staged = None
+            return None
+        return self._commit(staged.step, staged.entries, staged.snapshot, staged.described, extra, staged.keys,
+                            f"{staged.evident}, so the save before it was whole")
+
+    def _commit(self, step: int, chosen: list[str], snapshot: Files, described: dict[str, dict[str, Any]],
+                extra: list[Part], changed: set, why: str = "") -> int:
+        """Write the manifest of an uploaded snapshot (the other nodes' files copied in first): from now on it is a
+        checkpoint."""
+        folder = storage.join(self.uri, step_dir(step))
+        entries = [described[rel] for rel in sorted(snapshot)]
+        entries += self._upload_parts(extra, set(snapshot), folder)
+        together = set(changed) if self.together is None else self.together & set(changed)
+        written = [state.mtime_ns / 1e9 for rel, state in snapshot.items() if state != self.published.get(rel)]
         checkpoint_store.publish(folder, step, entries, world_size=0, kind="snapshot", log=self.log,
-                            extra={"layout": LAYOUT_DIR, "entries": chosen, "script_step": script_step(chosen)})
-        self.published = snapshot
+                                 extra={"layout": LAYOUT_DIR, "entries": chosen, "script_step": script_step(chosen),
+                                        "set": sorted(together), "ranks": self.ranks or None})
+        self.published, self.together, self.staged, self.asked = snapshot, together, None, None
+        self.next_step = max(self.next_step or 0, step + 1)
         if self.parts is not None:
             self.parts.taken(extra, published=folder)
         self.members = self._checkpoint_entries(snapshot)
-        self.log(f"published {', '.join(chosen)} from {self.root} as {folder}")
+        self.log(f"published {', '.join(chosen)} from {self.root} as {folder}" + (f" ({why})" if why else ""))
+        self._tell(step, entries, written)
         try:  # the checkpoint stands; what retention misses now, the next publish's retention removes
             apply_retention(self.uri, self.keep, log=self.log)
         except Exception as exc:
             self.log(f"retention under {self.uri} failed ({exc}); the next publish tries again")
         return step
+
+    def _tell(self, step: int, entries: list[dict[str, Any]], written: list[float]) -> None:
+        """The timeline's ``checkpoint`` event, as the Checkpointer's: the save's own span where its files show it
+        (``written``: when each file that changed was last written, by this node's clock), and the time from its
+        last byte to its publish."""
+        if self.announce is None:
+            return
+        last = max(written, default=time.time())
+        self.announce("checkpoint", step=step, bytes=sum(int(e.get("size") or 0) for e in entries), layout="dir",
+                      save_s=round(max(0.0, last - min(written, default=last)), 3),
+                      publish_s=round(max(0.0, time.time() - last), 3))
+
+    def poll(self, final: bool = False) -> int | None:
+        """Publish the folder's snapshot once it is one whole save and differs from the last one published (or
+        restored). Returns its step, or None. Raises CloudtrainError (or OSError) when the store refuses it."""
+        now = time.monotonic()
+        files = self._look(now)
+        if not self.step_folders and files and _holds_step_folders(self.root):
+            # the checkpoints are the step-<N> folders (published one by one): a file beside them (a final export,
+            # a log) is part of none, and never a checkpoint of its own
+            if final:
+                self.unpublished = [f"{self.root / entry} (beside the step-<N> folders, in none of them: not part of "
+                                    "a checkpoint; write a final export to CLOUDTRAIN_OUTPUT_DIR)"
+                                    for entry in sorted(_by_entry(files))]
+            return None
+        self._read_store()
+        if self.parts is not None and any("/" in rel for rel in files):
+            self.parts.refresh()
+        done = self._settle(files, final) if self.staged is not None else None
+        if self.staged is not None and self.staged.evident and not final:
+            return done  # waiting for the other nodes' word on the staged save
+        chosen, left = self.choose(files, now, final)
+        if final:
+            self.unpublished = [f"{self.root / entry} ({why})" for entry, why in sorted(left.items())]
+        if not chosen:
+            return done
+        boxes = containers(files)
+        snapshot = {rel: state for rel, state in files.items() if entry_of(rel, boxes) in chosen}
+        verdict = self._verdict(files)
+        changed = save_sets.changed_keys(snapshot, self.published, verdict)
+        if not changed:
+            return done  # nothing new since the last checkpoint, or only what rides along with one (a log)
+        why = self._not_whole(chosen, snapshot, changed, now, final)
+        if why == UNKNOWN:
+            proven = self._proven(files, now)
+            if proven is not None:
+                return _either(self._publish(*proven, final=False), done)
+            if (self.staged is None or self.staged.snapshot != snapshot) and self._settled(chosen, snapshot, now):
+                self._stage(chosen, snapshot, sorted(rel for rel in save_sets.checkpoint_rels(snapshot, verdict)
+                                                     if self.published.get(rel) != snapshot[rel]), changed)
+            return done
+        if why is not None:
+            if final:
+                self.unpublished.append(f"{self.root} (not published: {why})")
+                self._say_once(f"not published: {why}; a checkpoint is every file a save writes, so the previous "
+                               "one stands")
+            return done
+        return _either(self._publish(chosen, snapshot, changed, final), done)
+
+    def _proven(self, files: Files, now: float) -> tuple[list[str], Files, set] | None:
+        """While the set a save writes is not known: a snapshot of family members each older than its family's
+        newest, so proven over (the next save has begun), where nothing written in place changed with them (that
+        may be the next save's already). It is a whole save as it is."""
+        chosen, _left = self.choose(files, now, final=False, older=True)
+        if not chosen:
+            return None
+        boxes = containers(files)
+        snapshot = {rel: state for rel, state in files.items() if entry_of(rel, boxes) in chosen}
+        verdict = self._verdict(files)
+        written = [rel for rel in save_sets.checkpoint_rels(snapshot, verdict)
+                   if self.published.get(rel) != snapshot[rel]]
+        if not written or any(not family(entry_of(rel, boxes)) for rel in written):
+            return None
+        return chosen, snapshot, save_sets.changed_keys(snapshot, self.published, verdict)
+
+    def _publish(self, chosen: list[str], snapshot: Files, changed: set, final: bool) -> int | None:
+        """Upload what is not in the store yet and publish: with every other node's files of it."""
+        extra = self._other_nodes(chosen, snapshot, final)
+        if extra is None:
+            return None
+        step = self._step_for(chosen)
+        described = self._upload(snapshot, step)
+        if described is None:
+            return None
+        return self._commit(step, chosen, snapshot, described, extra, changed)
+
+
+UNKNOWN = "the set of files a save writes is not known yet"
+
+
+def _either(step: int | None, other: int | None) -> int | None:
+    return other if step is None else step  # step 0 is a step (Accelerate's checkpoint_0)
+
+
+def _marked_done(entry: str, rels: list[str]) -> bool:
+    """A folder its stack marks as done with a file written last (DCP's ``.metadata``, the HF Trainer's
+    ``trainer_state.json``)."""
+    names = {rel[len(entry) + 1:] for rel in rels}
+    return ".metadata" in names or (bool(re.fullmatch(r"checkpoint-\d+", Path(entry).name))
+                                    and "trainer_state.json" in names)
 
 
 def _holds_step_folders(root: Path) -> bool:
