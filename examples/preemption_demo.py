@@ -10,7 +10,6 @@ import tempfile
 from pathlib import Path
 
 from cloudtrain import Job
-from cloudtrain.providers import get_provider
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,19 +22,21 @@ def main() -> None:
         checkpoint={"uri": (store / "checkpoints").as_uri()}, output_uri=(store / "output").as_uri(),
         args=["--epochs", "3", "--checkpoint-every", "10", "--step-sleep", "0.05"],
     )
-    print(job.plan("local").request)
-    run = job.submit("local")
-    print(f"submitted {run.handle}; waiting for the first checkpoint ...")
+    print(job, end="\n\n")  # the job's settings (`cloudtrain plan` shows the whole plan)
+    run = job.submit("local")  # each submit names its job anew: the handle is what status, logs and cancel take
+    print(f"submitted {run.handle}; following its logs until the first checkpoint ...")
     preempted = False
     for line in run.logs(follow=True):  # follows across the restart until the job ends
         print(line)
         if not preempted and "checkpoint step 20 published" in line:
-            print(">>> simulating a spot interruption (SIGTERM to every node) <<<")
-            get_provider("local").preempt(run.handle)  # the same as `cloudtrain preempt <handle>`
+            print(f">>> simulating a spot interruption of {run.handle} (SIGTERM to every node) <<<")
+            run.preempt()  # the same as `cloudtrain preempt <handle>`
             preempted = True
-    status = run.wait()
-    print(f"\n{run.handle}: {status.state.value} after {status.restarts} restart(s); "
-          f"checkpoints in {store / 'checkpoints'}, final model in {store / 'output' / 'model.pt'}")
+    status = run.wait(progress=False)
+    print()
+    print(run)  # what `cloudtrain status <handle>` prints
+    print(f"\n{run.handle}: {status.state.value} after {status.restarts} restart(s); checkpoints in "
+          f"{store / 'checkpoints'}, final model in {store / 'output' / 'model.pt'}")
     if status.state.value != "succeeded" or not preempted:
         raise SystemExit(1)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, cli_env
 
 pytestmark = pytest.mark.slow
 EXAMPLES = REPO / "examples"
@@ -210,3 +210,25 @@ def test_notebook_plans_every_cloud_and_runs_locally(ct_home: Path, tmp_path: Pa
     # outputs: each node's logs, copied to the job's output location; list_runs shows the run
     assert one(r"output: logs/node-0/\S+/stdout\.log", text) and one(r"output: logs/node-1/\S+", text)
     assert f"run: {finished.group(1)} succeeded" in text
+
+
+def test_the_demo_names_its_job_by_the_handle_it_really_has(ct_home: Path, tmp_path: Path) -> None:
+    """`nox -s demo` (examples/preemption_demo.py): preempted once, restarted, resumed. It printed the plan's request
+    as a raw dict whose job_id was the plan's example id, not the submitted job's; now it prints the job's settings,
+    then names the job by its handle throughout, and ends with what `cloudtrain status` says."""
+    from cloudtrain import list_runs
+
+    demo = subprocess.run([sys.executable, str(EXAMPLES / "preemption_demo.py")],
+                          env={**cli_env(ct_home), "TMPDIR": str(tmp_path)},  # its store: the test's own
+                          capture_output=True, text=True, timeout=300)
+    assert demo.returncode == 0, demo.stdout[-4000:] + demo.stderr[-2000:]
+    out = demo.stdout
+    assert out.startswith("Job demo\n") and "layout       2 node(s) x 2 process(es), ddp" in out, out[:600]
+    assert "{'job_id'" not in out and "'world_size'" not in out  # no raw dict
+    submitted = re.search(r"^submitted (local://demo-\S+); following its logs", out, re.MULTILINE)
+    assert submitted, out[:2000]
+    handle = submitted.group(1)
+    assert {str(s.handle): s.state.value for s in list_runs("local")} == {handle: "succeeded"}  # the real one
+    assert f">>> simulating a spot interruption of {handle} (SIGTERM to every node) <<<" in out
+    assert re.search(rf"^{re.escape(handle)}  succeeded\n", out, re.MULTILINE), out[-2000:]  # `status` says
+    assert re.search(rf"^{re.escape(handle)}: succeeded after 1 restart\(s\); checkpoints in ", out, re.MULTILINE)
