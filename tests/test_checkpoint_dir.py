@@ -121,6 +121,26 @@ def test_a_checkpoint_folder_the_script_never_writes_is_said_while_it_runs_and_a
     assert "ckpts is empty" in ct("status", handle).stdout.splitlines()[0]
 
 
+def test_an_empty_checkpoint_folder_is_repeated_by_status_and_preempt_while_the_job_runs(ct: Cloudtrain,
+                                                                                          tmp_path: Path) -> None:
+    """Issue 50.7: the warning was in the node's log only, and only at the end in `status`: a user who looked at
+    `status`, or preempted the job to rehearse a restart, was told it restarts from scratch and not why."""
+    (ct.cwd / "train.py").write_text(
+        "import os, time, torch\n"
+        "os.makedirs('ckpt', exist_ok=True)\n"
+        "torch.save({'w': 1}, 'ckpt/model.pt')\n"
+        "time.sleep(60)\n")
+    handle = ct("submit", "train.py", "--checkpoint-uri", (tmp_path / "store").as_uri(), "--checkpoint-dir", "ckpts",
+                "--set", "checkpoint.interval=2", "--detach").stdout.strip()
+    wait_for(lambda: "is empty while the script wrote" in ct.logs(handle), timeout=120, interval=0.3)
+    status = ct("status", handle).stdout
+    assert re.search(r"warning: the checkpoint folder \S+ckpts is empty while the script wrote ckpt/model\.pt",
+                     status), status
+    preempted = ct("preempt", handle).stdout
+    assert "from scratch" in preempted and "ckpts is empty while the script wrote ckpt/model.pt" in preempted, \
+        preempted
+
+
 def _nothing_recorded(ct: Cloudtrain) -> None:
     assert json.loads(ct("list", "-o", "json").stdout) == []
 

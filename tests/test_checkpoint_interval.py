@@ -79,3 +79,16 @@ def test_auto_takes_what_status_saw_earlier_runs_of_the_job_measure(tmp_path: Pa
     planned = json.loads(done.stdout)
     assert planned["spec"]["checkpoint"]["interval"] == int(math.sqrt(2 * 5.0 * 7200.0))  # 268 s
     assert any("both measured in earlier runs" in n for n in planned["notes"]), planned["notes"]
+
+
+def test_auto_with_a_stacks_own_checkpoints_says_the_stack_decides_instead_of_announcing_one(tmp_path: Path) -> None:
+    """Issue 50.7: with checkpoint.dir the stack saves on its own schedule (save_steps), so an interval cloudtrain
+    announced was one nothing followed. The plan says the stack decides and what to set there; no node gets one."""
+    done = plan(tmp_path, "-p", "local", "--checkpoint-uri", (tmp_path / "s").as_uri(), "--checkpoint-dir", "out",
+                "--set", "checkpoint.interval=auto", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    planned = json.loads(done.stdout)
+    assert planned["spec"]["checkpoint"].get("interval") is None
+    note = next(n for n in planned["notes"] if n.startswith("checkpoint.interval auto:"))
+    assert "stack decides when it saves" in note and "save_steps" in note, note
+    assert "CLOUDTRAIN_CHECKPOINT_INTERVAL" not in json.dumps(planned["request"])

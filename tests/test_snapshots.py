@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -60,20 +61,20 @@ def test_overwritten_file_gets_a_generation_each_version_and_a_torn_one_never(tm
     root, uri = tmp_path / "out", store(tmp_path)
     snap = checkpoint_snapshots.Snapshotter(root, uri, keep=2, quiet=0.0)
     save(root / "ckpt.pt", 1.0)
-    assert snap.poll() is None  # the first save: uploaded, published once the next save shows it was over
+    assert snap.poll() is None  # the first save: what a save writes is known once the next one begins (issue 50.2)
     assert snap.poll() is None and published(uri) == []
-    data = (root / "ckpt.pt").read_bytes()
     save(root / "ckpt.pt", 2.0)
     good = (root / "ckpt.pt").read_bytes()
     (root / "ckpt.pt").write_bytes(good[: len(good) // 3])  # a save cut short (a kill while torch.save wrote it)
-    assert snap.poll() == 1  # the next save began: the first, as uploaded, is published
-    assert snap.poll() is None
+    assert snap.poll() is None  # written again: a save is ckpt.pt, and this one is torn
+    assert snap.together == {"ckpt.pt"}
     assert snap.poll(final=True) is None
     assert "ckpt.pt is incomplete" in snap.unpublished[0]
     (root / "ckpt.pt").write_bytes(good)
-    assert snap.poll(final=True) == 2
+    assert snap.poll(final=True) == 1
+    save(root / "ckpt.pt", 3.0)
+    assert snap.poll() == 2  # the set is known: each version is published the moment it is whole
     assert published(uri) == [(1, ["ckpt.pt"]), (2, ["ckpt.pt"])]
-    assert data != good
 
 
 def test_restore_puts_the_files_back_under_their_names_and_nothing_beside(tmp_path: Path) -> None:
@@ -139,7 +140,7 @@ def test_a_file_rewritten_during_its_upload_voids_that_snapshot(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     root, uri = tmp_path / "out", store(tmp_path)
     save(root / "ckpt.pt", 1.0)
-    snap = checkpoint_snapshots.Snapshotter(tmp_path / "empty", uri, keep=2, quiet=0.0)
+    snap = checkpoint_snapshots.Snapshotter(tmp_path / "empty", uri, keep=2, quiet=0.0, files=["ckpt.pt"])
     snap.root = root
     real = checkpoint_store.describe_and_upload
 
@@ -152,7 +153,7 @@ def test_a_file_rewritten_during_its_upload_voids_that_snapshot(tmp_path: Path,
     assert snap.poll() is None
     assert published(uri) == []
     monkeypatch.setattr(checkpoint_store, "describe_and_upload", real)
-    assert snap.poll(final=True) == 1  # taken again: the manifest lists the new upload's files and digests only
+    assert snap.poll() == 1  # taken again: the manifest lists the new upload's files and digests only
     assert published(uri) == [(1, ["ckpt.pt"])]
     checkpoint_restore.restore_latest(uri, tmp_path / "restored")
     assert torch.load(tmp_path / "restored" / "ckpt.pt")["w"][0].item() == 2.0
@@ -304,7 +305,7 @@ def test_a_checkpoint_rewritten_faster_than_it_uploads_is_still_published(tmp_pa
     reaches; the node says so, with the upload's time."""
     root, uri = tmp_path / "out", store(tmp_path)
     save(root / "ckpt.pt", 1.0)
-    snap = checkpoint_snapshots.Snapshotter(tmp_path / "empty", uri, keep=2, quiet=0.0)
+    snap = checkpoint_snapshots.Snapshotter(tmp_path / "empty", uri, keep=2, quiet=0.0, files=["ckpt.pt"])
     snap.root = root
     lines: list[str] = []
     snap.log = lines.append
@@ -320,16 +321,12 @@ def test_a_checkpoint_rewritten_faster_than_it_uploads_is_still_published(tmp_pa
     monkeypatch.setattr(checkpoint_store, "describe_and_upload", upload_while_the_script_saves_again)
     assert snap.poll() is None  # voided: the upload read a file being rewritten
     assert any("changed while it was uploaded" in line and "copied on this node first" in line for line in lines)
-    assert snap.poll() is None  # the first save, from a copy: a rewrite during the upload no longer voids it
-    # the rewrite is the next save: the first is published as it was copied, and the next one (its set now known:
-    # ckpt.pt) at once, from a copy again
-    assert snap.poll() == 2
-    assert [step for step, _ in published(uri)] == [1, 2]
-    for found, value in zip(checkpoint_store.list_complete(uri), (2.0, 3.0)):
-        fresh = tmp_path / f"restored-{found.step}"
-        checkpoint_store.download(found, fresh)
-        assert torch.load(fresh / "ckpt.pt")["w"][0].item() == value  # the version that was copied, whole
-        assert found.manifest["entries"] == ["ckpt.pt"]
+    assert snap.poll() is not None  # from a copy: a rewrite during the upload no longer voids it
+    newest = checkpoint_store.list_complete(uri)[-1]
+    fresh = tmp_path / "restored"
+    checkpoint_restore.restore_latest(uri, fresh)
+    assert torch.load(fresh / "ckpt.pt")["w"][0].item() == 2.0  # the version that was copied, whole
+    assert newest.manifest["entries"] == ["ckpt.pt"]
     assert not list(tmp_path.glob(".out.snapshot*"))  # the copy is gone
 
 
@@ -421,3 +418,79 @@ def test_a_family_saved_more_often_than_the_quiet_period_is_still_published(tmp_
     assert snap.poll() == 4  # step-8 is being written: step-4 has settled
     time.sleep(0.6)
     assert snap.poll() == 8
+
+
+def _saves(root: Path, *steps: tuple[str, int]) -> None:
+    """Files saved one after another, each carrying its step (mtimes in the order written)."""
+    for name, step in steps:
+        save(root / name, float(step))
+        time.sleep(0.02)
+
+
+def test_a_look_between_two_saves_files_never_publishes_a_mix(tmp_path: Path) -> None:
+    """Issue 50.3: model.pt and optim.pt overwritten in place. A look that lands after model.pt of the next save
+    but before its optim.pt sees two new files, both changed since the last checkpoint: a mix (step 12's model with
+    step 9's optim). The files of one save are written after its first file, as the saves before showed."""
+    root, uri = tmp_path / "ckpt", store(tmp_path)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=20, quiet=0.0)
+    _saves(root, ("model.pt", 3), ("optim.pt", 3))
+    assert snap.poll() is None  # the first save: its set is not known yet
+    _saves(root, ("model.pt", 6))
+    assert snap.poll() is None  # written again: a save is model.pt then optim.pt; optim.pt is still step 3's
+    assert snap.together == {"model.pt", "optim.pt"} and snap.first == "model.pt"
+    _saves(root, ("optim.pt", 6))
+    assert snap.poll() == 1
+    _saves(root, ("model.pt", 9), ("optim.pt", 9), ("model.pt", 12))  # faster than the looks
+    assert snap.poll() is None and len(published(uri)) == 1  # optim.pt (step 9) was written before model.pt
+    _saves(root, ("optim.pt", 12))
+    assert snap.poll() == 2
+    for found in checkpoint_store.list_complete(uri):
+        folder = Path(found.uri.removeprefix("file://"))
+        assert torch.load(folder / "model.pt")["w"][0] == torch.load(folder / "optim.pt")["w"][0]
+
+
+def test_a_file_a_save_leaves_out_is_no_longer_required_once_the_next_save_begins(tmp_path: Path) -> None:
+    """pytorch/examples imagenet: checkpoint.pth.tar every epoch, model_best.pth.tar only when the model improved.
+    Learned from a first save that wrote both, every later save would wait for a new best. Once the next save's
+    first file is written while model_best.pth.tar was not, it is not part of every save: the save before is
+    whole, and from then on a checkpoint needs checkpoint.pth.tar only."""
+    root, uri = tmp_path / "ckpt", store(tmp_path)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=20, quiet=0.0)
+    _saves(root, ("checkpoint.pth.tar", 1), ("model_best.pth.tar", 1))
+    assert snap.poll() is None
+    _saves(root, ("checkpoint.pth.tar", 2))
+    assert snap.poll() is None and snap.together == {"checkpoint.pth.tar", "model_best.pth.tar"}
+    _saves(root, ("checkpoint.pth.tar", 3))  # epoch 3 began; epoch 2 wrote no best
+    assert snap.poll() == 1 and snap.together == {"checkpoint.pth.tar"}
+    _saves(root, ("checkpoint.pth.tar", 4))
+    assert snap.poll() == 2
+    assert published(uri)[-1] == (2, ["checkpoint.pth.tar", "model_best.pth.tar"])
+
+
+def test_declared_files_publish_each_save_the_moment_it_is_whole(tmp_path: Path) -> None:
+    """checkpoint.files: no wait for the next save, not even for the first; a declared file that is the last
+    checkpoint's copy (optim.pt not written again yet) holds the snapshot back."""
+    root, uri = tmp_path / "ckpt", store(tmp_path)
+    snap = checkpoint_snapshots.Snapshotter(root, uri, keep=20, quiet=0.0, files=["model.pt", "optim.pt"])
+    _saves(root, ("model.pt", 1))
+    assert snap.poll() is None  # optim.pt: no file matches yet
+    _saves(root, ("optim.pt", 1))
+    assert snap.poll() == 1
+    _saves(root, ("model.pt", 2))
+    assert snap.poll() is None  # optim.pt is the last checkpoint's copy
+    _saves(root, ("optim.pt", 2))
+    assert snap.poll() == 2
+
+
+def test_a_first_save_is_published_when_the_workers_succeed_and_not_when_they_are_stopped(tmp_path: Path) -> None:
+    """Issue 50.2: after the workers exit, a first save whose set is not known is whole only if they ended on
+    their own (exit 0): stopped in the pause between model.pt and optim.pt, model.pt alone is not a checkpoint."""
+    root = tmp_path / "ckpt"
+    _saves(root, ("model.pt", 1))
+    stopped = checkpoint_snapshots.Snapshotter(tmp_path / "none", store(tmp_path / "a"), keep=2, quiet=0.0)
+    stopped.root, stopped.published = root, {}
+    assert stopped.poll(final=True, succeeded=False) is None
+    assert "the workers were stopped before a next save showed it whole" in stopped.unpublished[0]
+    ended = checkpoint_snapshots.Snapshotter(tmp_path / "none", store(tmp_path / "b"), keep=2, quiet=0.0)
+    ended.root, ended.published = root, {}
+    assert ended.poll(final=True, succeeded=True) == 1

@@ -245,9 +245,10 @@ class PartSync:
             except Exception as exc:  # the final poll tries again
                 self.log(f"warning: uploading this node's checkpoint files failed ({exc}); trying again")
 
-    def finish(self) -> str | None:
+    def finish(self, succeeded: bool = True) -> str | None:
         """After the workers exited: upload every whole entry and say ``final``. Returns why this node's files could
-        not reach the store (node 0 then publishes no checkpoint that needed them), or None."""
+        not reach the store (node 0 then publishes no checkpoint that needed them), or None. (Whether the workers
+        succeeded is node 0's to weigh.)"""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()

@@ -8,9 +8,16 @@ set in one of three ways (docs/checkpoints.md, "The set a save writes"):
 - **learned**: the *keys* that changed together in the previous save (a file overwritten in place is its own key;
   every member of a family, ``checkpoint-500/``, ``epoch=1-step=8.ckpt``, shares its family's key) must all change
   again, and a family member must hold as many files of each kind as its predecessor, counted over every node;
-- **not known yet** (the first save of a run, or one that writes a file no save wrote before): the save is uploaded
-  (staged, no manifest) and published only once the *next* save has begun, which proves this one was over, or once
-  the workers ended.
+- **not known yet** (the first save of a run, or one that writes a file no save wrote before): learned when the next
+  save has begun, which shows the first one was over: a family gains a newer member (the older one is then published
+  as it is), or a file written in place since the last checkpoint is written again (every file written since then
+  is of the set). A save whose set is not known is published only then, or once the workers ended on their own.
+
+The files of one save overwritten in place are written after the save's first file: a snapshot holding a file
+whose newest write came before it holds an earlier save's file, a mix, and waits (the order is learned with the set,
+where one kind of file was written strictly first; files of one family member are a save of their own by name).
+A key the learned set holds that a save did not write (the save's first file was written again, and it was not) is
+no longer held to: the set is what every save wrote.
 
 Only checkpoint files count as a save's members: a file in a format that says whether it is whole (torch's zip,
 safetensors) or named as torch saves are (``.pt``, ``.bin``, ...), a DCP shard, a family's folder. Logs and notes
@@ -64,53 +71,33 @@ def keys(snapshot: Files, verdict: Verdict) -> set:
     return {key_of(rel, boxes) for rel in checkpoint_rels(snapshot, verdict)}
 
 
-def next_save_began(staged: Files, entries: Iterable[str], now: Files, changed: Iterable[str]) -> str | None:
-    """What shows that the save ``staged`` holds is over because the next one has begun: a newer member of one of its
-    families, or one of the checkpoint files it wrote (``changed``) overwritten in place again, or removed (a file
-    it did not write changing is the same save going on). None while neither is seen."""
-    current = {entry_of(rel, containers(now)) for rel in now}
-    for entry in entries:
-        found = family(entry)
-        if not found:
-            continue
-        newer = sorted(e for e in current if (f := family(e)) and f[0] == found[0] and f[1] > found[1])
-        if newer:
-            return f"{newer[-1]} was begun"
-    boxes = containers(staged)
-    for rel in sorted(changed):
-        if not family(entry_of(rel, boxes)) and now.get(rel) != staged[rel]:
-            return f"{rel} was {'rewritten' if rel in now else 'removed'}"
-    return None
+def kind(rel: str) -> str:
+    """A file's kind: its path with every number blanked (each rank's ``model_rank_<n>.pt`` is one kind)."""
+    return _NUMBER.sub("<n>", rel)
 
 
-def ambiguous(staged: Files, entries: Iterable[str], now: Files, changed: Iterable[str],
-              verdict: Verdict) -> str | None:
-    """What, in the look that showed the next save begun, might still belong to the save ``staged`` holds, so that
-    the staged snapshot may be a part of it: one of its family members grown, one of its checkpoint files it had
-    not written (``changed``) rewritten, a checkpoint file of no newer family member new. None where only the next
-    save's own writes are seen (and logs, which never make a save)."""
-    boxes_now, boxes_staged = containers(now), containers(staged)
-    entries = list(entries)
-    for entry in entries:
-        if family(entry) and {r: s for r, s in now.items() if entry_of(r, boxes_now) == entry} != \
-                {r: s for r, s in staged.items() if entry_of(r, boxes_staged) == entry}:
-            return f"{entry} changed"
-    written = set(changed)
-    for rel in sorted(checkpoint_rels(staged, verdict)):
-        if rel not in written and not family(entry_of(rel, boxes_staged)) and now.get(rel) != staged[rel]:
-            return f"{rel} changed"
-    newer = {}
-    for entry in entries:
-        found = family(entry)
-        if found:
-            newer[found[0]] = found[1]
-    for rel in sorted(set(now) - set(staged)):
-        found = family(entry_of(rel, boxes_now))
-        if found and found[0] in newer and found[1] > newer[found[0]]:
-            continue  # the next save's own member
-        if checkpoint_file(rel, verdict):
-            return f"{rel} appeared"
-    return None
+def first_kind(first_written: dict[str, float]) -> str | None:
+    """The kind of file a save writes first (``first_written``: each file's first write in it, by mtime), where one
+    kind was written strictly before every other; None where the first two tie (written at once, by several ranks)."""
+    by_kind: dict[str, float] = {}
+    for rel, when in first_written.items():
+        by_kind[kind(rel)] = min(by_kind.get(kind(rel), when), when)
+    ordered = sorted(by_kind.items(), key=lambda item: item[1])
+    if len(ordered) == 1:
+        return ordered[0][0]
+    return ordered[0][0] if ordered and ordered[0][1] < ordered[1][1] else None
+
+
+def written_before(changed: dict[str, float], first: str, in_place: Iterable[str]) -> str | None:
+    """A file overwritten in place whose newest write came before the save's first file was written (``changed``:
+    the snapshot's files new since the last checkpoint, with their mtimes): it is an earlier save's, so the snapshot
+    would mix two saves. None where there is no such file, or the first kind is not among ``changed``."""
+    starts = [when for rel, when in changed.items() if kind(rel) == first]
+    if not starts:
+        return None
+    start = min(starts)
+    older = sorted(rel for rel in in_place if rel in changed and changed[rel] < start)
+    return older[0] if older else None
 
 
 def kind_counts(entry: str, rels: Iterable[str]) -> collections.Counter:
@@ -149,6 +136,9 @@ class Declared:
 
     def __bool__(self) -> bool:
         return bool(self.globs)
+
+    def matching(self, rels: Iterable[str]) -> list[str]:
+        return [rel for rel in rels if any(fnmatch.fnmatchcase(rel, glob) for glob in self.globs)]
 
     def missing(self, snapshot: Files, others: list[str], before: Files) -> str | None:
         """Why the snapshot is not a whole save by the declared set: a glob matching no file, or only files no

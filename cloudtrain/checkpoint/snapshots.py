@@ -55,6 +55,7 @@ from cloudtrain.checkpoint.retention import apply_retention
 
 QUIET = 2.0  # seconds a snapshot must stay unchanged before it is taken for complete (CLOUDTRAIN_CHECKPOINT_QUIET)
 LIVE_AFTER = 10  # a file of no known format that changed at this many scans in a row is a log, not a checkpoint
+KEPT_WRITES = 5  # of each file's writes since the last checkpoint, the first and the newest few are kept
 _NUMBER = re.compile(r"\d+")
 
 
@@ -108,18 +109,6 @@ def script_step(names: list[str]) -> int | None:
     return max(steps) if steps else None
 
 
-class Staged:
-    """A snapshot uploaded into its step folder without a manifest (so it does not exist yet) while the set of files
-    a save writes is not known: published once the next save has begun, or the workers ended."""
-
-    def __init__(self, step: int, entries: list[str], snapshot: Files, described: dict[str, dict[str, Any]],
-                 changed: list[str], keys: set) -> None:
-        self.step, self.entries, self.snapshot, self.described = step, entries, snapshot, described
-        self.changed = changed  # its checkpoint files that differ from the last checkpoint's: this save's own
-        self.keys = keys  # and their keys (save_sets.key_of)
-        self.evident: str | None = None  # what showed the save over (the next one began), once seen
-
-
 class Snapshotter:
     """What node 0 runs around the workers for one checkpoint folder: ``poll()`` while they run (from the sync
     thread), ``poll(final=True)`` once they exited. Keeps what it saw between polls in memory (the bootstrap's
@@ -148,9 +137,11 @@ class Snapshotter:
         self.voided = 0  # snapshots voided by a rewrite during their upload: later ones upload from a copy
         self.declared = save_sets.Declared(files)  # checkpoint.files: the set a save writes, as the user says it
         self.together: set[str] | None = None  # the keys every save so far changed together (None: not known yet)
+        self.first: str | None = None  # the kind of file a save writes first, where one comes strictly first
+        # since the last checkpoint, each file's writes the looks saw: the first, then the newest few
+        self.writes: dict[str, list[FileState]] = {}
         self.restored_ranks: int | None = None  # the world size that wrote the restored checkpoint
         self.known = False  # the restored checkpoint's manifest was read (its set, its world size)
-        self.staged: Staged | None = None
         self.asked: tuple[Any, str] | None = None  # (the snapshot, node 0's question to the other nodes about it)
 
     def _scan(self) -> Files:
@@ -193,6 +184,11 @@ class Snapshotter:
                 self.changes[entry] = 0
         self.seen = current
         self.verdicts = {key: v for key, v in self.verdicts.items() if files.get(key[0]) == key[1]}  # current ones
+        for rel, state in files.items():  # each file's writes since the last checkpoint, as looks saw them
+            if state != self.published.get(rel):
+                seen = self.writes.setdefault(rel, [])
+                if not seen or seen[-1] != state:
+                    seen[:] = [*seen[:1], *seen[1:][-(KEPT_WRITES - 2):], state]
         return files
 
     def _complete(self, rel: str, state: FileState) -> bool | None:
@@ -219,9 +215,10 @@ class Snapshotter:
         manifest = complete[-1].manifest if complete else {}
         if not is_dir_layout(manifest) or sorted(f["path"] for f in manifest["files"]) != sorted(self.published):
             return  # not what was restored here
-        known = manifest.get("set")
+        known, first = manifest.get("set"), manifest.get("first")
         if isinstance(known, list) and all(isinstance(key, str) for key in known) and known:
             self.together = set(known)
+            self.first = first if isinstance(first, str) else None
         ranks = manifest.get("ranks")
         if isinstance(ranks, int) and not isinstance(ranks, bool):
             self.restored_ranks = ranks
@@ -325,35 +322,108 @@ class Snapshotter:
                 return False
         return True
 
-    def _not_whole(self, chosen: list[str], snapshot: Files, changed: set, now: float,
-                   final: bool) -> str | None:
+    def _not_whole(self, chosen: list[str], snapshot: Files, changed: set, now: float, final: bool,
+                   succeeded: bool = True) -> str | None:
         """Why the snapshot is not (yet) one whole save by what is known of the set its saves write, or None. UNKNOWN
-        where that set is not known: the snapshot is staged and published once the next save has begun."""
+        where that set is not known yet (it is learned once the next save has begun; the workers ending on their own,
+        ``final`` and ``succeeded``, says it too)."""
+        verdict = self._verdict(snapshot)
+        in_place = [rel for rel in save_sets.checkpoint_rels(snapshot, verdict)
+                    if not family(entry_of(rel, containers(snapshot)))]
         if self.declared:
             folders = [entry for entry in chosen if any(rel.startswith(entry + "/") for rel in snapshot)]
             why = self.declared.missing(snapshot, [rel for e in folders for rel in self._listed(e)], self.published)
             if why:
                 return why
-        elif self.together is not None:
-            missing = sorted(self.together - changed)
-            if missing:  # the rest of the save may still be written, or this save wrote less than the last
-                return (UNKNOWN if not final else f"{missing[0]} did not change with {sorted(changed)[0]}, as it "
-                        "did in every save before (the save was cut short?)")
-            verdict = self._verdict(self.published)
-            new = sorted(changed - self.together - save_sets.keys(self.published, verdict))
-            if new and not final:
-                self._say_once(f"the script saves {new[0]} now, which no save before held: the set of files a save "
-                               "writes changed, so this save is published once the next one has begun")
-                self.together = None
-                return UNKNOWN
-        elif not final:  # the first save of the run: is it over? Only the next one can say, but for a DCP folder
-            by_entry, boxes = _by_entry(snapshot), containers(snapshot)
-            saved = [entry for entry in chosen
-                     if any(save_sets.key_of(rel, boxes) in changed for rel in by_entry[entry])]
-            if not all(family(entry) and save_sets.dcp_member(list(by_entry[entry])) for entry in saved):
-                return UNKNOWN
+            why = self._mixed(snapshot, self.declared.matching(in_place), verdict, final)
+            if why:
+                return why
+        else:
+            if self.together is not None:
+                why = self._against_set(snapshot, changed, in_place, verdict, final)
+                if why:
+                    return why
+            elif not (final and succeeded):  # a DCP folder says itself it is one whole save
+                by_entry, boxes = _by_entry(snapshot), containers(snapshot)
+                saved = [entry for entry in chosen
+                         if any(save_sets.key_of(rel, boxes) in changed for rel in by_entry[entry])]
+                if not all(family(entry) and save_sets.dcp_member(list(by_entry[entry])) for entry in saved):
+                    return UNKNOWN
         if not final and not self._settled(chosen, snapshot, now):
             return "its files of no known format are still changing"
+        return None
+
+    def _learn(self, files: Files) -> None:
+        """The set, once the next save has begun: a file overwritten in place written a second time since the last
+        checkpoint. Every checkpoint file written since is of it; the kind written first starts a save."""
+        verdict, boxes = self._verdict(files), containers(files)
+        again = sorted(rel for rel in save_sets.checkpoint_rels(files, verdict)
+                       if not family(entry_of(rel, boxes)) and len(self.writes.get(rel, ())) >= 2)
+        if not again:
+            return
+        saved = [rel for rel in self.writes if save_sets.checkpoint_file(rel, verdict)] or list(self.writes)
+        written = {rel: self.writes[rel][0].mtime_ns / 1e9 for rel in saved}
+        boxes = containers({rel: self.writes[rel][-1] for rel in written})
+        self.together = {save_sets.key_of(rel, boxes) for rel in written}
+        self.first = save_sets.first_kind(written)
+        self.log(f"{again[0]} was written again: a save of {self.root} writes {', '.join(sorted(self.together))}"
+                 + (f", {self.first} first" if self.first else ""))
+
+    def _against_set(self, snapshot: Files, changed: set, in_place: list[str], verdict: Callable[[str], bool | None],
+                     final: bool) -> str | None:
+        """Why the snapshot is not one whole save of the learned set: a key of it not written since the last
+        checkpoint, or a file overwritten in place written before the save's first file (an earlier save's)."""
+        assert self.together is not None
+        if not final:
+            new = sorted(key for key in changed - self.together
+                         if key not in save_sets.keys(self.published, self._verdict(self.published)))
+            if new:  # the script saves more than its saves did: the set is learned again
+                self._say_once(f"a save of {self.root} now writes {new[0]} too: its set is learned again, from the "
+                               "next save")
+                self.together = None
+                return UNKNOWN
+            dropped = self._left_out(snapshot)
+            if dropped:  # a whole save went by without them: not every save writes them
+                self._say_once(f"a save of {self.root} without {dropped[0]}: from now on a checkpoint needs "
+                               f"only {', '.join(sorted(self.together - set(dropped)))}")
+                self.together -= set(dropped)
+        missing = sorted(self.together - changed)
+        if missing:
+            return (f"{missing[0]} was not written with {sorted(changed)[0]}, as in every save before (the rest of "
+                    "the save still being written" + (")" if not final else ", or the save was cut short)"))
+        boxes = containers(snapshot)  # files outside the set ride along as they are: no save's order binds them
+        return self._mixed(snapshot, [rel for rel in in_place if save_sets.key_of(rel, boxes) in self.together],
+                           verdict, final)
+
+    def _left_out(self, snapshot: Files) -> list[str]:
+        """Keys of the set overwritten in place that a whole save left out: the save's first file was written twice
+        after their newest write (a save began, and the next one too, without them), as model_best.pth.tar beside a
+        checkpoint.pth.tar written every epoch."""
+        if self.first is None or self.together is None:
+            return []
+        starts = sorted(state.mtime_ns for rel, seen in self.writes.items() if save_sets.kind(rel) == self.first
+                        for state in seen)
+        boxes = containers(snapshot)
+        dropped = []
+        for rel, state in snapshot.items():
+            key = save_sets.key_of(rel, boxes)
+            if key in self.together and key == rel and save_sets.kind(rel) != self.first and \
+                    sum(1 for start in starts if start > state.mtime_ns) >= 2:
+                dropped.append(key)
+        return sorted(set(dropped))
+
+    def _mixed(self, snapshot: Files, in_place: list[str], verdict: Callable[[str], bool | None],
+               final: bool) -> str | None:
+        """A file overwritten in place, new since the last checkpoint, but written before this save's first file:
+        an earlier save's, so the snapshot would mix two saves (a look between a save's first file and its last)."""
+        if self.first is None:
+            return None
+        when = {rel: snapshot[rel].mtime_ns / 1e9 for rel in save_sets.checkpoint_rels(snapshot, verdict)
+                if snapshot[rel] != self.published.get(rel)}
+        older = save_sets.written_before(when, self.first, in_place)
+        if older:
+            return (f"{older} was written before this save's {self.first} (an earlier save's: the rest of this save "
+                    "still being written" + (")" if not final else ", or the save was cut short)"))
         return None
 
     def _other_nodes(self, chosen: list[str], snapshot: Files, final: bool) -> list[Part] | None:
@@ -411,23 +481,10 @@ class Snapshotter:
         step = script_step(names)
         return max(self.next_step, step if step is not None else 1)
 
-    def _step_for(self, chosen: list[str]) -> int:
-        """The snapshot's step: the staged one's where it is the same save grown or settled (its uploads are kept)."""
-        staged = self.staged
-        if staged is not None and script_step(staged.entries) == script_step(chosen):
-            return staged.step
-        return self._generation(chosen)
-
-    def _upload(self, snapshot: Files, step: int) -> dict[str, dict[str, Any]] | None:
-        """Every file of the snapshot in the step folder, described; what the staged snapshot already uploaded of it
-        (the same file, unchanged) is not sent again. None where a file changed while it was read."""
+    def _upload(self, snapshot: Files, step: int) -> list[dict[str, Any]] | None:
+        """Every file of the snapshot in the step folder, described. None where a file changed while it was read."""
         folder = storage.join(self.uri, step_dir(step))
-        staged = self.staged
-        described = {rel: d for rel, d in (staged.described if staged and staged.step == step else {}).items()
-                     if rel in snapshot and staged is not None and staged.snapshot.get(rel) == snapshot[rel]}
-        rels = sorted(rel for rel in snapshot if rel not in described)
-        if not rels:
-            return described
+        rels = sorted(snapshot)
         frozen = self._freeze(rels, snapshot) if self.voided else None
         if self.voided and frozen is None:
             return None  # rewritten while it was copied: the next look tries again
@@ -445,82 +502,57 @@ class Snapshotter:
                      "from now on each snapshot is copied on this node first (the copy takes a moment, the upload "
                      "is then unhurried) and uploaded from the copy")
             return None
-        return {**described, **{entry["path"]: entry for entry in entries}}
+        return entries
 
-    def _stage(self, chosen: list[str], snapshot: Files, changed_rels: list[str], keys: set) -> None:
-        """Upload a snapshot whose set is not known yet, without its manifest: published once the next save began."""
-        step = self._step_for(chosen)
-        described = self._upload(snapshot, step)
-        if described is None:
-            return
-        self.next_step = max(self.next_step or 0, step + 1)
-        self.staged = Staged(step, chosen, snapshot, described, changed_rels, keys)
-        self._say_once(f"the first save of {self.root} is uploaded, and published once the next save has begun (which "
-                       "shows it was whole) or the workers end; declare checkpoint.files (--checkpoint-file) to "
-                       "publish each save the moment its files are whole")
-
-    def _settle(self, files: Files, final: bool) -> int | None:
-        """The staged snapshot: published once the next save has begun, unless what else changed in that look may
-        belong to the staged save (it is dropped then, and the next save staged anew). Returns the step published,
-        or None."""
-        staged = self.staged
-        assert staged is not None
-        if staged.evident is None:
-            began = save_sets.next_save_began(staged.snapshot, staged.entries, files, staged.changed)
-            if began is None:
-                return None  # the save goes on, or is over and no other has begun: the look below decides
-            doubt = save_sets.ambiguous(staged.snapshot, staged.entries, files, staged.changed, self._verdict(files))
-            if doubt is not None:
-                self.staged = None  # caught in the middle of a save: the next save's staging starts anew
-                return None
-            staged.evident = began
-        extra = self._other_nodes(staged.entries, staged.snapshot, final)
-        if extra is None:
-            if final:
-                self.staged = None
-            return None
-        return self._commit(staged.step, staged.entries, staged.snapshot, staged.described, extra, staged.keys,
-                            f"{staged.evident}, so the save before it was whole")
-
-    def _commit(self, step: int, chosen: list[str], snapshot: Files, described: dict[str, dict[str, Any]],
-                extra: list[Part], changed: set, why: str = "") -> int:
+    def _commit(self, step: int, chosen: list[str], snapshot: Files, entries: list[dict[str, Any]],
+                extra: list[Part], changed: set) -> int:
         """Write the manifest of an uploaded snapshot (the other nodes' files copied in first): from now on it is a
-        checkpoint."""
+        checkpoint. What it changed since the last one is the set where that was not known yet."""
         folder = storage.join(self.uri, step_dir(step))
-        entries = [described[rel] for rel in sorted(snapshot)]
-        entries += self._upload_parts(extra, set(snapshot), folder)
-        together = set(changed) if self.together is None else self.together & set(changed)
-        written = [state.mtime_ns / 1e9 for rel, state in snapshot.items() if state != self.published.get(rel)]
+        entries = entries + self._upload_parts(extra, set(snapshot), folder)
+        new = {rel: state for rel, state in snapshot.items() if state != self.published.get(rel)}
+        verdict = self._verdict(snapshot)
+        if self.together is None and not self.declared:
+            self.together = set(changed)
+        if self.first is None:  # the order of a save's files, from a save whose set is known or declared
+            self.first = save_sets.first_kind({rel: state.mtime_ns / 1e9 for rel, state in new.items()
+                                               if save_sets.checkpoint_file(rel, verdict)})
         checkpoint_store.publish(folder, step, entries, world_size=0, kind="snapshot", log=self.log,
                                  extra={"layout": LAYOUT_DIR, "entries": chosen, "script_step": script_step(chosen),
-                                        "set": sorted(together), "ranks": self.ranks or None})
-        self.published, self.together, self.staged, self.asked = snapshot, together, None, None
+                                        "set": sorted(self.together or ()), "first": self.first,
+                                        "ranks": self.ranks or None})
+        self.published, self.writes, self.asked = snapshot, {}, None
         self.next_step = max(self.next_step or 0, step + 1)
         if self.parts is not None:
             self.parts.taken(extra, published=folder)
         self.members = self._checkpoint_entries(snapshot)
-        self.log(f"published {', '.join(chosen)} from {self.root} as {folder}" + (f" ({why})" if why else ""))
-        self._tell(step, entries, written)
+        self.log(f"published {', '.join(chosen)} from {self.root} as {folder}")
+        self._tell(step, script_step(chosen), entries, [state.mtime_ns / 1e9 for state in new.values()])
         try:  # the checkpoint stands; what retention misses now, the next publish's retention removes
             apply_retention(self.uri, self.keep, log=self.log)
         except Exception as exc:
             self.log(f"retention under {self.uri} failed ({exc}); the next publish tries again")
         return step
 
-    def _tell(self, step: int, entries: list[dict[str, Any]], written: list[float]) -> None:
-        """The timeline's ``checkpoint`` event, as the Checkpointer's: the save's own span where its files show it
-        (``written``: when each file that changed was last written, by this node's clock), and the time from its
-        last byte to its publish."""
+    def _tell(self, number: int, step: int | None, entries: list[dict[str, Any]], written: list[float]) -> None:
+        """The timeline's ``checkpoint`` event, as the Checkpointer's: the script's own step where the save's name
+        carries it (a counter is no training step), the save's own span where its files show it (``written``: when
+        each new file was last written, by this node's clock; training waited for it, as a stack's saves are
+        synchronous), and the time from its last byte to its publish."""
         if self.announce is None:
             return
         last = max(written, default=time.time())
-        self.announce("checkpoint", step=step, bytes=sum(int(e.get("size") or 0) for e in entries), layout="dir",
-                      save_s=round(max(0.0, last - min(written, default=last)), 3),
+        span = round(max(0.0, last - min(written, default=last)), 3)
+        fields: dict[str, Any] = {"step": step} if step is not None else {}
+        self.announce("checkpoint", **fields, checkpoint=number, layout="dir", blocked_s=span, save_s=span,
+                      bytes=sum(int(e.get("size") or 0) for e in entries),
                       publish_s=round(max(0.0, time.time() - last), 3))
 
-    def poll(self, final: bool = False) -> int | None:
+    def poll(self, final: bool = False, succeeded: bool = True) -> int | None:
         """Publish the folder's snapshot once it is one whole save and differs from the last one published (or
-        restored). Returns its step, or None. Raises CloudtrainError (or OSError) when the store refuses it."""
+        restored). Returns its step, or None. Raises CloudtrainError (or OSError) when the store refuses it.
+        ``final``: the workers have exited; ``succeeded``: each ended with 0, on its own. A stop or a failure may
+        have cut a save short, so then a save whose set is not known is published only where the next save began."""
         now = time.monotonic()
         files = self._look(now)
         if not self.step_folders and files and _holds_step_folders(self.root):
@@ -534,36 +566,41 @@ class Snapshotter:
         self._read_store()
         if self.parts is not None and any("/" in rel for rel in files):
             self.parts.refresh()
-        done = self._settle(files, final) if self.staged is not None else None
-        if self.staged is not None and self.staged.evident and not final:
-            return done  # waiting for the other nodes' word on the staged save
+        if self.together is None and not self.declared and not final:
+            self._learn(files)
         chosen, left = self.choose(files, now, final)
         if final:
             self.unpublished = [f"{self.root / entry} ({why})" for entry, why in sorted(left.items())]
         if not chosen:
-            return done
+            return None
         boxes = containers(files)
         snapshot = {rel: state for rel, state in files.items() if entry_of(rel, boxes) in chosen}
         verdict = self._verdict(files)
         changed = save_sets.changed_keys(snapshot, self.published, verdict)
         if not changed:
-            return done  # nothing new since the last checkpoint, or only what rides along with one (a log)
-        why = self._not_whole(chosen, snapshot, changed, now, final)
+            return None  # nothing new since the last checkpoint, or only what rides along with one (a log)
+        why = self._not_whole(chosen, snapshot, changed, now, final, succeeded)
         if why == UNKNOWN:
             proven = self._proven(files, now)
             if proven is not None:
-                return _either(self._publish(*proven, final=False), done)
-            if (self.staged is None or self.staged.snapshot != snapshot) and self._settled(chosen, snapshot, now):
-                self._stage(chosen, snapshot, sorted(rel for rel in save_sets.checkpoint_rels(snapshot, verdict)
-                                                     if self.published.get(rel) != snapshot[rel]), changed)
-            return done
+                return self._publish(*proven, final=final)
+            if final:
+                line = (f"{UNKNOWN}, and the workers were stopped before a next save showed it whole; declare "
+                        "checkpoint.files (--checkpoint-file) to publish a save as soon as its files are whole")
+                self.unpublished.append(f"{self.root} (not published: {line})")
+                self._say_once(f"not published: {', '.join(chosen)}: {line}")
+            else:
+                self._say_once(f"the first save in {self.root} is published once the next save has begun (which "
+                               "shows it was whole) or the workers end; declare checkpoint.files (--checkpoint-file) "
+                               "to publish each save the moment its files are whole")
+            return None
         if why is not None:
             if final:
                 self.unpublished.append(f"{self.root} (not published: {why})")
                 self._say_once(f"not published: {why}; a checkpoint is every file a save writes, so the previous "
                                "one stands")
-            return done
-        return _either(self._publish(chosen, snapshot, changed, final), done)
+            return None
+        return self._publish(chosen, snapshot, changed, final)
 
     def _proven(self, files: Files, now: float) -> tuple[list[str], Files, set] | None:
         """While the set a save writes is not known: a snapshot of family members each older than its family's
@@ -586,18 +623,14 @@ class Snapshotter:
         extra = self._other_nodes(chosen, snapshot, final)
         if extra is None:
             return None
-        step = self._step_for(chosen)
-        described = self._upload(snapshot, step)
-        if described is None:
+        step = self._generation(chosen)
+        entries = self._upload(snapshot, step)
+        if entries is None:
             return None
-        return self._commit(step, chosen, snapshot, described, extra, changed)
+        return self._commit(step, chosen, snapshot, entries, extra, changed)
 
 
 UNKNOWN = "the set of files a save writes is not known yet"
-
-
-def _either(step: int | None, other: int | None) -> int | None:
-    return other if step is None else step  # step 0 is a step (Accelerate's checkpoint_0)
 
 
 def _marked_done(entry: str, rels: list[str]) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain import contract, storage
+from cloudtrain.checkpoint import save_sets
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.checkpoint.download import log_line
 from cloudtrain.checkpoint.files import broken, marker_missing, working_files
@@ -32,6 +33,8 @@ if TYPE_CHECKING:  # only in annotations: nodes may run Python 3.8, where collec
     Judge = Callable[[Path, bool], "tuple[str | None, list[tuple[Path | str, list[dict[str, Any]]]]]"]
 
 _print = log_line
+EMPTY_AFTER = 120.0  # seconds before an empty checkpoint folder is said (at most; sooner with a shorter interval)
+EMPTY_EVENT = "checkpoint_dir_empty"  # the timeline's word for it (`status` and `preempt` say it again)
 
 
 def sync_dir(local_root: Path, uri: str, *, final: bool, keep: int = contract.MIN_KEEP,
@@ -98,7 +101,7 @@ class PlainSync:
     LOOK_EVERY = 1.0
 
     def __init__(self, env: dict[str, str], cwd: Path, world_size: int = 0, nodes: int = 1,
-                 log: Log = log_line) -> None:
+                 log: Log = log_line, announce: Callable[..., None] | None = None) -> None:
         self.log = log
         # a relative folder is relative to the job's source folder
         self.local, self.uri = cwd / env[contract.CHECKPOINT_DIR], env[contract.CHECKPOINT_URI]
@@ -115,19 +118,22 @@ class PlainSync:
         self.own_layout = env.get(contract.CHECKPOINT_LAYOUT) == contract.SCRIPT_LAYOUT
         self.snapshots = Snapshotter(
             self.local, self.uri, self.keep, quiet_period(env), world_size=world_size,
-            step_folders=self.own_layout, parts=self.parts)
+            step_folders=self.own_layout, parts=self.parts,
+            files=save_sets.parse_declared(env.get(contract.CHECKPOINT_FILES)), announce=announce)
         self.cwd, self.before = cwd, working_files(cwd)  # to tell a folder the script never writes (a typo)
-        self.empty_look, self.empty_said = time.monotonic() + self.every, False  # one look an interval
+        self.announce = announce
+        # the first look at an empty folder: after the first minutes at most (an interval can be hours long)
+        self.empty_look, self.empty_said = time.monotonic() + min(self.every, EMPTY_AFTER), False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cloudtrain-checkpoint-sync", daemon=True)
         self._thread.start()
 
-    def _pass(self, final: bool) -> None:
+    def _pass(self, final: bool, succeeded: bool = True) -> None:
         if (self.local / checkpoint_store.RUNTIME_MARKER).exists():
             return  # the Checkpointer publishes its own folders
         if not self.own_layout:
             self._sync_step_folders(final)
-        self.snapshots.poll(final=final)
+        self.snapshots.poll(final=final, succeeded=succeeded)
 
     def _sync_step_folders(self, final: bool) -> None:
         published = sync_dir(self.local, self.uri, final=final, keep=self.keep, judge=self._judge)
@@ -176,15 +182,20 @@ class PlainSync:
             return True
 
     def _empty_while_running(self) -> None:
-        """Said once, after one interval: the checkpoint folder is still empty while the script writes files
-        elsewhere under its working folder (``--checkpoint-dir ckpts`` for a script that saves into ``ckpt``)."""
+        """Said once, after the first minutes (EMPTY_AFTER) or one interval if shorter: the checkpoint folder is
+        still empty while the script writes files elsewhere under its working folder (``--checkpoint-dir ckpts``
+        for a script that saves into ``ckpt``). An event too, so that `status` and `preempt` repeat it."""
         if self.empty_said or time.monotonic() < self.empty_look or not self._holds_nothing():
             return
-        self.empty_look = time.monotonic() + self.every  # the working folder is walked once an interval, no more
+        # the working folder is walked once per look, no more often
+        self.empty_look = time.monotonic() + min(self.every, EMPTY_AFTER)
         elsewhere = sorted(working_files(self.cwd) - self.before)
         if elsewhere:
             self.empty_said = True
-            self.log(f"warning: {self._empty_line(elsewhere)}")
+            line = self._empty_line(elsewhere)
+            self.log(f"warning: {line}")
+            if self.announce is not None:
+                self.announce(EMPTY_EVENT, text=line)
 
     def _empty_line(self, elsewhere: list[str]) -> str:
         if not elsewhere:  # no sign of a folder mixed up (a script that failed early, or never saves): the fact
@@ -193,13 +204,14 @@ class PlainSync:
         return (f"the checkpoint folder {self.local} is empty while the script wrote {shown}: nothing is published "
                 "to the checkpoint store; is checkpoint.dir (--checkpoint-dir) the folder the script saves into?")
 
-    def finish(self) -> str | None:
+    def finish(self, succeeded: bool = True) -> str | None:
         """After the workers exited (also after SIGTERM): everything they left is final; publish it. Returns why the
-        job's checkpoints are not all in the store (which fails the node), or None."""
+        job's checkpoints are not all in the store (which fails the node), or None. ``succeeded``: the workers ended
+        on their own, each with 0 (not stopped, not failed), so no save of theirs was cut short."""
         self._stop.set()
         self._thread.join()  # a pass under way finishes what the final one would do anyway
         try:
-            self._pass(final=True)
+            self._pass(final=True, succeeded=succeeded)
         except CloudtrainError as exc:
             return str(exc)
         except Exception as exc:

@@ -128,6 +128,13 @@ def read(provider: Any, handle: Any) -> dict[str, Any]:
     return {"events": events, "missing": missing + cut, "logs": why}
 
 
+def empty_folder(events: list[dict[str, Any]]) -> str | None:
+    """What node 0 said of a checkpoint folder the script never writes (a typo'd checkpoint.dir), if it did
+    (``checkpoint_dir_empty``: cloudtrain/checkpoint/sync.py)."""
+    said = next((e.get("text") for e in reversed(events) if e["e"] == "checkpoint_dir_empty"), None)
+    return said[:1000] if isinstance(said, str) else None
+
+
 def observe(status: Any) -> None:
     """Record what a status call saw that the timeline does not have yet: a new platform state, more restarts, the
     end. Compared with the last one seen (``<events file>.seen``), so repeated polls add nothing."""

@@ -50,6 +50,15 @@ class Interval:
                 f"{self.cost:.0f}s blocked per checkpoint x {format_duration(self.between)} between "
                 f"interruptions), {said[self.cost_measured, self.between_measured]}")
 
+    def stack_note(self) -> str:
+        """For a job whose stack saves into checkpoint.dir on its own schedule: no interval is announced (nothing
+        cloudtrain sets would change when the stack saves), only the one to set there."""
+        return (f"{NOTE_PREFIX} the script's own stack decides when it saves (checkpoint.dir), so cloudtrain sets no "
+                f"interval; the one that keeps the most training is about {format_duration(self.seconds)} "
+                f"(Young/Daly: sqrt(2 x {self.cost:.0f}s per save x {format_duration(self.between)} between "
+                "interruptions; the cost of a save is measured from its files): set it in the stack (save_steps, "
+                "every_n_train_steps, eval_interval ...)")
+
 
 def choose(cost: float, between: float, max_runtime: int) -> int:
     """The interval in seconds for ``cost`` seconds blocked per checkpoint and ``between`` seconds between

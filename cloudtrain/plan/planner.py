@@ -66,6 +66,9 @@ def _interval(spec: JobSpec) -> tuple[JobSpec, str | None]:
     cost, between = measured(str(spec.name))  # what `status` saw earlier jobs of this name measure
     chosen = auto_interval(spot=spec.spot, nodes=spec.nodes, max_runtime=spec.max_runtime, cost=cost,
                            between=between)
+    if spec.checkpoint.dir:  # the script's own stack saves when it decides (save_steps, every_n_train_steps ...)
+        checkpoint = spec.checkpoint.model_copy(update={"interval": None})
+        return spec.model_copy(update={"checkpoint": checkpoint}), chosen.stack_note()
     checkpoint = spec.checkpoint.model_copy(update={"interval": chosen.seconds})
     return spec.model_copy(update={"checkpoint": checkpoint}), chosen.note()
 

@@ -60,6 +60,9 @@ def _earlier(handle: Any, get_provider: Any) -> tuple[Any, dict[str, Any]]:
 def status_lines(found: dict[str, Any]) -> list[str]:
     lines = goodput.text(found)
     told = found["timeline"]
+    said = timeline.empty_folder(told["events"])
+    if said:
+        lines.append(f"warning: {said}")
     if told["missing"]:
         lines.append(f"timeline: {told['missing']} event line(s) cut short or unreadable are missing from it")
     if told["logs"]:

@@ -53,6 +53,25 @@ def synthetic(samples: int) -> TensorDataset:
     return TensorDataset(x, x @ torch.randn(8, 1, generator=g) + 0.05 * torch.randn(samples, 1, generator=g))
 
 
+def pause_before_optimizer(at: int, seconds: float) -> None:
+    """Rank 0 sleeps before writing optimizer.bin of save number ``at``: Accelerate's save_state writes the model,
+    then each optimizer, through ``accelerate.checkpointing.save`` (the library is wrapped here, not modified)."""
+    import accelerate.checkpointing as checkpointing
+
+    write, saves = checkpointing.save, [0]
+
+    def save(obj, f, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 - accelerate's own signature
+        name = os.path.basename(str(f))
+        if name.startswith("model"):
+            saves[0] += 1
+        if name.startswith("optimizer") and saves[0] - 1 == at and os.environ.get("RANK", "0") == "0":
+            print(f"[byo] pausing {seconds:g}s before {name}", flush=True)
+            time.sleep(seconds)
+        return write(obj, f, *args, **kwargs)
+
+    checkpointing.save = save
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--project_dir", required=True)
@@ -61,7 +80,13 @@ def main() -> None:
     p.add_argument("--resume", action="store_true", help="load_state() of the newest checkpoint_<i>")
     p.add_argument("--step_sleep", type=float, default=0.0)
     p.add_argument("--samples", type=int, default=96)
+    p.add_argument("--pause_optimizer_at", type=int, default=-1,
+                   help="at this save_state (0, 1, ...), rank 0 pauses --pause_s between the model and the optimizer "
+                        "(what a gather of the optimizer's state does)")
+    p.add_argument("--pause_s", type=float, default=0.0)
     args = p.parse_args()
+    if args.pause_optimizer_at >= 0:
+        pause_before_optimizer(args.pause_optimizer_at, args.pause_s)
 
     accelerator = Accelerator(
         cpu=True,

@@ -72,6 +72,19 @@ class ByoLines(TrainerCallback):
             time.sleep(self.step_sleep)
 
 
+def slow_rng_state(rank: int, step: int, seconds: float) -> None:
+    """One rank late with its own file of a save: the Trainer's ``_save_rng_state`` wrapped (not modified) to sleep
+    first on ``rank`` at global step ``step``, while rank 0 writes trainer_state.json and trains on."""
+    write = Trainer._save_rng_state
+
+    def late(self, output_dir):  # noqa: ANN001 - the Trainer's own signature
+        if self.args.process_index == rank and self.state.global_step == step:
+            time.sleep(seconds)
+        return write(self, output_dir)
+
+    Trainer._save_rng_state = late
+
+
 def resume_arg(value: str | None) -> str | bool | None:
     if value is None or value.lower() == "false":
         return None
@@ -88,8 +101,14 @@ def main() -> None:
     p.add_argument("--resume_from_checkpoint", nargs="?", const="true", default=None)
     p.add_argument("--step_sleep", type=float, default=0.0)
     p.add_argument("--samples", type=int, default=32)
+    p.add_argument("--slow_rng_rank", type=int, default=-1,
+                   help="this rank sleeps --slow_rng_s before writing its rng_state_<rank>.pth at step --slow_rng_at")
+    p.add_argument("--slow_rng_s", type=float, default=0.0)
+    p.add_argument("--slow_rng_at", type=int, default=-1)
     args = p.parse_args()
     resume = resume_arg(args.resume_from_checkpoint)
+    if args.slow_rng_rank >= 0:
+        slow_rng_state(args.slow_rng_rank, args.slow_rng_at, args.slow_rng_s)
 
     set_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ))
