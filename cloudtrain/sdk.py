@@ -41,12 +41,21 @@ class Job:
     def plan(self, provider: str = "local") -> Plan:
         return plan_job(self.spec, provider)
 
-    def submit(self, provider: str = "local") -> Run:
+    def submit(self, provider: str = "local", restore_from: int | None = None) -> Run:
         """Package, stage (with progress on a long upload) and start the job; returns at once (follow it with
-        ``Run.logs(follow=True)``)."""
+        ``Run.logs(follow=True)``). ``restore_from``: resume from that checkpoint on purpose (`submit --restore-from
+        N`: the newer ones are set aside in the store first)."""
         impl = get_provider(provider)
         plan = plan_job(self.spec, impl)
         with plan.package:
+            if restore_from is not None:
+                import sys
+
+                from cloudtrain.contract import LINEAGE
+                from cloudtrain.jobs.submitted import restore_from as choose
+
+                choose(plan.spec.checkpoint.uri, restore_from, plan.nodes[0].env.get(LINEAGE) if plan.nodes else None,
+                       log=lambda line: print(line, file=sys.stderr))
             handle = impl.submit(plan)
         return Run(handle, impl)
 

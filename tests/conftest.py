@@ -97,7 +97,8 @@ RUNS_PROCESSES = {"test_benchmarks.py", "test_bootstrap.py", "test_bundle_errors
                   "test_soak.py", "test_spec_rule.py", "test_temp_files.py", "test_tour.py", "test_azure_schema.py",
                   "test_plan_text.py", "test_cli_errors.py", "test_fuzz.py", "test_plugins.py",
                   "test_testing_plugin.py", "test_kubernetes.py", "test_kubernetes_secrets.py", "test_spot_notice.py",
-                  "test_provider_contract.py", "test_budget.py", "test_compare.py", "test_run_sdk.py"}
+                  "test_provider_contract.py", "test_budget.py", "test_compare.py", "test_run_sdk.py",
+                  "test_set_aside.py"}
 
 # ... and tests that start a process of their own, or load a cloud SDK's whole model, in files that are otherwise quick
 STARTS_ONE = ("test_aws.py::test_prebuilt_image_is_the_one_the_sagemaker_sdk_picks",

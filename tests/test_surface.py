@@ -22,7 +22,7 @@ JOB_FLAGS = ["--allow-secret", "--checkpoint-dir", "--checkpoint-uri", "--emulat
              "--name", "--no-spec", "--nodes", "--output", "--output-uri", "--procs-per-node", "--profile",
              "--provider", "--require-process-group", "--resume-arg", "--set", "--source-dir", "--spot", "--strategy"]
 CLI = {
-    "submit": sorted([*JOB_FLAGS, "--detach", "--dry-run", "--follow", "--plan"]),
+    "submit": sorted([*JOB_FLAGS, "--detach", "--dry-run", "--follow", "--plan", "--restore-from"]),
     "plan": sorted([*JOB_FLAGS, "--compare", "--export", "--region"]),
     "status": ['--output', '--profile'],
     "cancel": ['--output', '--profile'],
@@ -34,6 +34,7 @@ CLI = {
     "list": ['--limit', '--output', '--profile', '--provider'],
     "outputs": ['--download', '--output', '--profile'],
     "cost": ['--output', '--profile'],
+    "checkpoints": ['--output', '--profile'],
     "report": ['--output', '--profile'],
     "catalog": ['--gpus', '--output', '--provider'],
     "config": ['--file', '--output', '--profile', '--provider', '--set'],
@@ -66,6 +67,7 @@ def test_sdk_names_are_pinned() -> None:
     assert {n for n, _ in inspect.getmembers(cloudtrain.Run) if not n.startswith("_")} == RUN_METHODS
     assert {"progress", "recover", "timeout"} <= set(inspect.signature(cloudtrain.Run.wait).parameters)
     assert {"follow", "merge"} <= set(inspect.signature(cloudtrain.Run.logs).parameters)
+    assert "restore_from" in inspect.signature(cloudtrain.Job.submit).parameters
 
 
 def test_cli_reference_is_generated_from_the_code() -> None:

@@ -16,6 +16,9 @@ MANIFEST = "manifest.json"
 # layout: cloudtrain/checkpoint/snapshots.py), not to a step-<N> folder inside it; restored under those very names.
 LAYOUT_DIR = "dir"
 QUARANTINE_PREFIX = "quarantine-"  # step-N/quarantine-<manifest sha256>.json: a restore found that manifest corrupt
+# step-N/set-aside-<manifest sha256>.json: that checkpoint verifies, but a start that restored it failed before any
+# progress (or --restore-from passed over it): no restore takes it, no retention deletes it (set_aside.py)
+SET_ASIDE_PREFIX = "set-aside-"
 # A DCP shard: one rank's part of the model and optimizer state (__<rank>_<i>.distcp), the bulk of a checkpoint
 SHARD_SUFFIX = ".distcp"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -67,6 +70,10 @@ def is_shard(path: str) -> bool:
 
 def quarantine_name(manifest_digest: str) -> str:
     return f"{QUARANTINE_PREFIX}{manifest_digest}.json"
+
+
+def set_aside_name(manifest_digest: str) -> str:
+    return f"{SET_ASIDE_PREFIX}{manifest_digest}.json"
 
 
 def safe_relative(path: str) -> bool:

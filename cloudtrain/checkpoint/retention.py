@@ -22,13 +22,15 @@ if TYPE_CHECKING:  # only in annotations: nodes may run Python 3.8, where collec
 
 def apply_retention(uri: str, keep: int, log: Log = log_line) -> list[int]:
     """Delete all but the newest ``keep`` (>= 1 enforced; >= 2 by spec) complete checkpoints, and other step
-    folders (partial, unusable, found corrupt) older than the newest complete one. A manifest is deleted before its
-    files, so a half-deleted checkpoint is never mistaken for a complete one. Only checkpoints that verify as far
+    folders (partial, unusable, found corrupt) older than the newest complete one; never one set aside
+    (set_aside.py). A manifest is deleted before its files, so a half-deleted checkpoint is never mistaken for a
+    complete one. Only checkpoints that verify as far
     as cloudtrain has seen count: one found corrupt is never among the ``keep``, and what is newer than the newest
     complete checkpoint is left alone (it may be in flight, or be published again). Returns the steps removed."""
     keep = max(keep, 1)
     present = checkpoint_store.objects_by_step(uri, temp=True)
-    complete = checkpoint_store.complete_among(uri, present, log=lambda _m: None)
+    survey = checkpoint_store.survey_among(uri, present, log=lambda _m: None)
+    complete, aside = survey.complete, {c.step for c in survey.set_aside}  # set aside: never deleted
     if not complete:
         return []
     kept = complete[-keep:]
@@ -45,7 +47,7 @@ def apply_retention(uri: str, keep: int, log: Log = log_line) -> list[int]:
             if stale:
                 store.delete([storage.join(folder, n) for n in stale])
             continue
-        if step >= newest:
+        if step >= newest or step in aside:
             continue
         if MANIFEST in ours:
             store.delete([storage.join(folder, MANIFEST)])

@@ -5,8 +5,10 @@ torch here: it moves and verifies files.
 A checkpoint is ``<uri>/step-<N>/`` plus ``manifest.json`` written LAST (step, kind, world size, every file with
 its size and sha256). Without its manifest a folder does not exist. A checkpoint a restore found corrupt is marked
 in the store (``quarantine-<manifest digest>.json``) so that every later listing (retention, in whatever process
-runs it later) skips it. Restore (restore.py), retention (retention.py) and the plain-script sync (sync.py) build on
-this module; the component's command line is __main__.py (``python -m cloudtrain.checkpoint``).
+runs it later) skips it; one a start could not load is set aside (``set-aside-<manifest digest>.json``,
+set_aside.py): skipped by every restore, never deleted. Restore (restore.py), retention (retention.py) and the
+plain-script sync (sync.py) build on this module; the component's command line is __main__.py
+(``python -m cloudtrain.checkpoint``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cloudtrain import contract, storage
 from cloudtrain.checkpoint.download import Restored, download, log_line
@@ -32,6 +34,7 @@ from cloudtrain.checkpoint.manifest import (
     checked_files,
     quarantine_name,
     safe_relative,
+    set_aside_name,
     step_dir,
     step_of,
 )
@@ -40,7 +43,7 @@ from cloudtrain.storage import transfer
 
 __all__ = ["MANIFEST", "RUNTIME_MARKER", "UNPUBLISHED_MARKER", "Checkpoint", "CheckpointNotPublished",
            "CorruptCheckpoint", "Restored", "describe_and_upload", "describe_files", "download", "list_complete",
-           "publish", "sha256_file", "step_dir", "upload_files"]
+           "publish", "sha256_file", "step_dir", "survey", "upload_files"]
 
 # Dropped into CLOUDTRAIN_CHECKPOINT_DIR by the runtime Checkpointer, which publishes its own folders: the plain-script
 # sync then leaves that directory alone (a folder being written or pruned by the Checkpointer is never half-published).
@@ -51,6 +54,10 @@ LINEAGE_ENV = contract.LINEAGE
 # Written there by the Checkpointer's rank 0 while its newest save is not published (removed once one is): the
 # bootstrap's final sync reports it, so a job never ends "succeeded" with its last state only on a node's disk.
 UNPUBLISHED_MARKER = ".cloudtrain-unpublished.json"
+# Written there by the Checkpointer's local rank 0 before it loads a checkpoint (the one its node restored, or one it
+# chose itself: an older one after a corrupt file, another store): which store and step, so that a node whose
+# workers then fail knows what they were loading (cloudtrain/node/unloadable.py sets it aside).
+LOADING_NOTE = ".cloudtrain-loading.json"
 if TYPE_CHECKING:  # only in annotations: nodes may run Python 3.8, where collections.abc types take no [...]
     Log = Callable[[str], None]
 
@@ -95,16 +102,48 @@ def objects_by_step(uri: str, temp: bool = False, log: Log | None = None) -> dic
     return found
 
 
+class Refused(NamedTuple):
+    """A step folder with a manifest that is no checkpoint: ``kind`` corrupt or incomplete, and why."""
+
+    step: int
+    uri: str
+    kind: str
+    why: str
+    digest: str = ""  # the manifest's, where it was read (a quarantine marker names it)
+
+
+class Survey(NamedTuple):
+    """What a store's step folders hold, oldest first: the checkpoints a restore may take, the ones that verify as
+    listed but are set aside (set_aside.py; never restored, never deleted), and the rest with why each is none (a
+    folder without a manifest is no checkpoint at all)."""
+
+    complete: list[Checkpoint]
+    set_aside: list[Checkpoint]
+    refused: list[Refused]
+
+
 def complete_among(uri: str, present: dict[int, set[str]], log: Log) -> list[Checkpoint]:
+    return survey_among(uri, present, log).complete
+
+
+def survey_among(uri: str, present: dict[int, set[str]], log: Log) -> Survey:
     store = storage.store_for(uri)
-    complete = []
+    complete: list[Checkpoint] = []
+    aside: list[Checkpoint] = []
+    refused: list[Refused] = []
+
+    def skip(step: int, folder: str, kind: str, why: str, line: str, digest: str = "") -> None:
+        refused.append(Refused(step, folder, kind, why, digest))
+        log(line)
+
     for step, names in sorted(present.items()):
         if MANIFEST not in names:
             continue
         folder = storage.join(uri, step_dir(step))
         unsafe = sorted(n for n in names if not safe_relative(n))
         if unsafe:  # an object store can hold 'step-N/../x': such a folder is nobody's checkpoint
-            log(f"checkpoint {folder} is corrupt (object {unsafe[0]!r} escapes its folder); skipped")
+            why = f"object {unsafe[0]!r} escapes its folder"
+            skip(step, folder, "corrupt", why, f"checkpoint {folder} is corrupt ({why}); skipped")
             continue
         # a read cut short must be retried, never taken as "no checkpoint" (retention would then delete it)
         data = storage.with_retries(functools.partial(store.read_bytes, storage.join(folder, MANIFEST)),
@@ -114,17 +153,22 @@ def complete_among(uri: str, present: dict[int, set[str]], log: Log) -> list[Che
             manifest = json.loads(data)
             files = checked_files(manifest, step)
         except (ValueError, RecursionError) as exc:  # CorruptCheckpoint is a ValueError, json's errors too
-            log(f"checkpoint {folder} has an unusable manifest ({exc}); skipped")
+            skip(step, folder, "corrupt", f"unusable manifest: {exc}",
+                 f"checkpoint {folder} has an unusable manifest ({exc}); skipped", digest)
             continue
         if quarantine_name(digest) in names:
-            log(f"checkpoint {folder} was found corrupt by an earlier restore; skipped")
+            skip(step, folder, "corrupt", "found corrupt by a restore",
+                 f"checkpoint {folder} was found corrupt by an earlier restore; skipped", digest)
             continue
         missing = [f["path"] for f in files if f["path"] not in names]
         if missing:
-            log(f"checkpoint {folder} is missing {len(missing)} file(s) ({missing[0]} ...); skipped")
+            why = f"missing {len(missing)} file(s) ({missing[0]} ...)"
+            skip(step, folder, "incomplete", why, f"checkpoint {folder} is {why}; skipped", digest)
             continue
-        complete.append(Checkpoint(step=step, uri=folder, manifest=manifest, digest=digest))
-    return complete
+        found = Checkpoint(step=step, uri=folder, manifest=manifest, digest=digest)
+        # set aside: it verifies, but a start that restored it failed before any progress (restore says so)
+        (aside if set_aside_name(digest) in names else complete).append(found)
+    return Survey(complete, aside, refused)
 
 
 def steps_present(uri: str) -> set[int]:
@@ -133,9 +177,15 @@ def steps_present(uri: str) -> set[int]:
 
 
 def list_complete(uri: str, log: Log = _print) -> list[Checkpoint]:
-    """Checkpoints whose manifest exists, is well formed, lists only files that are present and was not found
-    corrupt by a restore; oldest first. Anything else under ``uri`` is skipped with one line each."""
+    """Checkpoints whose manifest exists, is well formed, lists only files that are present, was not found
+    corrupt by a restore and is not set aside; oldest first. Anything else under ``uri`` is skipped with one line
+    each (but a checkpoint set aside: restore.py says which it restores instead)."""
     return complete_among(uri, objects_by_step(uri, log=log), log)
+
+
+def survey(uri: str, log: Log = _print) -> Survey:
+    """``list_complete``, with the checkpoints set aside and those refused (`cloudtrain checkpoints`, the restore)."""
+    return survey_among(uri, objects_by_step(uri, log=log), log)
 
 
 def describe_files(root: Path, rel_paths: list[str]) -> list[dict[str, Any]]:
@@ -258,3 +308,19 @@ def mark_unpublished(local_root: Path, step: int, message: str) -> None:
 def mark_published(local_root: Path) -> None:
     """A save is published: an earlier one's UNPUBLISHED_MARKER no longer holds."""
     (local_root / UNPUBLISHED_MARKER).unlink(missing_ok=True)
+
+
+def note_loading(local_root: Path, uri: str, step: int) -> None:
+    """The Checkpointer's account of the checkpoint it is about to load (LOADING_NOTE). Best effort."""
+    with contextlib.suppress(OSError):
+        (local_root / LOADING_NOTE).write_text(json.dumps({"uri": uri, "step": step, "at": time.time()}))
+
+
+def loading_noted(local_root: Path) -> tuple[str, int] | None:
+    """(store URI, step) the Checkpointer in this folder last started to load, or None."""
+    try:
+        note = json.loads((local_root / LOADING_NOTE).read_text())
+        uri, step = note["uri"], note["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (uri, step) if isinstance(uri, str) and isinstance(step, int) and not isinstance(step, bool) else None

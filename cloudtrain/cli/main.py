@@ -40,7 +40,25 @@ def cmd_plan(args: argparse.Namespace, script_args: list[str]) -> int:
     return 0
 
 
+def _restore_from(args: argparse.Namespace, uri: str | None, lineage: str | None) -> None:
+    """submit --restore-from N: done to the job's store before anything is sent (jobs.submitted.restore_from)."""
+    if getattr(args, "restore_from", None) is None:
+        return
+    from cloudtrain.jobs.submitted import restore_from
+
+    restore_from(uri, args.restore_from, lineage, log=lambda line: print(line, file=sys.stderr))
+
+
+def _plan_lineage(plan: Any) -> str | None:
+    from cloudtrain import contract
+
+    return plan.nodes[0].env.get(contract.LINEAGE) if plan.nodes else None
+
+
 def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
+    if args.dry_run and getattr(args, "restore_from", None) is not None:
+        print(f"note: --restore-from {args.restore_from}: a submit sets aside the checkpoints newer than "
+              f"{args.restore_from} in the job's store first (a dry run changes nothing)", file=sys.stderr)
     if args.dry_run and not args.saved_plan:
         return cmd_plan(args, script_args)
     from cloudtrain.cli.render import emit
@@ -67,15 +85,22 @@ def cmd_submit(args: argparse.Namespace, script_args: list[str]) -> int:
 
                 print(plan_text(plan, colour())) if args.output == "text" else emit(plan.to_dict(), args.output)
                 return 0
+            _restore_from(args, plan.spec.checkpoint.uri, _plan_lineage(plan))
             handle, spec = provider.submit(plan), plan.spec
     else:
         from cloudtrain.cli.jobargs import spec_from_args
 
         spec, spec_file = spec_from_args(args, script_args)
         if (legs := legs_of(args, spec)) and len(legs) > 1:
+            if getattr(args, "restore_from", None) is not None:
+                from cloudtrain import contract
+                from cloudtrain.bundle.staging import lineage_id
+
+                _restore_from(args, spec.checkpoint.uri, spec.env.get(contract.LINEAGE) or lineage_id(spec))
             return submit_legs(args, spec, spec_file, legs)
         with planned(args, spec, spec_file, legs) as plan:
             provider = get_provider(plan.provider)
+            _restore_from(args, plan.spec.checkpoint.uri, _plan_lineage(plan))
             handle = provider.submit(plan)
     return submitted(args, provider, handle, "", spec)
 
@@ -119,6 +144,30 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         print("lineage:")
         print("\n".join(lineage_text(status.recovery["history"])))
+    return 0
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from cloudtrain import storage
+    from cloudtrain.checkpoint.inventory import inventory
+    from cloudtrain.cli.render import checkpoints_text, emit
+
+    target = args.target
+    if "://" not in target and Path(target).is_dir():  # a store's folder on this machine
+        target = Path(target).resolve().as_uri()
+    if target.partition("://")[0] not in storage.schemes():  # a job handle: its store, as its platform holds it
+        provider, handle = _provider_for(target)
+        uri = provider.describe(handle).checkpoint_uri
+        if not uri:
+            raise UserError(f"{target} has no checkpoint store (checkpoint.uri)", field="HANDLE",
+                            remedy="give the store's URI instead, if it has one")
+    else:
+        uri = target
+    found = inventory(uri)
+    if args.output == "text":
+        print(checkpoints_text(found, colour()))
+    else:
+        emit(found, args.output)
     return 0
 
 

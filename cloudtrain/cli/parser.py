@@ -205,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit = sub.add_parser("submit", help="package, stage and run a job")
     _job_flags(submit)
     submit.add_argument("--dry-run", action="store_true", help="print the plan; send and stage nothing")
+    submit.add_argument("--restore-from", type=_count(0, 10 ** 12), metavar="N",
+                        help="resume from checkpoint N on purpose, not the newest: before the job starts, the newer "
+                             "checkpoints are set aside in the store (not deleted; `cloudtrain checkpoints` lists "
+                             "them), so its restarts and later submissions go on from N's line")
     submit.add_argument("--plan", metavar="PLAN_JSON", dest="saved_plan",
                         help="submit a plan saved with `cloudtrain plan ... -o json > plan.json`, as it is (same job "
                              "id); refused if the source changed since or the plan is over a day old")
@@ -262,6 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     outputs.add_argument("--download", metavar="DIR", help="copy every output into this folder")
     _profile_flag(outputs)
     _output_flag(outputs)
+
+    checkpoints = sub.add_parser("checkpoints", help="list a job's (or a store's) checkpoints: step, lineage, files, "
+                                                     "size, time, and whether a restore may take each")
+    checkpoints.add_argument("target", metavar="TARGET", help="a job handle (its checkpoint store), or a store's URI "
+                                                               "(s3://..., gs://..., az://..., file://..., a folder)")
+    _profile_flag(checkpoints)
+    _output_flag(checkpoints)
 
     report = sub.add_parser("report", help="write a job's timeline, progress, goodput and cost as one HTML page "
                                            "(self-contained: opens offline)")

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from cloudtrain.spec.settings import Setting
 
 
-__all__ = ["catalog_text", "columns", "compare_text", "cost_text", "emit", "estimate_text", "money", "plan_text",
+__all__ = ["catalog_text", "checkpoints_text", "columns",
+           "compare_text", "cost_text", "emit", "estimate_text", "money", "plan_text",
            "preempt_text", "settings_text",
            "size", "status_text", "table"]
 
@@ -58,6 +59,21 @@ def preempt_text(status: JobStatus) -> str:
         lines.append("max_restarts is 0: the job will end 'preempted'. To rehearse a restart that resumes, submit "
                      "with --max-restarts 1 (and a --checkpoint-uri to resume from)")
     return "\n".join(lines)
+
+
+def checkpoints_text(found: dict[str, Any], colour: bool = False) -> str:
+    """`cloudtrain checkpoints`: one row per step folder, newest first, and which one a restore takes."""
+    rows = [("STEP", "STATE", "FILES", "SIZE", "PUBLISHED", "LINEAGE", "WHY")]
+    for row in found["checkpoints"]:
+        mark = " *" if row["step"] == found["resumes"] and row["state"] == "usable" else ""
+        rows.append((str(row["step"]), row["state"] + mark, "-" if row["files"] is None else str(row["files"]),
+                     "-" if row["bytes"] is None else size(row["bytes"]), _when(row["created"]),
+                     row["lineage"] or "-", row["why"] or ""))
+    if len(rows) == 1:
+        return f"no checkpoint under {found['uri']}"
+    resumes = f"checkpoint {found['resumes']} (*)" if found["resumes"] is not None else "from scratch (none usable)"
+    return "\n".join([columns(rows, colour), "", f"{found['uri']}: a restore takes {resumes}; one set aside is never "
+                      "restored nor deleted (submit --restore-from N picks any checkpoint on purpose)"])
 
 
 def table(statuses: list[JobStatus], colour: bool = False) -> str:

@@ -24,12 +24,38 @@ def with_restart_point(status: JobStatus) -> JobStatus:
     if not status.checkpoint_uri or status.state.value in ("succeeded", "failed", "cancelled"):
         return status
     try:
+        from cloudtrain.checkpoint import set_aside
+        from cloudtrain.checkpoint import store as checkpoint_store
         from cloudtrain.checkpoint.snapshots import resume_point
 
         status.restart_resumes = resume_point(status.checkpoint_uri)
+        passed = set_aside.newest_note(checkpoint_store.survey(status.checkpoint_uri, log=lambda _line: None))
+        if passed:  # why not a newer one: `cloudtrain checkpoints` lists them all
+            status.restart_resumes += f" ({passed})"
     except (CloudtrainError, OSError, ImportError, ValueError):
         pass
     return status
+
+
+def restore_from(uri: str | None, step: int, lineage: str | None, log: Any) -> dict[str, Any]:
+    """``submit --restore-from N`` (``Job.submit(restore_from=N)``), before the job is sent: checkpoint N under the
+    job's store becomes the one it restores (cloudtrain/checkpoint/restore_from.py). Refused with exit 2 where the
+    job has no store, the store has no such checkpoint, or cannot be read from here."""
+    from cloudtrain.checkpoint.restore_from import FLAG, choose
+    from cloudtrain.errors import CloudtrainError, UserError
+
+    if not uri:
+        raise UserError(f"{FLAG} {step}: the job has no checkpoint store to restore from", field=FLAG,
+                        remedy="give it one: --checkpoint-uri (checkpoint.uri)")
+    try:
+        return choose(uri, step, lineage, log=log)
+    except UserError:
+        raise
+    except CloudtrainError as exc:
+        raise UserError(f"{FLAG} {step}: the checkpoint store {uri} cannot be read or written from here "
+                        f"({exc.message})", field=FLAG,
+                        remedy="run the submit where the store is reachable with write access, or leave "
+                               f"{FLAG} out") from exc
 
 
 def chain_of(handle: JobHandle | str) -> list[str]:

@@ -73,6 +73,11 @@ def _rank_dirs(run: Path | None) -> list[Path]:
     return sorted((p for p in attempts[-1].iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
 
 
+def rank_folders(run: Path | None) -> list[Path]:
+    """The local ranks' folders of the newest attempt of ``run`` (each holds its stdout.log and stderr.log)."""
+    return _rank_dirs(run)
+
+
 def rank_logs(run: Path | None) -> dict[str, dict[str, list[str]]]:
     """{local rank: {"stdout": lines, "stderr": lines}} for the newest attempt of ``run``."""
     return {p.name: {kind: _tail(p / f"{kind}.log") for kind in ("stdout", "stderr")} for p in _rank_dirs(run)}

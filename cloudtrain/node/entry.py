@@ -167,6 +167,10 @@ def _run(argv: list[str], unpacked: Path, early_stop: list[int], started: float,
             sync_error = steps.finish_checkpoint_sync(syncer, env, src)
             if sync_error:
                 status["error"] = sync_error
+            if code != 0 and not stopped and not watch.reason:  # workers that failed: was it what they loaded?
+                aside = steps.judge_failure(env, src, workdir, code, masking.masker)
+                if aside:
+                    status["set_aside"] = aside
             # what the node leaves behind that no restart will have: torn checkpoints, files in the working folder
             warnings = [*steps.unpublished_checkpoints(syncer),
                         *steps.stray_files(started_files, env, src), *leftovers]  # at every end

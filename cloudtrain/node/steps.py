@@ -92,6 +92,8 @@ def stray_files(before: set[str], env: dict[str, str], src: Path) -> list[str]:
 # what the restore had to say at the end of the node's run (a job that restored nothing it could use never reads a
 # plain "succeeded"); the bootstrap's process is one node's, so this list is that node's
 RESTORE_WARNINGS: list[str] = []
+# what the restore brought (uri, its report, when), for the judgement after workers that failed (unloadable.py)
+RESTORED: dict[str, Any] = {}
 
 
 def restore_checkpoint(env: dict[str, str], cwd: Path, earlier: Path | None = None) -> str | None:
@@ -114,6 +116,7 @@ def restore_checkpoint(env: dict[str, str], cwd: Path, earlier: Path | None = No
     if report["error"]:
         return f"restoring checkpoints from {uri} failed: {report['error']}"
     step, took = report["step"], time.monotonic() - started
+    RESTORED.update(uri=uri, report=report, at=time.time() - took)
     if step is not None:
         size = _folder_bytes(_local(env, cwd))
         events.emit("restored", step=step, bytes=size, seconds=round(took, 3),
@@ -124,14 +127,41 @@ def restore_checkpoint(env: dict[str, str], cwd: Path, earlier: Path | None = No
         refused = report["refused"]
         RESTORE_WARNINGS.append(f"nothing under {uri} could be restored ({len(refused)} checkpoint(s) refused: "
                                 f"{refused[0]}): this run started from scratch")
-    elif step is None:
+    elif step is None and not report.get("passed"):
         log(f"checkpoint: none yet under {uri}")
     elif report.get("entries"):  # a snapshot of the script's own layout, back under the names it wrote
         log(f"checkpoint: restored {', '.join(map(str, report['entries']))} into {_local(env, cwd)} from "
             f"{uri} (checkpoint {step}, {took:.1f}s{moved})")
-    else:
+    elif step is not None:
         log(f"checkpoint: resuming from step {step} ({took:.1f}s{moved})")
+    passed = report.get("passed") or []
+    if passed:  # the restore said which and why; the end of the run says it again (the job's status)
+        more = f" (and {len(passed) - 1} more checkpoint(s) set aside)" if len(passed) > 1 else ""
+        RESTORE_WARNINGS.append(f"checkpoint {passed[0].step} under {uri} is set aside ({passed[0].reason}){more}: "
+                                + (f"this run restored checkpoint {step}" if step is not None else
+                                   "this run started from scratch"))
     return None
+
+
+def judge_failure(env: dict[str, str], src: Path, workdir: Path, code: int,
+                  masker: Any = None) -> dict[str, Any] | None:
+    """Workers that failed (not preempted, not stopped) right after a restore, before any progress: the checkpoint
+    they loaded is set aside, so no start restores it into the same crash again (cloudtrain/node/unloadable.py).
+    Returns what the node's status records, or None; what it set aside is said at the end of the run too."""
+    _adopt(env)  # the store's client (a Checkpointer of a store of its own notes what it loaded: no URI needed here)
+    from cloudtrain.node import unloadable
+
+    def mask(text: str) -> str:
+        return masker(text.encode()).decode("utf-8", "replace") if masker is not None else text
+
+    try:
+        found = unloadable.judge(env, src, workdir, RESTORED, code, mask=mask, log=log)
+    except Exception as exc:  # the node's outcome stands without it: said, never raised
+        log(f"warning: could not judge whether the restored checkpoint is loadable ({_why(exc)})")
+        return None
+    if found and found.get("line"):
+        RESTORE_WARNINGS.append(found["line"])
+    return found
 
 
 def _folder_bytes(folder: Path) -> int:

@@ -372,6 +372,8 @@ class Checkpointer:
                                       "in the store: not loading it again",
                                       remedy="make the checkpoint store writable from the job, or delete that "
                                              "checkpoint's manifest.json")
+            if self.uri and self.local_rank == 0:  # a failure from here on, before any progress, is laid at its door
+                checkpoint_store.note_loading(self.local_dir, self.uri, step)  # (cloudtrain/node/unloadable.py)
             if self._load(step):
                 self._load_seconds = time.monotonic() - started  # the load ends in a collective: every rank's time
                 return step

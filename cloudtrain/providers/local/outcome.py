@@ -15,8 +15,9 @@ from cloudtrain.node.rank_report import alone_text
 # "stopped" (the supervisor said why: the others).
 PREEMPT, CANCEL, MAX_RUNTIME, PEER_FAILED = "preempted", "cancelled", "max_runtime", "peer_failed"
 _STOPPED_AS = {PREEMPT: "preempted", CANCEL: "cancelled", MAX_RUNTIME: "stopped", PEER_FAILED: "stopped"}
-# what a node's status file adds to its record (warnings: checkpoint files not published, files a restart loses)
-NODE_FIELDS = ("reason", "error", "note", "hint", "ranks", "warnings", "cause")
+# what a node's status file adds to its record (warnings: checkpoint files not published, files a restart loses;
+# set_aside: the checkpoint its failed start had restored, set aside so a restart takes an older one)
+NODE_FIELDS = ("reason", "error", "note", "hint", "ranks", "warnings", "cause", "set_aside")
 
 
 def read_status(path: str | Path | None) -> dict[str, Any] | None:

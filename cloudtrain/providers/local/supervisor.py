@@ -153,9 +153,14 @@ class Supervisor:
                            "which holds when no watcher stops the job first)")
             if state == "preempted":
                 timeline.record(f"local://{self.job_id}", "preempted", attempt=attempt, message=message[:200])
+            aside = next((n["set_aside"] for n in nodes if isinstance(n.get("set_aside"), dict)
+                          and "step" in n["set_aside"]), None)
             if state == "preempted" and attempt < max_restarts:  # managed-spot emulation: the same job again,
                 attempt += 1  # resuming from its checkpoints
                 why = f"restart {attempt} after preemption"
+            elif state == "failed" and aside and attempt < max_restarts and self.stop in (None, outcome.PEER_FAILED):
+                attempt += 1  # the checkpoint it could not load is set aside: the next start takes an older one
+                why = f"restart {attempt} after checkpoint {aside['step']} was set aside"
             elif (state == "failed" and self.stop in (None, outcome.PEER_FAILED) and port_retries < PORT_RETRIES
                   and any(n.get("cause") == PORT_IN_USE for n in nodes)):
                 port_retries += 1  # nothing ran: the same attempt again, where no other process is
