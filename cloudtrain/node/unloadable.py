@@ -19,12 +19,13 @@ script needs missing). Restoring it again would fail again, on every restart and
   newest checkpoint before N, or starts from scratch.
 - **Bounds: a failure that follows the script is not the checkpoint's.** A script that crashes at start-up whatever
   it loads would otherwise set aside every checkpoint, one per start. So N stays usable (a) when a newer checkpoint
-  was set aside after the very same failure (the same exception line), unless that line names a file in the
-  checkpoint folder (``FileNotFoundError: ckpt/optim.pt`` is the checkpoint's, however often it repeats); the newer
-  one's marker is then lifted too, so that once the script is fixed it resumes from the newest again; a start from
-  scratch that fails the same way lifts them as well; and (b) when MAX_IN_A_ROW newer checkpoints are already set
-  aside after failures: three unloadable checkpoints in a row are more likely one script's fault, and
-  ``--restore-from`` picks an older one on purpose.
+  was set aside after the very same failure (the same exception line, but for the node's folder, the job's id and
+  memory addresses: ``signature``), unless that line names a file in the checkpoint folder
+  (``FileNotFoundError: ckpt/optim.pt`` is the checkpoint's, however often it repeats); the newer one's marker is
+  then lifted too, so that once the script is fixed it resumes from the newest again; a start from scratch that
+  fails the same way lifts them as well; and (b) when MAX_IN_A_ROW newer checkpoints are already set aside after
+  failures: three unloadable checkpoints in a row are more likely one script's fault, and ``--restore-from`` picks
+  an older one on purpose.
 """
 
 from __future__ import annotations
