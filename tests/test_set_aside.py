@@ -226,3 +226,19 @@ def test_restore_from_lifts_the_one_picked_and_sets_aside_the_newer_ones(tmp_pat
     with pytest.raises(UserError, match=r"there is no checkpoint 9 under .*usable there: 1, 2"):
         choose(uri, 9)
     assert choose(uri, 3)["lifted"] and states(uri)[3] == "usable"  # brought back the same way
+
+
+def test_status_of_a_job_that_may_restart_names_the_checkpoint_it_passes_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cloudtrain.checkpoint import set_aside
+    from cloudtrain.handles import JobHandle
+    from cloudtrain.job_types import JobState, JobStatus
+    from cloudtrain.jobs.submitted import with_restart_point
+
+    monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path / "home"))
+    uri = (tmp_path / "store").as_uri()
+    for step in (1, 2):
+        publish(tmp_path, uri, step, {"model.txt": str(step)})
+    set_aside.set_aside(checkpoint_store.list_complete(uri, log=lambda _m: None)[1], set_aside.FAILED, "why")
+    status = with_restart_point(JobStatus(JobHandle("local", "x"), "x", JobState.PREEMPTED, checkpoint_uri=uri))
+    assert status.restart_resumes == f"from checkpoint 1 (model.txt) under {uri}; checkpoint 2 is set aside (why)"

@@ -92,11 +92,6 @@ def lift(checkpoint: Checkpoint) -> None:
                          attempts=3)
 
 
-def words(aside: Aside) -> str:
-    """``checkpoint 2 (why)``: how logs, `status` and `cloudtrain checkpoints` name a checkpoint set aside."""
-    return f"checkpoint {aside.step} ({aside.reason})"
-
-
 def newest_note(survey: Any) -> str | None:
     """``checkpoint 2 is set aside (why)`` for the checkpoints set aside that are newer than every usable one (a
     restart passes over them), from a store.Survey; None where there are none."""
@@ -104,5 +99,6 @@ def newest_note(survey: Any) -> str | None:
     passed = [c for c in survey.set_aside if c.step > newest]
     if not passed:
         return None
-    more = f", and {len(passed) - 1} more" if len(passed) > 1 else ""
-    return f"{words(read(passed[-1]))} is set aside{more}"
+    more = f" (and {len(passed) - 1} more)" if len(passed) > 1 else ""
+    aside = read(passed[-1])
+    return f"checkpoint {aside.step} is set aside ({aside.reason}){more}"

@@ -31,7 +31,7 @@ def with_restart_point(status: JobStatus) -> JobStatus:
         status.restart_resumes = resume_point(status.checkpoint_uri)
         passed = set_aside.newest_note(checkpoint_store.survey(status.checkpoint_uri, log=lambda _line: None))
         if passed:  # why not a newer one: `cloudtrain checkpoints` lists them all
-            status.restart_resumes += f" ({passed})"
+            status.restart_resumes += f"; {passed}"
     except (CloudtrainError, OSError, ImportError, ValueError):
         pass
     return status
