@@ -98,6 +98,20 @@ def signature(failure: str, env: dict[str, str], workdir: Path) -> str:
     return re.sub(r"0x[0-9a-fA-F]{6,}", "0x...", failure)
 
 
+def _loaded(folder: Path, restored: dict[str, Any]) -> tuple[str | None, Any, Any, int | None]:
+    """(store, the checkpoint the node restored or None, the digests its store held then or None, the step the
+    Checkpointer noted it was loading or None): a Checkpointer that loaded another one than its node restored (an
+    older one after a corrupt file, another store) is taken at its word."""
+    from cloudtrain.checkpoint import store as checkpoint_store
+
+    uri, report = restored.get("uri"), restored.get("report") or {}
+    loaded, known = report.get("checkpoint"), report.get("known")
+    noted = checkpoint_store.loading_noted(folder)
+    if noted and (noted[0] != uri or loaded is None or noted[1] != loaded.step):
+        return noted[0], None, None, noted[1]
+    return uri, loaded, known, None
+
+
 def judge(env: dict[str, str], src: Path, workdir: Path, restored: dict[str, Any], code: int,
           mask: Callable[[str], str] = str, log: Callable[[str], None] = print) -> dict[str, Any] | None:
     """After torchrun exited ``code`` (not 0, no preemption, no stop: the caller asks only then): set aside the
@@ -109,34 +123,29 @@ def judge(env: dict[str, str], src: Path, workdir: Path, restored: dict[str, Any
     from cloudtrain.errors import CloudtrainError
 
     folder = Path(env.get(contract.CHECKPOINT_DIR) or workdir / "checkpoints")
-    uri, report = restored.get("uri"), restored.get("report") or {}
-    loaded: Any = report.get("checkpoint")
-    known: set[str] | None = report.get("known")
-    noted = checkpoint_store.loading_noted(folder)
-    if noted and (noted[0] != uri or loaded is None or noted[1] != loaded.step):
-        uri, loaded, known = noted[0], None, None  # the Checkpointer loaded another one than the node restored
-    run = diagnosis.newest_run(workdir / "worker-logs")
-    if not uri or _events(run):
+    uri, loaded, known, noted = _loaded(folder, restored)
+    if not uri:
         return None
-    first = diagnosis.first_failure(run)
-    failure = mask(first[1] if first else f"the workers failed (torchrun exit {code}) without an exception in their "
-                                          "logs")
-    said = signature(failure, env, workdir)
     try:
         survey = checkpoint_store.survey(uri, log=_quiet)
-        if noted and loaded is None:
-            loaded = next((c for c in survey.complete if c.step == noted[1]), None)
-            if loaded is None:  # set aside already, or found corrupt by the load: nothing left to decide
-                return None
-        elif loaded is not None:
-            now = next((c for c in survey.complete if c.step == loaded.step), None)
-            if now is None or now.digest != loaded.digest:  # replaced (saved again) or set aside since
-                return None
+        if noted is not None:  # as the store holds it now: set aside already, or found corrupt by the load: none
+            loaded = next((c for c in survey.complete if c.step == noted), None)
+        elif loaded is not None and loaded.digest not in {c.digest for c in survey.complete}:
+            loaded = None  # saved again since (a new manifest), or set aside already: nothing to decide
+        step = loaded.step if loaded is not None else None
+        newer = [a for a in (set_aside.read(c) for c in survey.set_aside if step is None or c.step > step)
+                 if a.kind == set_aside.FAILED]
+        if loaded is None and not newer:
+            return None  # nothing to set aside, and nothing to lift
         if loaded is not None and _saved_since(survey, loaded, known, float(restored.get("at") or 0)):
             return None
-        step = loaded.step if loaded is not None else None
-        newer = [set_aside.read(c) for c in survey.set_aside if step is None or c.step > step]
-        newer = [a for a in newer if a.kind == set_aside.FAILED]
+        run = diagnosis.newest_run(workdir / "worker-logs")
+        if _events(run):  # read last: a long run's logs are the largest thing looked at
+            return None
+        first = diagnosis.first_failure(run)
+        failure = mask(first[1] if first else f"the workers failed (torchrun exit {code}) without an exception in "
+                                              "their logs")
+        said = signature(failure, env, workdir)
         same = [a for a in newer if a.signature == said]
         if same and not names_folder(failure, folder, src):
             for aside in same:
