@@ -7,6 +7,7 @@ store's checkpoints and `submit --restore-from N` picks one on purpose."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,7 +90,9 @@ def test_a_checkpoint_the_script_cannot_load_is_set_aside_and_the_next_submit_re
     assert "resumed from step 5" in out and "done step 6" in out
     assert "warning: checkpoint 2 under" in out  # the job's status says it too
 
+    handle = re.search(r"submitted (local://\S+)", out).group(1)  # type: ignore[union-attr]
     listed = json.loads(ct("checkpoints", uri, "-o", "json").stdout)
+    assert json.loads(ct("checkpoints", handle, "-o", "json").stdout) == listed  # a job's: its store's
     by_step = {row["step"]: row for row in listed["checkpoints"]}
     assert by_step[2]["state"] == "set aside" and "FileNotFoundError" in by_step[2]["why"]
     assert by_step[1]["state"] == "usable" and listed["resumes"] == max(s for s, r in by_step.items()
