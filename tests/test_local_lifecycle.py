@@ -196,6 +196,54 @@ def test_preempt_says_what_it_did(cli, tmp_path: Path) -> None:
         assert "SignalException: Process" in kept.read_text()
 
 
+def _torchrun_of(bootstrap: int) -> int:
+    """The pid of the torchrun agent a node's bootstrap started."""
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == bootstrap and \
+                    b"torch.distributed.run" in (entry / "cmdline").read_bytes():
+                return int(entry.name)
+        except (OSError, ValueError):
+            continue
+    raise AssertionError(f"no torchrun below pid {bootstrap}")
+
+
+KEEP_ALIVE_S = 5  # torch's c10d rendezvous sends a keep-alive through the store this often (keep_alive_interval)
+TEARDOWN_NOISE = ("Traceback", "SignalException", "[c10d]", "frame #", "<omitting python frames>",
+                  "failed to send a keep-alive heartbeat", "terminate called", "Fatal Python error")
+
+
+def test_a_busy_node_preempted_after_its_peer_left_says_nothing_of_its_teardown(cli, tmp_path: Path) -> None:
+    """Issue 50: on a busy machine node 1's torchrun runs late, after node 0's agent (which hosts the rendezvous
+    store) has exited: its keep-alive thread's c10d warning with its C++ stack, the rendezvous' line about it and
+    its SignalException traceback, in whatever order its threads wrote them, reached node 1's log. Made certain
+    here: node 1's torchrun is frozen (SIGSTOP) across the preemption until node 0 has ended."""
+    proj = project(tmp_path, "sleeper.py")
+    handle = cli("submit", str(proj / "sleeper.py"), "--nodes", "2", "--procs-per-node", "1",
+                 "--detach").stdout.strip()
+    wait_for(lambda: cli("logs", handle).stdout.count("ready rank=") == 2, timeout=120, interval=1)
+    nodes = {n["rank"]: n for n in status_json(cli, handle)["nodes"]}
+    agent = _torchrun_of(nodes[1]["pid"])
+    os.kill(agent, signal.SIGSTOP)
+    frozen = time.monotonic()
+    try:
+        assert cli("preempt", handle).returncode == 0
+        wait_for(lambda: "[cloudtrain] node 0 preempted" in Path(nodes[0]["log"]).read_text(), timeout=120)
+        time.sleep(max(0.0, KEEP_ALIVE_S + 1 - (time.monotonic() - frozen)))  # its keep-alive is due when it runs
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    assert cli("wait", handle, "--timeout", "120").returncode == 1
+    status = status_json(cli, handle)
+    assert [n["outcome"] for n in status["nodes"]] == ["preempted", "preempted"]
+    for node in status["nodes"]:
+        log = Path(node["log"]).read_text()
+        assert not [noise for noise in TEARDOWN_NOISE if noise in log], log
+        assert f"[cloudtrain] node {node['rank']} preempted (torchrun exit" in log.splitlines()[-1]
+    kept = Path(status["output_uri"].removeprefix("file://")) / "logs" / "node-1" / "torchrun.log"
+    assert "SignalException: Process" in kept.read_text()  # all of it kept beside the workers' logs
+
+
 def test_cancelled_nodes_read_cancelled_not_preempted(cli, tmp_path: Path) -> None:
     """17.7: a cancelled job listed its nodes as `exit 143 (preempted)`."""
     proj = project(tmp_path, "sleeper.py")

@@ -26,6 +26,7 @@ def run(argv: list[str], cwd: Path, env: dict[str, str], early: list[int] | None
             child.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    code: int | None = None
     if early:  # a stop that landed between the last check and the handler above: not lost
         forward(early[-1], None)
     try:
@@ -39,13 +40,14 @@ def run(argv: list[str], cwd: Path, env: dict[str, str], early: list[int] | None
         for s, handler in previous.items():
             signal.signal(s, handler)
         if stderr is not None:
-            stderr.finish()
+            stderr.finish(code)  # what it held decided by how torchrun ended: its teardown's noise, or its failure
+    assert code is not None
     return code, stopping["signal"] is not None
 
 
 def launcher_stderr(argv: list[str]) -> Any:
-    """torchrun's stderr as the node shows it (cloudtrain/node/worker_echo.py); None (torchrun writes to the node's
+    """torchrun's stderr as the node shows it (cloudtrain/node/launcher_stderr.py); None (torchrun writes to the node's
     stderr itself) without a ``--log-dir``."""
-    from cloudtrain.node.worker_echo import LauncherStderr
+    from cloudtrain.node.launcher_stderr import LauncherStderr
 
     return LauncherStderr.for_torchrun(argv)

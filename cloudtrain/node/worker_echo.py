@@ -7,7 +7,8 @@ threads before it exits: ~0.15 s at the end of every job and every preemption. T
 instead, and once torchrun has exited reads what is left at once. Lines are passed on as bytes (the node's masked
 output masks them), a carriage return ends a line as in torchrun's text-mode reading, and a partial line is let
 through after a quiet spell so that a prompt or a progress bar still shows. torchrun's own stderr reaches the
-node's through :class:`LauncherStderr`. Standard library only: nodes run it under the image's Python (3.8 and up).
+node's through cloudtrain/node/launcher_stderr.py. Standard library only: nodes run it under the image's Python
+(3.8 and up).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import IO
 
 from cloudtrain.node.log_masking import safe_end, write_all
 
@@ -146,76 +146,3 @@ def _write_lines(fd: int, lines: list[bytes]) -> None:
         block += line
     if block:
         write_all(fd, block)
-
-
-_C10D_NOISE = re.compile(rb"^(\[[WE]\d{4} [\d:.]+ \S+\] \[c10d\] |Exception raised from |frame #\d+: |\s*$)")
-
-
-def _without_stop_noise(held: list[bytes]) -> list[bytes]:
-    """What to show of what torchrun printed from a traceback on, after the node stopped it: when that traceback ends
-    in the stop's SignalException, neither it nor c10d's account of the peers' store going away with them (a warning
-    and its C++ frames), only anything else that follows; any other traceback whole."""
-    ends = next((i for i, line in enumerate(held[1:], 1) if line[:1] not in (b" ", b"\t")), None)
-    if ends is None or b"SignalException" not in held[ends]:
-        return held
-    return [line for line in held[ends + 1:] if not _C10D_NOISE.match(line)]
-
-
-class LauncherStderr:
-    """torchrun's own stderr, passed on to the node's (``out``) line by line and kept whole in ``raw`` (a file beside
-    the worker logs, uploaded with them).
-
-    Once the node has forwarded a stop to torchrun (:meth:`stopping`: a preemption, a cancel, the watchdog), the
-    traceback torchrun prints for that signal (``SignalException: Process N got signal: 15``) says nothing the node's
-    own last line does not say better, yet it filled more than half of a rehearsed preemption's log: it goes to
-    ``raw`` only. Any other traceback is passed on whole."""
-
-    def __init__(self, raw: Path, out: int = 2) -> None:
-        self.raw, self.out = raw, out
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-
-    @classmethod
-    def for_torchrun(cls, argv: list[str]) -> LauncherStderr | None:
-        """For the torchrun command line ``argv``: ``torchrun.log`` beside the worker logs of its ``--log-dir``."""
-        if "--log-dir" not in argv:
-            return None
-        folder = Path(argv[argv.index("--log-dir") + 1])
-        folder.mkdir(parents=True, exist_ok=True)
-        return cls(folder / "torchrun.log")
-
-    def start(self, pipe: IO[bytes]) -> None:
-        self._thread = threading.Thread(target=self._run, args=(pipe,), name="cloudtrain-torchrun-stderr",
-                                        daemon=True)
-        self._thread.start()
-
-    def stopping(self) -> None:
-        self._stopping = True
-
-    def finish(self, timeout: float = 5.0) -> None:
-        """After torchrun exited: its last lines written (a worker it orphaned may hold the pipe: not waited for)."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self, pipe: IO[bytes]) -> None:
-        try:
-            raw = os.open(self.raw, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        except OSError:
-            raw = -1
-        held: list[bytes] = []  # from a traceback that started after the stop: held until torchrun's stderr ends
-        with pipe:  # drained to its end whatever fails: torchrun must never block on a full pipe
-            for line in iter(pipe.readline, b""):
-                if raw >= 0:
-                    with contextlib.suppress(OSError):
-                        write_all(raw, line)
-                if held or (self._stopping and line.startswith(b"Traceback (most recent call last):")):
-                    held.append(line)
-                else:
-                    self._write(line)
-        if raw >= 0:
-            os.close(raw)
-        self._write(b"".join(_without_stop_noise(held)))
-
-    def _write(self, data: bytes) -> None:
-        with contextlib.suppress(OSError):
-            write_all(self.out, data)
