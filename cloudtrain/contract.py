@@ -28,6 +28,9 @@ VARIABLES = (
              "bootstrap (restore, plain-script sync), cloudtrain.runtime Checkpointer"),
     Variable("CLOUDTRAIN_LINEAGE", "which job a checkpoint belongs to (name, entry point, project folder, hashed)",
              "plan (a value in the spec's env wins)", "checkpoints (restore refuses another lineage's), Checkpointer"),
+    Variable("CLOUDTRAIN_CHECKPOINT_TAKE_OVER", "1: node 0 takes the checkpoint URI's writer lease even where a live "
+             "job of another lineage holds it (that job then publishes no more there)",
+             "plan (checkpoint.take_over, --take-over)", "node steps (cloudtrain.checkpoint.writer)"),
     Variable("CLOUDTRAIN_CHECKPOINT_KEEP", "complete checkpoints to retain (>= 2)", "plan",
              "checkpoints (sync), Checkpointer"),
     Variable("CLOUDTRAIN_CHECKPOINT_INTERVAL", "seconds between saves / plain-script syncs", "plan",
@@ -125,6 +128,7 @@ STRATEGY, CHECKPOINT_URI, LINEAGE, CHECKPOINT_KEEP, CHECKPOINT_INTERVAL, CHECKPO
     "CLOUDTRAIN_STRATEGY", "CLOUDTRAIN_CHECKPOINT_URI", "CLOUDTRAIN_LINEAGE", "CLOUDTRAIN_CHECKPOINT_KEEP",
     "CLOUDTRAIN_CHECKPOINT_INTERVAL", "CLOUDTRAIN_CHECKPOINT_DIR")
 RESTORED_STEP, CHECKPOINT_QUIET = "CLOUDTRAIN_RESTORED_STEP", "CLOUDTRAIN_CHECKPOINT_QUIET"
+TAKE_OVER = "CLOUDTRAIN_CHECKPOINT_TAKE_OVER"
 CHECKPOINT_LAYOUT, SCRIPT_LAYOUT = "CLOUDTRAIN_CHECKPOINT_LAYOUT", "script"
 OUTPUT_URI, OUTPUT_DIR, MAX_IDLE, INPUT_PREFIX, NNODES, NODE_RANK, JOB_ID = (
     "CLOUDTRAIN_OUTPUT_URI", "CLOUDTRAIN_OUTPUT_DIR", "CLOUDTRAIN_MAX_IDLE", "CLOUDTRAIN_INPUT_", "CLOUDTRAIN_NNODES",

@@ -41,12 +41,16 @@ class Job:
     def plan(self, provider: str = "local") -> Plan:
         return plan_job(self.spec, provider)
 
-    def submit(self, provider: str = "local", restore_from: int | None = None) -> Run:
+    def submit(self, provider: str = "local", take_over: bool = False, restore_from: int | None = None) -> Run:
         """Package, stage (with progress on a long upload) and start the job; returns at once (follow it with
-        ``Run.logs(follow=True)``). ``restore_from``: resume from that checkpoint on purpose (`submit --restore-from
-        N`: the newer ones are set aside in the store first)."""
+        ``Run.logs(follow=True)``). ``take_over``: take the checkpoint URI over from the job of another lineage that
+        holds it (``checkpoint.take_over``; without it such a submit is refused). ``restore_from``: resume from that
+        checkpoint on purpose (`submit --restore-from N`: the newer ones are set aside in the store first)."""
         impl = get_provider(provider)
-        plan = plan_job(self.spec, impl)
+        spec = self.spec
+        if take_over:
+            spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"take_over": True})})
+        plan = plan_job(spec, impl)
         with plan.package:
             if restore_from is not None:
                 import sys

@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 JOB_FLAGS = ["--allow-secret", "--checkpoint-dir", "--checkpoint-uri", "--emulate", "--env", "--file", "--gpus",
              "--image", "--max-cost", "--max-idle", "--max-recovery", "--max-restarts", "--max-runtime", "--module",
              "--name", "--no-spec", "--nodes", "--output", "--output-uri", "--procs-per-node", "--profile",
-             "--provider", "--require-process-group", "--resume-arg", "--set", "--source-dir", "--spot", "--strategy"]
+             "--provider", "--require-process-group", "--resume-arg", "--set", "--source-dir", "--spot", "--strategy",
+             "--take-over"]
 CLI = {
     "submit": sorted([*JOB_FLAGS, "--detach", "--dry-run", "--follow", "--plan", "--restore-from"]),
     "plan": sorted([*JOB_FLAGS, "--compare", "--export", "--region"]),
@@ -67,6 +68,7 @@ def test_sdk_names_are_pinned() -> None:
     assert {n for n, _ in inspect.getmembers(cloudtrain.Run) if not n.startswith("_")} == RUN_METHODS
     assert {"progress", "recover", "timeout"} <= set(inspect.signature(cloudtrain.Run.wait).parameters)
     assert {"follow", "merge"} <= set(inspect.signature(cloudtrain.Run.logs).parameters)
+    assert "take_over" in inspect.signature(cloudtrain.Job.submit).parameters
     assert "restore_from" in inspect.signature(cloudtrain.Job.submit).parameters
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cloudtrain import contract, storage
+from cloudtrain.checkpoint import writer
 from cloudtrain.checkpoint.download import Restored, download, log_line
 from cloudtrain.checkpoint.manifest import (
     MANIFEST,
@@ -199,8 +200,10 @@ def uploader(folder_uri: str, log: Log, immutable: bool = False) -> Callable[[Pa
     rewrites in place (the Checkpointer's own) may be linked into a file:// store, not copied."""
     store = storage.store_for(folder_uri)
     put = getattr(store, "link_file", store.put_file) if immutable else store.put_file
+    check = writer.checker(folder_uri)  # one live job writes to a checkpoint URI (writer.py)
 
     def upload(source: Path, target: str) -> int:
+        check()
         return int(storage.with_retries(functools.partial(put, source, target), f"upload of {target}", log=log))
 
     return upload
@@ -225,6 +228,7 @@ def copy_files(source_uri: str, files: list[dict[str, Any]], folder_uri: str, lo
     if copy is None:
         raise CloudtrainError(f"the store of {folder_uri} cannot copy objects itself",
                               remedy="carry the files from a local copy (upload_files)")
+    writer.check(folder_uri)
 
     def one(entry: dict[str, Any]) -> int:
         source, target = storage.join(source_uri, entry["path"]), storage.join(folder_uri, entry["path"])
@@ -265,6 +269,7 @@ def publish(folder_uri: str, step: int, files: list[dict[str, Any]], *, world_si
     if os.environ.get(LINEAGE_ENV):
         manifest.setdefault("lineage", os.environ[LINEAGE_ENV])
     data = json.dumps(manifest, indent=1).encode()
+    writer.check(folder_uri)  # this job still holds its checkpoint URI (never taken over since the uploads began)
     store = storage.store_for(folder_uri)
     stale = _temp_objects(store, folder_uri)  # every rank's upload is done: any temp file is a killed attempt's
     if stale:

@@ -159,6 +159,10 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", choices=["ddp", "fsdp"])
     p.add_argument("--gpus", help="accelerator per node, e.g. A100:8 (`cloudtrain catalog` lists them)")
     p.add_argument("--checkpoint-uri", help="where checkpoints are kept: s3://, gs://, az://, file://")
+    p.add_argument("--take-over", action="store_true", default=None,
+                   help="take the checkpoint URI over from the job of another lineage that holds it (one that is "
+                        "gone but whose lease has not expired, or one to stop writing there): that job writes no "
+                        "more checkpoints there")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="the folder your script writes its checkpoints to (relative to its working folder): "
                         "restored into before it starts, published as it writes them, in any layout")

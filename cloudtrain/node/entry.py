@@ -79,6 +79,7 @@ def _run(argv: list[str], unpacked: Path, early_stop: list[int], started: float,
             env[key] = value
     status: dict[str, object] = {"outcome": "failed", "returncode": None, "started": started}
     contract: Any = None  # the platform's node contract, once loaded
+    holder: Any = None  # node 0's lease of the checkpoint URI, once taken (cloudtrain/checkpoint/writer.py)
     try:
         from cloudtrain.node import process_tree
 
@@ -136,7 +137,9 @@ def _run(argv: list[str], unpacked: Path, early_stop: list[int], started: float,
         from cloudtrain.node import steps
 
         earlier = steps.fresh_checkpoint_folder(env, workdir)
+        holder = steps.hold_checkpoint_uri(env, cluster.node_rank, watch.stop)  # taken while the restore runs
         failed = steps.restore_checkpoint(env, src, earlier)
+        failed = steps.uri_refused(holder) or failed  # another job writes to the URI: that first, whatever else
         if failed:
             raise NodeStartError(failed)
         if env.get(names.RESTORED_STEP, "none") != "none":
@@ -189,10 +192,15 @@ def _run(argv: list[str], unpacked: Path, early_stop: list[int], started: float,
         if contract is not None:
             report_failure(contract, env, f"cloudtrain: {why}")
         status.update(outcome="failed", error=why, returncode=names.EXIT_USAGE, ended=time.time())
+        if holder is not None:
+            holder.finish(release=True)
         node_files.write_status(args.status_file, status)
         return names.EXIT_USAGE
     from cloudtrain.node import outcome
 
+    def record(done: dict[str, object]) -> str | None:
+        steps.let_go_of_checkpoint_uri(holder, str(done.get("outcome")))  # before the status says the node ended
+        return node_files.write_status(args.status_file, done)
+
     return outcome.conclude(status, code, stopped, watch, cluster, launch.visible_gpus(env), started,
-                            lambda message: report_failure(contract, env, message),
-                            lambda done: node_files.write_status(args.status_file, done))
+                            lambda message: report_failure(contract, env, message), record)

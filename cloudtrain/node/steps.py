@@ -164,6 +164,34 @@ def judge_failure(env: dict[str, str], src: Path, workdir: Path, code: int,
     return found
 
 
+def hold_checkpoint_uri(env: dict[str, str], node_rank: int, on_lost: Any) -> Any:
+    """Node 0 takes its checkpoint URI's writer lease (one live job writes to a URI: cloudtrain/checkpoint/writer.py)
+    before its workers start, in a thread, while the restore runs, and renews it until the node ends. ``on_lost``:
+    another job took the URI over (the node stops). None: no URI, or not node 0."""
+    uri = env.get(contract.CHECKPOINT_URI)
+    if not uri or node_rank != 0:
+        return None
+    _adopt(env)
+    from cloudtrain.checkpoint import writer
+
+    return writer.Holder(uri, writer.Identity.of(env), env.get(contract.PLATFORM, ""), log=log,
+                         on_lost=on_lost).start()
+
+
+def uri_refused(holder: Any) -> str | None:
+    """Once node 0 has taken its URI's lease (or could not): why it may not write there (it does not start), or
+    None."""
+    return holder.claimed() if holder is not None else None
+
+
+def let_go_of_checkpoint_uri(holder: Any, outcome: str) -> None:
+    """At the node's end, before its status says so (whoever reads it may submit at once): the lease is given up
+    when the job ended for good, and kept on a preemption, to expire (the job's restart takes it back, and no other
+    job slips in meanwhile)."""
+    if holder is not None:
+        holder.finish(release=outcome != "preempted")
+
+
 def _folder_bytes(folder: Path) -> int:
     """The bytes a restore put in the node's checkpoint folder (for the timeline's GB/s)."""
     total = 0

@@ -1,12 +1,14 @@
 """What the core does around every submit (issue 39.1), so a provider's ``_submit`` only sends: a plan that still
 holds a placeholder for a setting (the provider's declared ``placeholders``) is refused before anything is staged or
-sent; after it is sent, its rate and budget are remembered (`cloudtrain cost`, the budget watcher) and the job's
+sent, and so is one whose checkpoint URI a live job of another lineage holds (check_checkpoint_uri); after it is
+sent, its rate and budget are remembered (`cloudtrain cost`, the budget watcher) and the job's
 timeline gets its ``submitted`` and ``staged`` events. ``Provider.submit`` runs it (cloudtrain.plan installs it)."""
 
 from __future__ import annotations
 
+import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import UserError
 from cloudtrain.plan.model import Plan
@@ -33,6 +35,7 @@ def submit(provider: Provider, planned: Planned) -> JobHandle:
                         remedy=f"set {setting} in the spec (or --set {setting}=...)"
                                + (f", or {variables[0]}" if variables else "")
                                + f", or `cloudtrain config set {setting.removeprefix('providers.')} ...`")
+    check_checkpoint_uri(plan)
     submitted_at = time.time()
     staging.STAGED.clear()
     handle = provider._submit(plan)
@@ -43,3 +46,40 @@ def submit(provider: Provider, planned: Planned) -> JobHandle:
         staged = dict(staging.STAGED)
         timeline.record(str(handle), "staged", staged.pop("at"), **staged)
     return handle
+
+
+def check_checkpoint_uri(plan: Plan) -> None:
+    """One live job writes to a checkpoint URI (cloudtrain/checkpoint/writer.py): a live job of another lineage that
+    holds the plan's refuses this submit (exit 2), before anything is staged or sent, unless the plan takes it over;
+    a note says where this submission will take the URI over. A store this machine cannot read is said, and the
+    job's node 0 checks again when it starts."""
+    from cloudtrain import contract
+    from cloudtrain.bundle.staging import lineage_id
+    from cloudtrain.checkpoint import writer
+
+    uri = plan.spec.checkpoint.uri
+    if not uri:
+        return
+    me = writer.Identity(plan.job_id, plan.spec.env.get(contract.LINEAGE) or lineage_id(plan.spec),
+                         bool(plan.spec.checkpoint.take_over))
+    try:
+        note = writer.before_submit(uri, me, cancel=_cancel_command)
+    except writer.UriHeld:
+        raise
+    except Exception as exc:  # any store client's error: the node checks again
+        note = f"could not read who holds the checkpoint URI {uri} ({exc}); the job's node 0 checks when it starts"
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+
+
+def _cancel_command(held: dict[str, Any]) -> str | None:
+    """`cloudtrain cancel HANDLE` for the job holding a lease, where this machine submitted it (its timeline)."""
+    from cloudtrain.errors import CloudtrainError
+    from cloudtrain.home.timeline import known_handles
+
+    job = held.get("job")
+    try:
+        found = [h for h in known_handles() if job and h.rsplit("/", 1)[-1] == job]
+    except (CloudtrainError, OSError):
+        return None
+    return f"`cloudtrain cancel {found[0]}`" if found else None

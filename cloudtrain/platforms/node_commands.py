@@ -65,6 +65,8 @@ def job_env(spec: JobSpec) -> dict[str, str]:
         env[contract.CHECKPOINT_URI] = spec.checkpoint.uri
         env.setdefault(contract.LINEAGE, lineage_id(spec))  # the spec's own env wins: continuing another job on purpose
         env[contract.CHECKPOINT_KEEP] = str(spec.checkpoint.keep)
+        if spec.checkpoint.take_over:  # node 0 takes the URI's writer lease from another live job (writer.py)
+            env[contract.TAKE_OVER] = "1"
         if spec.checkpoint.interval:
             env[contract.CHECKPOINT_INTERVAL] = str(spec.checkpoint.interval)
     if spec.output_uri:
@@ -91,6 +93,10 @@ def checkpoint_notes(spec: JobSpec) -> list[str]:
     elif folder:
         notes.append(f"checkpoint.dir {folder} is set but checkpoint.uri is not: nothing is restored into it or "
                      "published from it, so a restart starts from scratch (set --checkpoint-uri)")
+    if uri and spec.checkpoint.take_over:
+        notes.append(f"checkpoint.take_over: node 0 takes {uri} over from whichever job holds it, even a live one of "
+                     "another lineage, which then writes no more checkpoints there (its checkpoints stay; this job "
+                     "still never resumes from another lineage's); submit reads who holds it, this plan does not")
     if spec.resume_args:
         shown = " ".join(split_args(spec.resume_args, spec.env)[0])
         notes.append(f"resume_args ({shown}) are added to the script's arguments only on a node that restored a "

@@ -129,6 +129,11 @@ class CheckpointSpec(_Model):
                           "training (Young/Daly, from the checkpoint cost and the interruptions of earlier runs)")
     keep: int = Field(contract.MIN_KEEP, ge=contract.MIN_KEEP, le=1000,
                       description=f"How many complete checkpoints to retain (>= {contract.MIN_KEEP})")
+    take_over: bool = Field(
+        False, description="Take the checkpoint URI over from the job of another lineage that holds it, even while "
+                           "that job runs: it then writes no more checkpoints there (one live job writes to a URI; "
+                           "its checkpoints stay where they are). For a job that is gone but whose lease has not "
+                           "expired yet; set it for one submission, not in a spec you keep")
 
 
 class PackageSpec(_Model):
