@@ -42,7 +42,8 @@ PUBLISH = """
 import sys
 from pathlib import Path
 from cloudtrain.checkpoint import snapshots as checkpoint_snapshots
-snap = checkpoint_snapshots.Snapshotter(Path(sys.argv[1]) / "empty", sys.argv[2], keep=2, quiet=0.0)
+snap = checkpoint_snapshots.Snapshotter(Path(sys.argv[1]) / "empty", sys.argv[2], keep=2, quiet=0.0,
+                                        files=["ckpt.pt"])
 snap.root = Path(sys.argv[1]) / "out"  # started on an empty folder, as a fresh node: the file is new to it
 assert snap.poll() is not None
 """
@@ -114,7 +115,7 @@ def bench(scheme: str, tmp: Path, mb: int, repeat: int) -> dict[str, float]:
 
     # (b) restore of a published snapshot into a fresh folder, under its own name
     uri = f"{root}/restore"
-    snap = checkpoint_snapshots.Snapshotter(tmp / "empty", uri, keep=2, quiet=0.0)
+    snap = checkpoint_snapshots.Snapshotter(tmp / "empty", uri, keep=2, quiet=0.0, files=["ckpt.pt"])
     snap.root = folder
     assert snap.poll() is not None
     newest = checkpoint_store.list_complete(uri)[-1]
@@ -154,7 +155,7 @@ def blocked(tmp: Path, mb: int) -> None:
     from cloudtrain.checkpoint import sync as checkpoint_sync
 
     folder, store = tmp / "blocked" / "out", tmp / "blocked" / "store"
-    snap = checkpoint_snapshots.Snapshotter(folder, store.as_uri() + "/beside", keep=2, quiet=0.0)
+    snap = checkpoint_snapshots.Snapshotter(folder, store.as_uri() + "/beside", keep=2, quiet=0.0, files=["ckpt.pt"])
     started = time.perf_counter()
     make_ckpt(folder, mb)
     saved = time.perf_counter() - started
@@ -166,7 +167,7 @@ def blocked(tmp: Path, mb: int) -> None:
     publisher.join()
     shutil.rmtree(folder)
     env = {contract.CHECKPOINT_DIR: str(folder), contract.CHECKPOINT_URI: store.as_uri() + "/sync",
-           contract.CHECKPOINT_INTERVAL: "60"}
+           contract.CHECKPOINT_INTERVAL: "60", contract.CHECKPOINT_FILES: "ckpt.pt"}
     sync = checkpoint_sync.PlainSync(env, tmp)
     make_ckpt(folder, mb)
     done = time.perf_counter()
@@ -178,6 +179,41 @@ def blocked(tmp: Path, mb: int) -> None:
           f"worker); save end -> snapshot published by the sync thread: {published:.2f} s")
     print(f"      a training step alone {alone * 1e3:.2f} ms; beside a publish in the same process "
           f"{beside * 1e3:.2f} ms ({beside / alone:.2f}x; on a node the publish runs in the bootstrap's process)")
+
+
+def last_byte_to_publish(tmp: Path, declared: bool, saves: int, every: float,
+                         pause: float) -> list[tuple[int, float]]:
+    """(d) A script saving model.pt, then (``pause`` s later) optim.pt, every ``every`` s, overwritten in place, under a
+    real sync thread (``PlainSync``, a look a second): for each checkpoint published, the seconds from the last byte of
+    the save it holds (its files' newest mtime) to its manifest (its ``created``). Without checkpoint.files the first
+    save is published once the next one has shown it was whole (or never, if its window is missed); with them, each
+    the moment its files are whole."""
+    import torch
+
+    from cloudtrain import contract
+    from cloudtrain.checkpoint import store as checkpoint_store
+    from cloudtrain.checkpoint import sync as checkpoint_sync
+
+    side = tmp / ("declared" if declared else "learned")
+    folder, uri = side / "ckpt", (side / "store").as_uri()
+    folder.mkdir(parents=True)
+    env = {contract.CHECKPOINT_DIR: str(folder), contract.CHECKPOINT_URI: uri, contract.CHECKPOINT_KEEP: "1000",
+           contract.CHECKPOINT_LAYOUT: contract.SCRIPT_LAYOUT, contract.CHECKPOINT_INTERVAL: "60",
+           **({contract.CHECKPOINT_FILES: "model.pt\noptim.pt"} if declared else {})}
+    sync = checkpoint_sync.PlainSync(env, side, log=lambda _m: None)
+    last_bytes: dict[int, float] = {}
+    for step in range(1, saves + 1):
+        torch.save({"step": step, "w": torch.rand(1 << 18)}, folder / "model.pt")
+        time.sleep(pause)
+        torch.save({"step": step, "w": torch.rand(1 << 18)}, folder / "optim.pt")
+        last_bytes[step] = (folder / "optim.pt").stat().st_mtime
+        time.sleep(every - pause)
+    sync.finish()
+    took = []
+    for found in checkpoint_store.list_complete(uri, log=lambda _m: None):
+        step = torch.load(Path(found.uri.removeprefix("file://")) / "optim.pt")["step"]
+        took.append((step, found.manifest["created"] - last_bytes[step]))
+    return took
 
 
 def main() -> None:
@@ -193,6 +229,17 @@ def main() -> None:
           f"{os.cpu_count()} cores")
     results: dict[str, dict[str, float]] = {}
     try:
+        saves, every, pause = 8, 3.0, 1.0
+        sides = {declared: last_byte_to_publish(tmp, declared, saves, every, pause) for declared in (True, False)}
+        print(f"  (d) a save of model.pt then optim.pt {pause:g} s later, every {every:g} s, {saves} saves, "
+              "overwritten in place: from a save's last byte to its publish")
+        for declared, took in sides.items():
+            name = "checkpoint.files declared" if declared else "set learned (no checkpoint.files)"
+            seconds = [t for _, t in took]
+            print(f"      {name}: none published" if not took else
+                  f"      {name}: {len(took)} of {saves} saves published, the first being save {took[0][0]} "
+                  f"({took[0][1]:.2f} s after its last byte, {took[0][1] + (took[0][0] - 1) * every:.2f} s after the "
+                  f"first save's); median {statistics.median(seconds):.2f} s, max {max(seconds):.2f} s")
         blocked(tmp, args.mb)
         for scheme in args.stores.split(","):
             with transfer.emulated(scheme, tmp):

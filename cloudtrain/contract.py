@@ -44,8 +44,12 @@ VARIABLES = (
              "published and restored entry by entry under the script's names, step-<N> folders included; unset: "
              "cloudtrain's step-<N> folders are published one by one (restored as step-<9 digits> with a manifest)",
              "plan (checkpoint.dir)", "bootstrap (sync, restore: cloudtrain.checkpoint.snapshots)"),
-    Variable("CLOUDTRAIN_CHECKPOINT_QUIET", "seconds a checkpoint folder's snapshot must stay unchanged before it "
-             "is published, where no file format says it is complete (default 2)", "you (the spec's env)",
+    Variable("CLOUDTRAIN_CHECKPOINT_FILES", "the files every save writes, one glob per line, relative to the "
+             "checkpoint folder (checkpoint.files): a snapshot is published the moment each is whole and new",
+             "plan (checkpoint.files)", "bootstrap (sync: cloudtrain.checkpoint.save_sets)"),
+    Variable("CLOUDTRAIN_CHECKPOINT_QUIET", "seconds a file of a checkpoint folder whose format cannot say it is "
+             "whole (a .json, a .npz) must stay unchanged before its snapshot is published (default 2); never what "
+             "decides which files make up a save", "you (the spec's env)",
              "bootstrap (sync: cloudtrain.checkpoint.snapshots)"),
     Variable("CLOUDTRAIN_RESTORED_STEP", "the step this node restored into CLOUDTRAIN_CHECKPOINT_DIR before its "
              "workers started, or none: their Checkpointer's first restore loads it without listing the store again",
@@ -130,6 +134,7 @@ STRATEGY, CHECKPOINT_URI, LINEAGE, CHECKPOINT_KEEP, CHECKPOINT_INTERVAL, CHECKPO
 RESTORED_STEP, CHECKPOINT_QUIET = "CLOUDTRAIN_RESTORED_STEP", "CLOUDTRAIN_CHECKPOINT_QUIET"
 TAKE_OVER = "CLOUDTRAIN_CHECKPOINT_TAKE_OVER"
 CHECKPOINT_LAYOUT, SCRIPT_LAYOUT = "CLOUDTRAIN_CHECKPOINT_LAYOUT", "script"
+CHECKPOINT_FILES = "CLOUDTRAIN_CHECKPOINT_FILES"
 OUTPUT_URI, OUTPUT_DIR, MAX_IDLE, INPUT_PREFIX, NNODES, NODE_RANK, JOB_ID = (
     "CLOUDTRAIN_OUTPUT_URI", "CLOUDTRAIN_OUTPUT_DIR", "CLOUDTRAIN_MAX_IDLE", "CLOUDTRAIN_INPUT_", "CLOUDTRAIN_NNODES",
     "CLOUDTRAIN_NODE_RANK", "CLOUDTRAIN_JOB_ID")

@@ -169,7 +169,7 @@ def test_a_part_a_later_checkpoint_needs_again_is_copied_from_the_checkpoint_tha
     first publish. Node 0 used to keep its download for that; copied in the store, the next checkpoint copies node
     1's files from the checkpoint that holds them (every later publish failed: the part was gone)."""
     uri, node0, node1 = nodes(tmp_path, uri=storage.join(store_root, "job"))
-    node0.declared = checkpoint_snapshots.save_sets.Declared(["checkpoint-*/model.pt"])  # each save is that file
+    node0.set.declared = checkpoint_snapshots.save_sets.Declared(["checkpoint-*/model.pt"])  # each save is that file
     save(tmp_path / "node0" / "checkpoint-5" / "model.pt", 5.0)
     save(tmp_path / "node0" / "extra" / "rank0.pt", 0.0)
     save(tmp_path / "node1" / "extra" / "rank1.pt", 1.0)

@@ -67,7 +67,7 @@ def test_overwritten_file_gets_a_generation_each_version_and_a_torn_one_never(tm
     good = (root / "ckpt.pt").read_bytes()
     (root / "ckpt.pt").write_bytes(good[: len(good) // 3])  # a save cut short (a kill while torch.save wrote it)
     assert snap.poll() is None  # written again: a save is ckpt.pt, and this one is torn
-    assert snap.together == {"ckpt.pt"}
+    assert snap.set.together == {"ckpt.pt"}
     assert snap.poll(final=True) is None
     assert "ckpt.pt is incomplete" in snap.unpublished[0]
     (root / "ckpt.pt").write_bytes(good)
@@ -437,7 +437,7 @@ def test_a_look_between_two_saves_files_never_publishes_a_mix(tmp_path: Path) ->
     assert snap.poll() is None  # the first save: its set is not known yet
     _saves(root, ("model.pt", 6))
     assert snap.poll() is None  # written again: a save is model.pt then optim.pt; optim.pt is still step 3's
-    assert snap.together == {"model.pt", "optim.pt"} and snap.first == "model.pt"
+    assert snap.set.together == {"model.pt", "optim.pt"} and snap.set.first == "model.pt"
     _saves(root, ("optim.pt", 6))
     assert snap.poll() == 1
     _saves(root, ("model.pt", 9), ("optim.pt", 9), ("model.pt", 12))  # faster than the looks
@@ -459,9 +459,9 @@ def test_a_file_a_save_leaves_out_is_no_longer_required_once_the_next_save_begin
     _saves(root, ("checkpoint.pth.tar", 1), ("model_best.pth.tar", 1))
     assert snap.poll() is None
     _saves(root, ("checkpoint.pth.tar", 2))
-    assert snap.poll() is None and snap.together == {"checkpoint.pth.tar", "model_best.pth.tar"}
+    assert snap.poll() is None and snap.set.together == {"checkpoint.pth.tar", "model_best.pth.tar"}
     _saves(root, ("checkpoint.pth.tar", 3))  # epoch 3 began; epoch 2 wrote no best
-    assert snap.poll() == 1 and snap.together == {"checkpoint.pth.tar"}
+    assert snap.poll() == 1 and snap.set.together == {"checkpoint.pth.tar"}
     _saves(root, ("checkpoint.pth.tar", 4))
     assert snap.poll() == 2
     assert published(uri)[-1] == (2, ["checkpoint.pth.tar", "model_best.pth.tar"])

@@ -17,7 +17,7 @@ from cloudtrain.cli.reference import markdown
 
 REPO = Path(__file__).resolve().parents[1]
 
-JOB_FLAGS = ["--allow-secret", "--checkpoint-dir", "--checkpoint-uri", "--emulate", "--env", "--file", "--gpus",
+JOB_FLAGS = ["--allow-secret", "--checkpoint-dir", "--checkpoint-file", "--checkpoint-uri", "--emulate", "--env", "--file", "--gpus",
              "--image", "--max-cost", "--max-idle", "--max-recovery", "--max-restarts", "--max-runtime", "--module",
              "--name", "--no-spec", "--nodes", "--output", "--output-uri", "--procs-per-node", "--profile",
              "--provider", "--require-process-group", "--resume-arg", "--set", "--source-dir", "--spot", "--strategy",

@@ -207,3 +207,61 @@ def working_files(src: Path) -> set[str]:
         rel = os.path.relpath(dirpath, src)
         found.update(name if rel == "." else os.path.join(rel, name) for name in filenames)
     return found
+
+
+# -- units and families ------------------------------------------------------------------------------------------
+
+
+def units(files: Files) -> dict[str, list[str]]:
+    """Entry (a top-level name, or a family member inside a container) -> the files in it."""
+    boxes = containers(files)
+    found: dict[str, list[str]] = {}
+    for rel in sorted(files):
+        found.setdefault(entry_of(rel, boxes), []).append(rel)
+    return found
+
+
+def newest_first(names: list[str]) -> list[str]:
+    """Each family's members newest first, ahead of the entries that are no family's (in name order)."""
+    series: dict[str, list[tuple[tuple[int, ...], str]]] = {}
+    fixed = []
+    for name in names:
+        found = family(name)
+        if found:
+            series.setdefault(found[0], []).append((found[1], name))
+        else:
+            fixed.append(name)
+    ordered = [name for members in series.values() for _, name in sorted(members, reverse=True)]
+    return ordered + sorted(fixed)
+
+
+def predecessors(order: list[str]) -> dict[str, str]:
+    """Each family member (in ``newest_first`` order) -> the member just older than it."""
+    found = {}
+    for newer, older in zip(order, order[1:]):
+        one, other = family(newer), family(older)
+        if one and other and one[0] == other[0]:
+            found[newer] = older
+    return found
+
+
+def script_step(names: list[str]) -> int | None:
+    """The step a snapshot stands for, where a family member's name carries it (its last number)."""
+    steps = [found[1][-1] for found in map(family, names) if found]
+    return max(steps) if steps else None
+
+
+def entry_files(files: Files) -> dict[str, Files]:
+    boxes = containers(files)
+    found: dict[str, Files] = {}
+    for rel, state in files.items():
+        found.setdefault(entry_of(rel, boxes), {})[rel] = state
+    return found
+
+
+def marked_done(entry: str, rels: list[str]) -> bool:
+    """A folder its stack marks as done with a file written last (DCP's ``.metadata``, the HF Trainer's
+    ``trainer_state.json``)."""
+    names = {rel[len(entry) + 1:] for rel in rels}
+    return ".metadata" in names or (bool(re.fullmatch(r"checkpoint-\d+", Path(entry).name))
+                                    and "trainer_state.json" in names)

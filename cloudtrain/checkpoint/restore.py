@@ -143,3 +143,17 @@ def restore_report(uri: str, local: Path, earlier: list[Path] | None = None, nod
     return {"step": found.step if found else None, "error": None, "entries": entries,
             "moved": moved[0].summary() if moved else None, "refused": refused, "checkpoint": found,
             "passed": seen[1], "known": {c.digest for c in [*survey.complete, *survey.set_aside]}}
+
+
+def resume_point(uri: str | None) -> str:
+    """What a restart of a job with this checkpoint URI starts from, in words: ``from checkpoint N (...) under URI``
+    or ``from scratch: ...`` (what `preempt`, `wait` and `status` say, so a restart never claims a resume)."""
+    if not uri:
+        return "from scratch: the job has no checkpoint.uri"
+    complete = checkpoint_store.list_complete(uri, log=lambda _message: None)
+    if not complete:
+        return f"from scratch: no checkpoint is published under {uri} yet"
+    newest = complete[-1]
+    entries = newest.manifest.get("entries") if is_dir_layout(newest.manifest) else None
+    what = f" ({', '.join(map(str, entries))})" if isinstance(entries, list) and entries else ""
+    return f"from checkpoint {newest.step}{what} under {uri}"

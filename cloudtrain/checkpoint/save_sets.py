@@ -36,6 +36,8 @@ from typing import Callable, Iterable, Optional
 from cloudtrain.checkpoint.files import CHECKPOINT_SUFFIXES, Files, containers, entry_of, family
 
 _NUMBER = re.compile(r"\d+")
+UNKNOWN = "the set of files a save writes is not known yet"
+KEPT_WRITES = 5  # of each file's writes since the last checkpoint, the first and the newest few are kept
 
 Verdict = Callable[[str], Optional[bool]]  # a file's format says it is whole (True), cut short (False), or nothing
 
@@ -158,3 +160,132 @@ def parse_declared(text: str | None) -> list[str]:
     """CLOUDTRAIN_CHECKPOINT_FILES: one glob per line."""
     return [line.strip() for line in (text or "").splitlines() if line.strip()]
 
+
+class SaveSet:
+    """What node 0 knows of the set of files one save writes: declared, learned, or not known yet (the module's
+    words), and each file's writes the looks saw since the last checkpoint, from which it is learned."""
+
+    def __init__(self, declared: Declared, say_once: Callable[[str], None], log: Callable[[str], None],
+                 root: str) -> None:
+        self.declared, self.say_once, self.log, self.root = declared, say_once, log, root
+        self.together: set | None = None  # the keys every save so far wrote (None: not known yet)
+        self.first: str | None = None  # the kind of file a save writes first, where one comes strictly first
+        self.writes: dict = {}  # rel -> its writes since the last checkpoint: the first, then the newest few
+
+    def restore(self, manifest: dict) -> None:
+        """What the restored checkpoint's manifest says of its saves (a restarted node knows the set at once)."""
+        known, first = manifest.get("set"), manifest.get("first")
+        if isinstance(known, list) and known and all(isinstance(key, str) for key in known):
+            self.together = set(known)
+            self.first = first if isinstance(first, str) else None
+
+    def fields(self) -> dict:
+        return {"set": sorted(self.together or ()), "first": self.first}
+
+    def record(self, files: Files, published: Files) -> None:
+        for rel, written in files.items():
+            if written != published.get(rel):
+                seen = self.writes.setdefault(rel, [])
+                if not seen or seen[-1] != written:
+                    seen[:] = [*seen[:1], *seen[1:][-(KEPT_WRITES - 2):], written]
+
+    def committed(self, new: Files, changed: set, verdict: Verdict) -> None:
+        """A checkpoint was published: what it changed is the set where that was not known yet, and the order of
+        its files the order of a save's."""
+        if self.together is None and not self.declared:
+            self.together = set(changed)
+        if self.first is None:
+            self.first = first_kind({rel: state.mtime_ns / 1e9 for rel, state in new.items()
+                                     if checkpoint_file(rel, verdict)})
+        self.writes = {}
+
+    def learn(self, files: Files, verdict: Verdict) -> None:
+        """The set, once the next save has begun: a file overwritten in place written a second time since the last
+        checkpoint. Every checkpoint file written since is of it; the kind written first starts a save."""
+        if self.together is not None or self.declared:
+            return
+        boxes = containers(files)
+        again = sorted(rel for rel in checkpoint_rels(files, verdict)
+                       if not family(entry_of(rel, boxes)) and len(self.writes.get(rel, ())) >= 2)
+        if not again:
+            return
+        saved = [rel for rel in self.writes if checkpoint_file(rel, verdict)] or list(self.writes)
+        written = {rel: self.writes[rel][0].mtime_ns / 1e9 for rel in saved}
+        boxes = containers({rel: self.writes[rel][-1] for rel in written})
+        self.together = {key_of(rel, boxes) for rel in written}
+        self.first = first_kind(written)
+        self.log(f"{again[0]} was written again: a save of {self.root} writes {', '.join(sorted(self.together))}"
+                 + (f", {self.first} first" if self.first else ""))
+
+    def judge(self, chosen: list[str], snapshot: Files, changed: set, published: Files, verdict: Verdict,
+              others: list[str], final: bool, succeeded: bool) -> str | None:
+        """Why the snapshot is not one whole save by what is known of the set, or None; UNKNOWN where it is not known
+        (at the end, a set not known is the snapshot itself if the workers ended on their own). ``others``: the other
+        nodes' files of its folder entries."""
+        boxes = containers(snapshot)
+        in_place = [rel for rel in checkpoint_rels(snapshot, verdict) if not family(entry_of(rel, boxes))]
+        if self.declared:
+            return self.declared.missing(snapshot, others, published) or \
+                self._mixed(snapshot, published, self.declared.matching(in_place), verdict, final)
+        if self.together is not None:
+            return self._against_set(snapshot, changed, published, in_place, verdict, final)
+        if final and succeeded:
+            return None
+        by_entry: dict = {}
+        for rel in snapshot:
+            by_entry.setdefault(entry_of(rel, boxes), []).append(rel)
+        saved = [entry for entry in chosen if any(key_of(rel, boxes) in changed for rel in by_entry.get(entry, []))]
+        if all(family(entry) and dcp_member(by_entry[entry]) for entry in saved):
+            return None  # a DCP folder says itself it is one whole save
+        return UNKNOWN
+
+    def _against_set(self, snapshot: Files, changed: set, published: Files, in_place: list[str], verdict: Verdict,
+                     final: bool) -> str | None:
+        """A key of the set not written since the last checkpoint, or a file of it overwritten in place written
+        before the save's first file (an earlier save's)."""
+        assert self.together is not None
+        if not final:
+            new = sorted(key for key in changed - self.together if key not in keys(published, lambda _rel: None))
+            if new:  # the script saves more than its saves did: the set is learned again
+                self.say_once(f"a save of {self.root} now writes {new[0]} too: its set is learned again, from the "
+                              "next save")
+                self.together = None
+                return UNKNOWN
+            dropped = self._left_out(snapshot)
+            if dropped:  # a whole save went by without them: not every save writes them
+                self.say_once(f"a save of {self.root} without {dropped[0]}: from now on a checkpoint needs only "
+                              f"{', '.join(sorted(self.together - set(dropped)))}")
+                self.together -= set(dropped)
+        missing = sorted(self.together - changed)
+        if missing:
+            return (f"{missing[0]} was not written with {sorted(changed)[0]}, as in every save before (the rest of "
+                    "the save still being written" + (")" if not final else ", or the save was cut short)"))
+        boxes = containers(snapshot)  # files outside the set ride along as they are: no save's order binds them
+        return self._mixed(snapshot, published, [rel for rel in in_place if key_of(rel, boxes) in self.together],
+                           verdict, final)
+
+    def _left_out(self, snapshot: Files) -> list[str]:
+        """Keys of the set overwritten in place that a whole save left out: the save's first file was written twice
+        after their newest write (a save began, and the next one too, without them), as model_best.pth.tar beside a
+        checkpoint.pth.tar written every epoch."""
+        if self.first is None or self.together is None:
+            return []
+        starts = [state.mtime_ns for rel, seen in self.writes.items() if kind(rel) == self.first for state in seen]
+        boxes = containers(snapshot)
+        return sorted({rel for rel, state in snapshot.items()
+                       if rel in self.together and key_of(rel, boxes) == rel and kind(rel) != self.first
+                       and sum(1 for start in starts if start > state.mtime_ns) >= 2})
+
+    def _mixed(self, snapshot: Files, published: Files, in_place: list[str], verdict: Verdict,
+               final: bool) -> str | None:
+        """A file overwritten in place, new since the last checkpoint, but written before this save's first file:
+        an earlier save's, so the snapshot would mix two saves (a look between a save's first file and its last)."""
+        if self.first is None:
+            return None
+        when = {rel: snapshot[rel].mtime_ns / 1e9 for rel in checkpoint_rels(snapshot, verdict)
+                if snapshot[rel] != published.get(rel)}
+        older = written_before(when, self.first, in_place)
+        if older:
+            return (f"{older} was written before this save's {self.first} (an earlier save's: the rest of this save "
+                    "still being written" + (")" if not final else ", or the save was cut short)"))
+        return None

@@ -11,16 +11,11 @@ unchanged (manifest last, verified restore, quarantine, retention). ``G`` increa
 script's own step where a family's name carries one, else the next number. A restore puts its files back under the
 names the script wrote and adds nothing beside them.
 
-When is a snapshot a checkpoint? When it is one whole save, by the set of files a save writes (save_sets.py):
-declared (``checkpoint.files``), learned from the saves before (every key that changed together in each of them
-changed again; a family member holds as many files of each kind as the member before it, on every node), or, for
-the first save of a run, shown by the next save beginning (until then it waits in the store, uploaded without a
-manifest). And never while a file in it is being written: a file in torch's zip format is whole only once its
-central directory (written last) is there, a safetensors file once it holds as many bytes as its header declares, a
-DCP folder once its ``.metadata`` exists, an HF Trainer folder once its ``trainer_state.json`` does; a file of no
-format that can say once it has not changed for a quiet period. After the workers exited, what is whole is final,
-but a save whose set is known and is not all there (a save cut short) is never published. A file whose bytes change
-while it is uploaded voids that upload; the next look takes it again.
+When is a snapshot a checkpoint? When it is one whole save, by the set of files a save writes (save_sets.py:
+declared, learned from the saves, or not known yet until the next save begins), and none of its files is being
+written (torch's zip and safetensors say when they are whole, DCP's ``.metadata`` and the HF Trainer's
+``trainer_state.json`` when a folder is; any other file once it has not changed for a quiet period). A file whose
+bytes change while it is uploaded voids that upload; the next look takes it again.
 
 The ``step-<N>/`` folders cloudtrain's own layout uses are published per folder as before (sync.sync_dir).
 """
@@ -42,12 +37,18 @@ from cloudtrain.checkpoint.files import (
     Files,
     FileState,
     containers,
+    entry_files,
     entry_of,
     family,
     file_complete,
+    marked_done,
     marker_missing,
+    newest_first,
+    predecessors,
     scan,
+    script_step,
     state_of,
+    units,
 )
 from cloudtrain.checkpoint.manifest import LAYOUT_DIR, is_dir_layout, step_dir, step_of
 from cloudtrain.checkpoint.parts import NodeParts, Part
@@ -55,7 +56,6 @@ from cloudtrain.checkpoint.retention import apply_retention
 
 QUIET = 2.0  # seconds a snapshot must stay unchanged before it is taken for complete (CLOUDTRAIN_CHECKPOINT_QUIET)
 LIVE_AFTER = 10  # a file of no known format that changed at this many scans in a row is a log, not a checkpoint
-KEPT_WRITES = 5  # of each file's writes since the last checkpoint, the first and the newest few are kept
 _NUMBER = re.compile(r"\d+")
 
 
@@ -65,48 +65,6 @@ def quiet_period(env: dict[str, str] | None = None) -> float:
         return max(0.0, float(value)) if value else QUIET
     except ValueError:
         return QUIET
-
-
-# -- units and families ------------------------------------------------------------------------------------------
-
-
-def units(files: Files) -> dict[str, list[str]]:
-    """Entry (a top-level name, or a family member inside a container) -> the files in it."""
-    boxes = containers(files)
-    found: dict[str, list[str]] = {}
-    for rel in sorted(files):
-        found.setdefault(entry_of(rel, boxes), []).append(rel)
-    return found
-
-
-def newest_first(names: list[str]) -> list[str]:
-    """Each family's members newest first, ahead of the entries that are no family's (in name order)."""
-    series: dict[str, list[tuple[tuple[int, ...], str]]] = {}
-    fixed = []
-    for name in names:
-        found = family(name)
-        if found:
-            series.setdefault(found[0], []).append((found[1], name))
-        else:
-            fixed.append(name)
-    ordered = [name for members in series.values() for _, name in sorted(members, reverse=True)]
-    return ordered + sorted(fixed)
-
-
-def predecessors(order: list[str]) -> dict[str, str]:
-    """Each family member (in ``newest_first`` order) -> the member just older than it."""
-    found = {}
-    for newer, older in zip(order, order[1:]):
-        one, other = family(newer), family(older)
-        if one and other and one[0] == other[0]:
-            found[newer] = older
-    return found
-
-
-def script_step(names: list[str]) -> int | None:
-    """The step a snapshot stands for, where a family member's name carries it (its last number)."""
-    steps = [found[1][-1] for found in map(family, names) if found]
-    return max(steps) if steps else None
 
 
 class Snapshotter:
@@ -125,8 +83,8 @@ class Snapshotter:
         self.log = log or checkpoint_store.log_line
         self.announce = announce  # the node's timeline: each checkpoint published is an event
         self.published: Files = self._scan()  # what the folder held when the node started: restored, in the store
-        self.restored = set(_by_entry(self.published))
-        self.seen: dict[str, Files] = _by_entry(self.published)
+        self.restored = set(entry_files(self.published))
+        self.seen: dict[str, Files] = entry_files(self.published)
         self.changed_at: dict[str, float] = {}  # entry -> when a poll last found it changed
         self.changes: dict[str, int] = {}  # entry -> polls in a row that found it changed
         self.verdicts: dict[tuple[str, FileState], bool | None] = {}
@@ -135,11 +93,7 @@ class Snapshotter:
         self.unpublished: list[str] = []  # after the final poll: what the folder holds that is not in the store
         self.members: set[str] = self._checkpoint_entries(self.published)  # the last snapshot's checkpoint files
         self.voided = 0  # snapshots voided by a rewrite during their upload: later ones upload from a copy
-        self.declared = save_sets.Declared(files)  # checkpoint.files: the set a save writes, as the user says it
-        self.together: set[str] | None = None  # the keys every save so far changed together (None: not known yet)
-        self.first: str | None = None  # the kind of file a save writes first, where one comes strictly first
-        # since the last checkpoint, each file's writes the looks saw: the first, then the newest few
-        self.writes: dict[str, list[FileState]] = {}
+        self.set = save_sets.SaveSet(save_sets.Declared(files), self._say_once, self.log, str(root))
         self.restored_ranks: int | None = None  # the world size that wrote the restored checkpoint
         self.known = False  # the restored checkpoint's manifest was read (its set, its world size)
         self.asked: tuple[Any, str] | None = None  # (the snapshot, node 0's question to the other nodes about it)
@@ -170,12 +124,12 @@ class Snapshotter:
         """The entries of a snapshot holding a file whose format says it is a whole checkpoint file (torch's zip,
         safetensors): what a later snapshot must hold too (or a newer member of their family). Logs and notes are
         not held to that."""
-        return {entry for entry, found in _by_entry(files).items()
+        return {entry for entry, found in entry_files(files).items()
                 if any(self._complete(rel, state) for rel, state in found.items())}
 
     def _look(self, now: float) -> Files:
         files = self._scan()
-        current = _by_entry(files)
+        current = entry_files(files)
         for entry, state in current.items():
             if self.seen.get(entry) != state:
                 self.changes[entry] = self.changes.get(entry, 0) + 1
@@ -184,11 +138,7 @@ class Snapshotter:
                 self.changes[entry] = 0
         self.seen = current
         self.verdicts = {key: v for key, v in self.verdicts.items() if files.get(key[0]) == key[1]}  # current ones
-        for rel, state in files.items():  # each file's writes since the last checkpoint, as looks saw them
-            if state != self.published.get(rel):
-                seen = self.writes.setdefault(rel, [])
-                if not seen or seen[-1] != state:
-                    seen[:] = [*seen[:1], *seen[1:][-(KEPT_WRITES - 2):], state]
+        self.set.record(files, self.published)
         return files
 
     def _complete(self, rel: str, state: FileState) -> bool | None:
@@ -215,10 +165,7 @@ class Snapshotter:
         manifest = complete[-1].manifest if complete else {}
         if not is_dir_layout(manifest) or sorted(f["path"] for f in manifest["files"]) != sorted(self.published):
             return  # not what was restored here
-        known, first = manifest.get("set"), manifest.get("first")
-        if isinstance(known, list) and all(isinstance(key, str) for key in known) and known:
-            self.together = set(known)
-            self.first = first if isinstance(first, str) else None
+        self.set.restore(manifest)
         ranks = manifest.get("ranks")
         if isinstance(ranks, int) and not isinstance(ranks, bool):
             self.restored_ranks = ranks
@@ -311,10 +258,10 @@ class Snapshotter:
         """Whether the snapshot's files of no format that can say they are whole have stopped changing for the
         quiet period (an entry whose stack marks it done, DCP's ``.metadata``, the HF Trainer's
         ``trainer_state.json``, needs no wait)."""
-        by_entry = _by_entry(snapshot)
+        grouped = entry_files(snapshot)
         for entry in entries:
-            rels = list(by_entry.get(entry, {}))
-            if _marked_done(entry, rels):
+            rels = list(grouped.get(entry, {}))
+            if marked_done(entry, rels):
                 continue
             unknown = [rel for rel in rels if self._complete(rel, snapshot[rel]) is None
                        and self.published.get(rel) != snapshot[rel]]
@@ -324,106 +271,15 @@ class Snapshotter:
 
     def _not_whole(self, chosen: list[str], snapshot: Files, changed: set, now: float, final: bool,
                    succeeded: bool = True) -> str | None:
-        """Why the snapshot is not (yet) one whole save by what is known of the set its saves write, or None. UNKNOWN
-        where that set is not known yet (it is learned once the next save has begun; the workers ending on their own,
-        ``final`` and ``succeeded``, says it too)."""
-        verdict = self._verdict(snapshot)
-        in_place = [rel for rel in save_sets.checkpoint_rels(snapshot, verdict)
-                    if not family(entry_of(rel, containers(snapshot)))]
-        if self.declared:
-            folders = [entry for entry in chosen if any(rel.startswith(entry + "/") for rel in snapshot)]
-            why = self.declared.missing(snapshot, [rel for e in folders for rel in self._listed(e)], self.published)
-            if why:
-                return why
-            why = self._mixed(snapshot, self.declared.matching(in_place), verdict, final)
-            if why:
-                return why
-        else:
-            if self.together is not None:
-                why = self._against_set(snapshot, changed, in_place, verdict, final)
-                if why:
-                    return why
-            elif not (final and succeeded):  # a DCP folder says itself it is one whole save
-                by_entry, boxes = _by_entry(snapshot), containers(snapshot)
-                saved = [entry for entry in chosen
-                         if any(save_sets.key_of(rel, boxes) in changed for rel in by_entry[entry])]
-                if not all(family(entry) and save_sets.dcp_member(list(by_entry[entry])) for entry in saved):
-                    return UNKNOWN
+        """Why the snapshot is not (yet) one whole save by what is known of the set its saves write (save_sets), or
+        None; UNKNOWN where that set is not known yet."""
+        folders = [entry for entry in chosen if any(rel.startswith(entry + "/") for rel in snapshot)]
+        why = self.set.judge(chosen, snapshot, changed, self.published, self._verdict(snapshot),
+                             [rel for entry in folders for rel in self._listed(entry)], final, succeeded)
+        if why:
+            return why
         if not final and not self._settled(chosen, snapshot, now):
             return "its files of no known format are still changing"
-        return None
-
-    def _learn(self, files: Files) -> None:
-        """The set, once the next save has begun: a file overwritten in place written a second time since the last
-        checkpoint. Every checkpoint file written since is of it; the kind written first starts a save."""
-        verdict, boxes = self._verdict(files), containers(files)
-        again = sorted(rel for rel in save_sets.checkpoint_rels(files, verdict)
-                       if not family(entry_of(rel, boxes)) and len(self.writes.get(rel, ())) >= 2)
-        if not again:
-            return
-        saved = [rel for rel in self.writes if save_sets.checkpoint_file(rel, verdict)] or list(self.writes)
-        written = {rel: self.writes[rel][0].mtime_ns / 1e9 for rel in saved}
-        boxes = containers({rel: self.writes[rel][-1] for rel in written})
-        self.together = {save_sets.key_of(rel, boxes) for rel in written}
-        self.first = save_sets.first_kind(written)
-        self.log(f"{again[0]} was written again: a save of {self.root} writes {', '.join(sorted(self.together))}"
-                 + (f", {self.first} first" if self.first else ""))
-
-    def _against_set(self, snapshot: Files, changed: set, in_place: list[str], verdict: Callable[[str], bool | None],
-                     final: bool) -> str | None:
-        """Why the snapshot is not one whole save of the learned set: a key of it not written since the last
-        checkpoint, or a file overwritten in place written before the save's first file (an earlier save's)."""
-        assert self.together is not None
-        if not final:
-            new = sorted(key for key in changed - self.together
-                         if key not in save_sets.keys(self.published, self._verdict(self.published)))
-            if new:  # the script saves more than its saves did: the set is learned again
-                self._say_once(f"a save of {self.root} now writes {new[0]} too: its set is learned again, from the "
-                               "next save")
-                self.together = None
-                return UNKNOWN
-            dropped = self._left_out(snapshot)
-            if dropped:  # a whole save went by without them: not every save writes them
-                self._say_once(f"a save of {self.root} without {dropped[0]}: from now on a checkpoint needs "
-                               f"only {', '.join(sorted(self.together - set(dropped)))}")
-                self.together -= set(dropped)
-        missing = sorted(self.together - changed)
-        if missing:
-            return (f"{missing[0]} was not written with {sorted(changed)[0]}, as in every save before (the rest of "
-                    "the save still being written" + (")" if not final else ", or the save was cut short)"))
-        boxes = containers(snapshot)  # files outside the set ride along as they are: no save's order binds them
-        return self._mixed(snapshot, [rel for rel in in_place if save_sets.key_of(rel, boxes) in self.together],
-                           verdict, final)
-
-    def _left_out(self, snapshot: Files) -> list[str]:
-        """Keys of the set overwritten in place that a whole save left out: the save's first file was written twice
-        after their newest write (a save began, and the next one too, without them), as model_best.pth.tar beside a
-        checkpoint.pth.tar written every epoch."""
-        if self.first is None or self.together is None:
-            return []
-        starts = sorted(state.mtime_ns for rel, seen in self.writes.items() if save_sets.kind(rel) == self.first
-                        for state in seen)
-        boxes = containers(snapshot)
-        dropped = []
-        for rel, state in snapshot.items():
-            key = save_sets.key_of(rel, boxes)
-            if key in self.together and key == rel and save_sets.kind(rel) != self.first and \
-                    sum(1 for start in starts if start > state.mtime_ns) >= 2:
-                dropped.append(key)
-        return sorted(set(dropped))
-
-    def _mixed(self, snapshot: Files, in_place: list[str], verdict: Callable[[str], bool | None],
-               final: bool) -> str | None:
-        """A file overwritten in place, new since the last checkpoint, but written before this save's first file:
-        an earlier save's, so the snapshot would mix two saves (a look between a save's first file and its last)."""
-        if self.first is None:
-            return None
-        when = {rel: snapshot[rel].mtime_ns / 1e9 for rel in save_sets.checkpoint_rels(snapshot, verdict)
-                if snapshot[rel] != self.published.get(rel)}
-        older = save_sets.written_before(when, self.first, in_place)
-        if older:
-            return (f"{older} was written before this save's {self.first} (an earlier save's: the rest of this save "
-                    "still being written" + (")" if not final else ", or the save was cut short)"))
         return None
 
     def _other_nodes(self, chosen: list[str], snapshot: Files, final: bool) -> list[Part] | None:
@@ -511,17 +367,11 @@ class Snapshotter:
         folder = storage.join(self.uri, step_dir(step))
         entries = entries + self._upload_parts(extra, set(snapshot), folder)
         new = {rel: state for rel, state in snapshot.items() if state != self.published.get(rel)}
-        verdict = self._verdict(snapshot)
-        if self.together is None and not self.declared:
-            self.together = set(changed)
-        if self.first is None:  # the order of a save's files, from a save whose set is known or declared
-            self.first = save_sets.first_kind({rel: state.mtime_ns / 1e9 for rel, state in new.items()
-                                               if save_sets.checkpoint_file(rel, verdict)})
+        self.set.committed(new, changed, self._verdict(snapshot))
         checkpoint_store.publish(folder, step, entries, world_size=0, kind="snapshot", log=self.log,
                                  extra={"layout": LAYOUT_DIR, "entries": chosen, "script_step": script_step(chosen),
-                                        "set": sorted(self.together or ()), "first": self.first,
-                                        "ranks": self.ranks or None})
-        self.published, self.writes, self.asked = snapshot, {}, None
+                                        **self.set.fields(), "ranks": self.ranks or None})
+        self.published, self.asked = snapshot, None
         self.next_step = max(self.next_step or 0, step + 1)
         if self.parts is not None:
             self.parts.taken(extra, published=folder)
@@ -561,13 +411,13 @@ class Snapshotter:
             if final:
                 self.unpublished = [f"{self.root / entry} (beside the step-<N> folders, in none of them: not part of "
                                     "a checkpoint; write a final export to CLOUDTRAIN_OUTPUT_DIR)"
-                                    for entry in sorted(_by_entry(files))]
+                                    for entry in sorted(entry_files(files))]
             return None
         self._read_store()
         if self.parts is not None and any("/" in rel for rel in files):
             self.parts.refresh()
-        if self.together is None and not self.declared and not final:
-            self._learn(files)
+        if not final:
+            self.set.learn(files, self._verdict(files))
         chosen, left = self.choose(files, now, final)
         if final:
             self.unpublished = [f"{self.root / entry} ({why})" for entry, why in sorted(left.items())]
@@ -630,15 +480,7 @@ class Snapshotter:
         return self._commit(step, chosen, snapshot, entries, extra, changed)
 
 
-UNKNOWN = "the set of files a save writes is not known yet"
-
-
-def _marked_done(entry: str, rels: list[str]) -> bool:
-    """A folder its stack marks as done with a file written last (DCP's ``.metadata``, the HF Trainer's
-    ``trainer_state.json``)."""
-    names = {rel[len(entry) + 1:] for rel in rels}
-    return ".metadata" in names or (bool(re.fullmatch(r"checkpoint-\d+", Path(entry).name))
-                                    and "trainer_state.json" in names)
+UNKNOWN = save_sets.UNKNOWN
 
 
 def _holds_step_folders(root: Path) -> bool:
@@ -646,25 +488,3 @@ def _holds_step_folders(root: Path) -> bool:
         return any(e.is_dir(follow_symlinks=False) and step_of(e.name, False) is not None for e in os.scandir(root))
     except OSError:
         return False
-
-
-def _by_entry(files: Files) -> dict[str, Files]:
-    boxes = containers(files)
-    found: dict[str, Files] = {}
-    for rel, state in files.items():
-        found.setdefault(entry_of(rel, boxes), {})[rel] = state
-    return found
-
-
-def resume_point(uri: str | None) -> str:
-    """What a restart of a job with this checkpoint URI starts from, in words: ``from checkpoint N (...) under URI``
-    or ``from scratch: ...`` (what `preempt`, `wait` and `status` say, so a restart never claims a resume)."""
-    if not uri:
-        return "from scratch: the job has no checkpoint.uri"
-    complete = checkpoint_store.list_complete(uri, log=lambda _message: None)
-    if not complete:
-        return f"from scratch: no checkpoint is published under {uri} yet"
-    newest = complete[-1]
-    entries = newest.manifest.get("entries") if is_dir_layout(newest.manifest) else None
-    what = f" ({', '.join(map(str, entries))})" if isinstance(entries, list) and entries else ""
-    return f"from checkpoint {newest.step}{what} under {uri}"

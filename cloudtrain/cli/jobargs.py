@@ -18,7 +18,7 @@ from cloudtrain.errors import SpecError, UserError
 _JOB_FLAGS: dict[str, Any] = {
     "script": None, "file": None, "no_spec": False, "module": None, "name": None, "source_dir": None, "nodes": None,
     "procs_per_node": None, "strategy": None, "gpus": None, "checkpoint_uri": None, "checkpoint_dir": None,
-    "take_over": None,
+    "take_over": None, "checkpoint_file": [],
     "resume_arg": [], "output_uri": None, "image": None,
     "spot": None, "max_restarts": None, "max_cost": None, "max_recovery": None, "max_runtime": None, "max_idle": None,
     "set_fields": [],
@@ -82,6 +82,7 @@ def spec_from_args(args: argparse.Namespace, script_args: list[str]) -> tuple[An
         "name": args.name, "nodes": args.nodes, "procs_per_node": args.procs_per_node,
         "strategy": args.strategy, "accelerator": args.gpus, "checkpoint.uri": args.checkpoint_uri,
         "checkpoint.dir": args.checkpoint_dir, "checkpoint.take_over": args.take_over,
+        "checkpoint.files": args.checkpoint_file or None,
         "resume_args": args.resume_arg or None,
         "output_uri": args.output_uri, "image.uri": args.image, "spot": args.spot,
         "max_restarts": args.max_restarts, "max_cost": args.max_cost, "max_recovery": args.max_recovery,

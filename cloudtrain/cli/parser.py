@@ -166,6 +166,10 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="the folder your script writes its checkpoints to (relative to its working folder): "
                         "restored into before it starts, published as it writes them, in any layout")
+    p.add_argument("--checkpoint-file", action="append", default=[], metavar="GLOB",
+                   help="a file every save writes, as a glob in the checkpoint folder (checkpoint-*/optimizer.pt); "
+                        "repeatable: each save is published the moment all are whole and new, and the first save "
+                        "of a run does not wait for the next to show it was whole")
     p.add_argument("--resume-arg", action="append", default=[], metavar="ARG",
                    help="an argument added to the script's only when a checkpoint was restored "
                         "(--resume-arg=--init_from=resume); repeatable")

@@ -49,7 +49,9 @@ def preempt_text(status: JobStatus) -> str:
     lines = [f"sent SIGTERM to {len(nodes)} node(s) of {status.handle}, as a spot interruption would"]
     resumes = status.restart_resumes or "from its newest checkpoint"
     if restarts < most:
-        lines.append(f"it restarts (restart {restarts + 1} of {most}) and resumes {resumes}"
+        # what the store holds now; a save its nodes finish as they stop is published only if it is whole
+        lines.append(f"it restarts (restart {restarts + 1} of {most}) and resumes {resumes}, or from a newer "
+                     "checkpoint if its nodes publish one as they stop"
                      if not resumes.startswith("from scratch") else
                      f"it restarts (restart {restarts + 1} of {most}) {resumes}, unless its nodes publish one as "
                      "they stop (`cloudtrain status` says)")

@@ -26,7 +26,7 @@ def with_restart_point(status: JobStatus) -> JobStatus:
     try:
         from cloudtrain.checkpoint import set_aside
         from cloudtrain.checkpoint import store as checkpoint_store
-        from cloudtrain.checkpoint.snapshots import resume_point
+        from cloudtrain.checkpoint.restore import resume_point
 
         status.restart_resumes = resume_point(status.checkpoint_uri)
         passed = set_aside.newest_note(checkpoint_store.survey(status.checkpoint_uri, log=lambda _line: None))
@@ -90,8 +90,16 @@ def job_cost(handle: JobHandle | str) -> dict[str, Any]:
 
 
 def preempt(provider: Provider, handle: JobHandle) -> JobStatus:
-    """SIGTERM to every node of a running job, as a spot interruption (`cloudtrain preempt`, ``Run.preempt()``)."""
-    return with_restart_point(provider.preempt(handle))  # refused where not declared (Capability.PREEMPT)
+    """SIGTERM to every node of a running job, as a spot interruption (`cloudtrain preempt`, ``Run.preempt()``).
+    A restart from scratch says why where node 0 found its checkpoint folder empty (a typo'd checkpoint.dir)."""
+    status = with_restart_point(provider.preempt(handle))  # refused where not declared (Capability.PREEMPT)
+    if status.restart_resumes and status.restart_resumes.startswith("from scratch"):
+        from cloudtrain.home import timeline
+
+        said = timeline.empty_folder(timeline.read(provider, handle)["events"])
+        if said:
+            status.restart_resumes += f" ({said})"
+    return status
 
 
 def logs(provider: Provider, handle: JobHandle, follow: bool = False, merge: bool = False) -> Iterator[str]:

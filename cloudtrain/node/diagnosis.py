@@ -33,7 +33,7 @@ _CHAINED = {"The above exception was the direct cause of the following exception
 # What a rank raises when another rank died first: named only when no rank says more.
 _PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|remote worker crash|communicator was aborted",
                         re.IGNORECASE)
-# torchrun's own failures (its rendezvous, its arguments), kept beside the worker logs by worker_echo.LauncherStderr
+# torchrun's own failures (its rendezvous, its arguments), kept beside the worker logs by launcher_stderr.LauncherStderr
 LAUNCHER_LOG = "torchrun.log"
 # what torchrun raises for a failed worker (the worker's own logs say more), and for a stop it was sent (a traceback
 # an earlier run in the same folder left, when this one's torchrun died without one)

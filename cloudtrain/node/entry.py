@@ -167,7 +167,8 @@ def _run(argv: list[str], unpacked: Path, early_stop: list[int], started: float,
                     notices.stop()
             watch.torchrun_ended()
             leftovers = process_tree.end_leftovers_said(log)  # none outlives its node, on success too
-            sync_error = steps.finish_checkpoint_sync(syncer, env, src)
+            # a save cut short by a stop (or a crash) may be the first of a run, whose set of files is not known
+            sync_error = steps.finish_checkpoint_sync(syncer, env, src, succeeded=code == 0 and not stopped)
             if sync_error:
                 status["error"] = sync_error
             if code != 0 and not stopped and not watch.reason:  # workers that failed: was it what they loaded?

@@ -216,18 +216,18 @@ def start_checkpoint_sync(env: dict[str, str], cwd: Path, node_rank: int, world_
     from cloudtrain.checkpoint import sync as checkpoint_sync
 
     if node_rank == 0:
-        return checkpoint_sync.PlainSync(env, cwd, world_size, nodes, log=log)
+        return checkpoint_sync.PlainSync(env, cwd, world_size, nodes, log=log, announce=events.emit)
     return checkpoint_parts.PartSync(_local(env, cwd), env[contract.CHECKPOINT_URI], node_rank,
                                      checkpoint_snapshots.quiet_period(env))
 
 
-def finish_checkpoint_sync(syncer: Any, env: dict[str, str], cwd: Path) -> str | None:
+def finish_checkpoint_sync(syncer: Any, env: dict[str, str], cwd: Path, succeeded: bool = True) -> str | None:
     """After the workers exited (also after SIGTERM): everything they left is final; publish it. Returns why the
     job's checkpoints are not all in the store (which fails the node), or None. What stays unpublished (a torn
     file) is said in the log and kept for the node's status (``unpublished_checkpoints``)."""
     if syncer is None:
         return None
-    error = syncer.finish()
+    error = syncer.finish(succeeded=succeeded)
     for line in syncer.unpublished():
         log(f"warning: {line}")
     return error

@@ -65,6 +65,8 @@ def job_env(spec: JobSpec) -> dict[str, str]:
         env[contract.CHECKPOINT_URI] = spec.checkpoint.uri
         env.setdefault(contract.LINEAGE, lineage_id(spec))  # the spec's own env wins: continuing another job on purpose
         env[contract.CHECKPOINT_KEEP] = str(spec.checkpoint.keep)
+        if spec.checkpoint.files:  # the set of files every save writes (cloudtrain/checkpoint/save_sets.py)
+            env[contract.CHECKPOINT_FILES] = "\n".join(spec.checkpoint.files)
         if spec.checkpoint.take_over:  # node 0 takes the URI's writer lease from another live job (writer.py)
             env[contract.TAKE_OVER] = "1"
         if spec.checkpoint.interval:

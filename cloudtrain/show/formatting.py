@@ -206,7 +206,7 @@ def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
-# a status detail: what a restart starts from (cloudtrain.checkpoint.snapshots.resume_point)
+# a status detail: what a restart starts from (cloudtrain.checkpoint.restore.resume_point)
 RESTART_RESUMES = "restart_resumes"
 
 

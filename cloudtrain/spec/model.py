@@ -118,11 +118,28 @@ class CheckpointSpec(_Model):
                           "as it writes them, in any layout; default: a folder of the node's own, "
                           "$CLOUDTRAIN_CHECKPOINT_DIR")
 
+    files: list[str] = Field(
+        default_factory=list,
+        description="The files every save writes, as globs in the checkpoint folder (checkpoint-*/optimizer.pt, "
+                    "model.pt): each save is published the moment all are whole and newer than the last "
+                    "checkpoint's; without them the set is learned from the saves, and the first save of a run waits "
+                    "for the next to show it was whole")
+
     @field_validator("dir")
     @classmethod
     def _dir(cls, value: str | None) -> str | None:
         if value is not None:
             check_checkpoint_dir(value, {})
+        return value
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: list[str]) -> list[str]:
+        for glob in value:
+            parts = glob.replace("\\", "/").split("/")
+            if not glob.strip() or glob.startswith("/") or ".." in parts or "\n" in glob:
+                raise ValueError(f"checkpoint.files: {glob!r} is not a glob inside the checkpoint folder; give paths "
+                                 "relative to it, e.g. 'model.pt' or 'checkpoint-*/optimizer.pt'")
         return value
     interval: IntervalOrAuto | None = Field(
         None, description="Save at least this often (seconds or '10m'), or 'auto': the interval that keeps the most "
