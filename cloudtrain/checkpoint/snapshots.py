@@ -435,8 +435,8 @@ class Snapshotter:
             if proven is not None:
                 return self._publish(*proven, final=final)
             if final:
-                line = (f"{UNKNOWN}, and the workers were stopped before a next save showed it whole; declare "
-                        "checkpoint.files (--checkpoint-file) to publish a save as soon as its files are whole")
+                line = (f"{UNKNOWN}, and the workers were stopped (or failed) before a next save showed it whole; "
+                        "declare checkpoint.files (--checkpoint-file) to publish a save as soon as its files are whole")
                 self.unpublished.append(f"{self.root} (not published: {line})")
                 self._say_once(f"not published: {', '.join(chosen)}: {line}")
             else:
