@@ -87,7 +87,7 @@ def test_take_over_and_the_job_that_lost_the_uri_writes_no_more(store_root: str,
     # the first job's writes are refused from now on, in every process of it (node 0's sync, a rank's Checkpointer)
     monkeypatch.setenv(contract.JOB_ID, "alpha-1")
     monkeypatch.setenv(contract.LINEAGE, "alpha-aaaa")
-    with pytest.raises(writer.UriHeld, match=r"this job lost the checkpoint URI .* to job beta-1"):
+    with pytest.raises(writer.UriHeld, match=r"was taken over by another job \(--take-over\), job beta-1"):
         publish(uri, 1, tmp_path, text="alpha")
     assert checkpoint_store.steps_present(uri) == set()  # refused before a byte was uploaded
     wait_for(lambda: bool(lost), timeout=10, interval=0.05)  # the refusal woke its node's lease: the node stops

@@ -415,6 +415,8 @@ class Snapshotter:
             return None
         self._read_store()
         if self.parts is not None and any("/" in rel for rel in files):
+            if final:  # the other nodes' last word first: their files count in what a folder holds
+                self.parts.wait_final()
             self.parts.refresh()
         if not final:
             self.set.learn(files, self._verdict(files))

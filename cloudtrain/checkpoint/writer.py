@@ -189,8 +189,10 @@ def check(folder_uri: str) -> None:
             return
         if held is None or not (superseded(held, me) or (live(held, now) and not mine(held, me))):
             return
-        whose = (f"this job lost the checkpoint URI {uri} to {describe(held, now)}" if superseded(held, me) else
-                 f"the checkpoint URI {uri} is held by another job, {describe(held, now)}")
+        # worded as the node's own renewal says it (Holder._taken): whichever notices first, the job says one thing
+        how = "a later submission of this job" if same_lineage(held, me) else "another job (--take-over)"
+        whose = (f"the checkpoint URI {uri} was taken over by {how}, {describe(held, now)}" if superseded(held, me)
+                 else f"the checkpoint URI {uri} is held by another job, {describe(held, now)}")
         why = _REFUSED[uri, me.job] = f"{whose}: nothing is written to {name}"
         for holder in list(_HOLDERS):
             holder.wake()
