@@ -17,11 +17,11 @@ from cloudtrain.cli.reference import markdown
 
 REPO = Path(__file__).resolve().parents[1]
 
-JOB_FLAGS = ["--allow-secret", "--checkpoint-dir", "--checkpoint-file", "--checkpoint-uri", "--emulate", "--env", "--file", "--gpus",
-             "--image", "--max-cost", "--max-idle", "--max-recovery", "--max-restarts", "--max-runtime", "--module",
-             "--name", "--no-spec", "--nodes", "--output", "--output-uri", "--procs-per-node", "--profile",
-             "--provider", "--require-process-group", "--resume-arg", "--set", "--source-dir", "--spot", "--strategy",
-             "--take-over"]
+JOB_FLAGS = ["--allow-secret", "--checkpoint-dir", "--checkpoint-file", "--checkpoint-uri", "--emulate", "--env",
+             "--file", "--gpus", "--image", "--max-cost", "--max-idle", "--max-recovery", "--max-restarts",
+             "--max-runtime", "--module", "--name", "--no-spec", "--nodes", "--output", "--output-uri",
+             "--procs-per-node", "--profile", "--provider", "--require-process-group", "--resume-arg", "--set",
+             "--source-dir", "--spot", "--strategy", "--take-over"]
 CLI = {
     "submit": sorted([*JOB_FLAGS, "--detach", "--dry-run", "--follow", "--plan", "--restore-from"]),
     "plan": sorted([*JOB_FLAGS, "--compare", "--export", "--region"]),

@@ -60,7 +60,7 @@ def pause_before_optimizer(at: int, seconds: float) -> None:
 
     write, saves = checkpointing.save, [0]
 
-    def save(obj, f, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 - accelerate's own signature
+    def save(obj, f, *args, **kwargs):
         name = os.path.basename(str(f))
         if name.startswith("model"):
             saves[0] += 1

@@ -77,7 +77,7 @@ def slow_rng_state(rank: int, step: int, seconds: float) -> None:
     first on ``rank`` at global step ``step``, while rank 0 writes trainer_state.json and trains on."""
     write = Trainer._save_rng_state
 
-    def late(self, output_dir):  # noqa: ANN001 - the Trainer's own signature
+    def late(self, output_dir):
         if self.args.process_index == rank and self.state.global_step == step:
             time.sleep(seconds)
         return write(self, output_dir)
