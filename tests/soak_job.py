@@ -314,6 +314,8 @@ def store_leftovers(root: Path) -> list[str]:
     if not root.is_dir():
         return extra
     for folder in sorted(root.iterdir()):
+        if folder.name == "_cloudtrain" and folder.is_dir():
+            continue  # cloudtrain's own state beside the checkpoints (the URI's writer lease, a chain's state)
         if not (folder.is_dir() and re.fullmatch(r"step-\d+", folder.name)):
             extra.append(folder.name)
             continue

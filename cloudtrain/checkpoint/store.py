@@ -321,6 +321,12 @@ def note_loading(local_root: Path, uri: str, step: int) -> None:
         (local_root / LOADING_NOTE).write_text(json.dumps({"uri": uri, "step": step, "at": time.time()}))
 
 
+def forget_loading(local_root: Path) -> None:
+    """A save is published after a load: the run made progress, so what it loaded is no longer in doubt."""
+    with contextlib.suppress(OSError):
+        (local_root / LOADING_NOTE).unlink(missing_ok=True)
+
+
 def loading_noted(local_root: Path) -> tuple[str, int] | None:
     """(store URI, step) the Checkpointer in this folder last started to load, or None."""
     try:

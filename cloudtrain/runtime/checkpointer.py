@@ -308,6 +308,7 @@ class Checkpointer:
         self.last_saved_step = step
         if self.local_rank == 0:  # local disk keeps the newest folder only (the bucket keeps ``keep``)
             prune_local(self.local_dir, step)
+            checkpoint_store.forget_loading(self.local_dir)  # progress: what this run loaded is not in doubt
 
     def _not_published(self, step: int, folder: Path, errors: list[str]) -> None:
         message = saves.unpublished_message(step, self.uri, folder, errors)
