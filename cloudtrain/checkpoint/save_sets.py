@@ -5,9 +5,10 @@ set in one of three ways (docs/checkpoints.md, "The set a save writes"):
 
 - **declared** (``checkpoint.files``: globs over paths in the checkpoint folder): a snapshot is a save once every
   glob matches a whole file that is newer than the last checkpoint's copy;
-- **learned**: the *keys* that changed together in the previous save (a file overwritten in place is its own key;
-  every member of a family, ``checkpoint-500/``, ``epoch=1-step=8.ckpt``, shares its family's key) must all change
-  again, and a family member must hold as many files of each kind as its predecessor, counted over every node;
+- **learned**: the *keys* every save so far wrote (a file overwritten in place is its own key; every member of a
+  family, ``checkpoint-500/``, ``epoch=1-step=8.ckpt``, shares its family's key) must all be written again since
+  the last checkpoint, and a family member must hold as many files of each kind as its predecessor, counted over
+  every node;
 - **not known yet** (the first save of a run, or one that writes a file no save wrote before): learned when the next
   save has begun, which shows the first one was over: a family gains a newer member (the older one is then published
   as it is), or a file written in place since the last checkpoint is written again (every file written since then
