@@ -94,20 +94,23 @@ def test_what_no_restart_would_have_is_named_and_a_restart_starts_empty(tmp_path
     assert len(warnings) == 2, warnings
 
 
+def saving_beside_its_folder(ct: Cloudtrain, tmp_path: Path, then: str) -> str:
+    """A job whose script saves into ckpt/ while its checkpoint.dir says ckpts (a typo), then runs ``then``; returns
+    its handle once node 0 has said the folder is empty."""
+    (ct.cwd / "train.py").write_text("import os, time, torch\nos.makedirs('ckpt', exist_ok=True)\n"
+                                     "torch.save({'w': 1}, 'ckpt/model.pt')\n" + then)
+    handle = ct("submit", "train.py", "--checkpoint-uri", (tmp_path / "store").as_uri(), "--checkpoint-dir", "ckpts",
+                "--set", "checkpoint.interval=2", "--detach").stdout.strip()
+    wait_for(lambda: "is empty while the script wrote" in ct.logs(handle), timeout=120, interval=0.3)
+    return handle
+
+
 def test_a_checkpoint_folder_the_script_never_writes_is_said_while_it_runs_and_at_its_end(ct: Cloudtrain,
                                                                                           tmp_path: Path) -> None:
     """Issue 37.7/37.8: ``--checkpoint-dir ckpts`` for a script that saves into ``ckpt`` ended `succeeded` with an
     empty store and not a word; files left in the working folder were named only at a stop. Both are said while
     the job runs (the folder, after one interval) and at its end, in the log and in `status -o json`."""
-    (ct.cwd / "train.py").write_text(
-        "import os, time, torch\n"
-        "os.makedirs('ckpt', exist_ok=True)\n"
-        "torch.save({'w': 1}, 'ckpt/model.pt')\n"
-        "torch.save({'best': 1}, 'model_best.pth.tar')\n"
-        "time.sleep(6)\n")
-    handle = ct("submit", "train.py", "--checkpoint-uri", (tmp_path / "store").as_uri(), "--checkpoint-dir", "ckpts",
-                "--set", "checkpoint.interval=2", "--detach").stdout.strip()
-    wait_for(lambda: "is empty while the script wrote" in ct.logs(handle), timeout=120, interval=0.3)
+    handle = saving_beside_its_folder(ct, tmp_path, "torch.save({'best': 1}, 'model_best.pth.tar')\ntime.sleep(6)\n")
     assert ct("wait", handle, "--timeout", "120", check=False).returncode == 0
     log = ct.logs(handle)
     assert re.search(r"checkpoint folder \S+ckpts is empty while the script wrote ckpt/model\.pt", log), log
@@ -125,14 +128,7 @@ def test_an_empty_checkpoint_folder_is_repeated_by_status_and_preempt_while_the_
                                                                                           tmp_path: Path) -> None:
     """Issue 50.7: the warning was in the node's log only, and only at the end in `status`: a user who looked at
     `status`, or preempted the job to rehearse a restart, was told it restarts from scratch and not why."""
-    (ct.cwd / "train.py").write_text(
-        "import os, time, torch\n"
-        "os.makedirs('ckpt', exist_ok=True)\n"
-        "torch.save({'w': 1}, 'ckpt/model.pt')\n"
-        "time.sleep(60)\n")
-    handle = ct("submit", "train.py", "--checkpoint-uri", (tmp_path / "store").as_uri(), "--checkpoint-dir", "ckpts",
-                "--set", "checkpoint.interval=2", "--detach").stdout.strip()
-    wait_for(lambda: "is empty while the script wrote" in ct.logs(handle), timeout=120, interval=0.3)
+    handle = saving_beside_its_folder(ct, tmp_path, "time.sleep(60)\n")
     status = ct("status", handle).stdout
     assert re.search(r"warning: the checkpoint folder \S+ckpts is empty while the script wrote ckpt/model\.pt",
                      status), status

@@ -153,8 +153,8 @@ def test_a_file_rewritten_during_its_upload_voids_that_snapshot(tmp_path: Path,
     assert snap.poll() is None
     assert published(uri) == []
     monkeypatch.setattr(checkpoint_store, "describe_and_upload", real)
-    assert snap.poll() == 1  # taken again: the manifest lists the new upload's files and digests only
-    assert published(uri) == [(1, ["ckpt.pt"])]
+    assert snap.poll() == 2  # taken again, under a new number: the void attempt's objects never mix with it
+    assert published(uri) == [(2, ["ckpt.pt"])]
     checkpoint_restore.restore_latest(uri, tmp_path / "restored")
     assert torch.load(tmp_path / "restored" / "ckpt.pt")["w"][0].item() == 2.0
 

@@ -23,7 +23,6 @@ The ``step-<N>/`` folders cloudtrain's own layout uses are published per folder 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -56,7 +55,6 @@ from cloudtrain.checkpoint.retention import apply_retention
 
 QUIET = 2.0  # seconds a snapshot must stay unchanged before it is taken for complete (CLOUDTRAIN_CHECKPOINT_QUIET)
 LIVE_AFTER = 10  # a file of no known format that changed at this many scans in a row is a log, not a checkpoint
-_NUMBER = re.compile(r"\d+")
 
 
 def quiet_period(env: dict[str, str] | None = None) -> float:
@@ -372,7 +370,6 @@ class Snapshotter:
                                  extra={"layout": LAYOUT_DIR, "entries": chosen, "script_step": script_step(chosen),
                                         **self.set.fields(), "ranks": self.ranks or None})
         self.published, self.asked = snapshot, None
-        self.next_step = max(self.next_step or 0, step + 1)
         if self.parts is not None:
             self.parts.taken(extra, published=folder)
         self.members = self._checkpoint_entries(snapshot)
@@ -476,6 +473,7 @@ class Snapshotter:
         if extra is None:
             return None
         step = self._generation(chosen)
+        self.next_step = step + 1  # a void attempt's objects never mix with the next attempt's
         entries = self._upload(snapshot, step)
         if entries is None:
             return None
