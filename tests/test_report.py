@@ -83,7 +83,7 @@ def test_missing_and_never_started_still_render(preempted_job: tuple[Cli, str, P
     never = JobStatus(handle=JobHandle.parse("local://never-20260101-000000-0000"), name="never",
                       state=JobState.PENDING, created_at=time.time())
     empty = {"events": [], "missing": 0, "logs": None}
-    found = {"timeline": empty, **__import__("cloudtrain.show.goodput", fromlist=["x"]).summarise([], never)}
+    found = {"timeline": empty, **__import__("cloudtrain.home.goodput", fromlist=["x"]).summarise([], never)}
     text = page(never, found)
     assert "No events are known for this job" in text and "no step reported" in text
     torn = {**found, "timeline": {**empty, "missing": 3,
@@ -99,9 +99,9 @@ def test_missing_and_never_started_still_render(preempted_job: tuple[Cli, str, P
 
 def test_ten_thousand_events_stay_under_2_mb(tmp_path: Path) -> None:
     from cloudtrain.handles import JobHandle
+    from cloudtrain.home import goodput
     from cloudtrain.job_types import JobState, JobStatus
     from cloudtrain.plan.cost import Rate
-    from cloudtrain.show import goodput
     from cloudtrain.show.report import page
 
     t0 = 1_800_000_000.0

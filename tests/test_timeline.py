@@ -249,8 +249,8 @@ def test_goodput_counts_the_steps_redone_after_a_restore() -> None:
     steps again. 10 steps/s; each leg's nodes take 2 s to train, the restore 1 s, each checkpoint blocks 0.5 s."""
     from types import SimpleNamespace
 
+    from cloudtrain.home.goodput import summarise
     from cloudtrain.job_types import JobState
-    from cloudtrain.show.goodput import summarise
 
     def ev(kind: str, t: float, **fields: object) -> dict:
         return {"e": kind, "t": t, **fields}
@@ -277,8 +277,8 @@ def test_goodput_counts_the_workers_load_as_restore() -> None:
     load: its time (``training_again``'s ``load_s``) is restore, not provisioning."""
     from types import SimpleNamespace
 
+    from cloudtrain.home.goodput import summarise
     from cloudtrain.job_types import JobState
-    from cloudtrain.show.goodput import summarise
 
     events = [{"e": "submitted", "t": 0}, {"e": "node_started", "t": 5, "attempt": 0},
               {"e": "restored", "t": 6, "step": 40, "seconds": 0.2},
@@ -399,8 +399,8 @@ def test_a_chains_goodput_sums_its_submissions_and_counts_the_steps_the_next_one
     paid time is priced at its own rate (the second moved to a dearer provider)."""
     from types import SimpleNamespace
 
+    from cloudtrain.home.goodput import Ended, summarise_chain
     from cloudtrain.job_types import JobState
-    from cloudtrain.show.goodput import Ended, summarise_chain
 
     def ev(kind: str, t: float, **fields: object) -> dict:
         return {"e": kind, "t": t, **fields}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from cloudtrain.home import timeline
-from cloudtrain.show import goodput
+from cloudtrain.home import goodput, timeline
+from cloudtrain.show.goodput import text as goodput_text
 
 STATES = ("pending", "running", "stopping", "succeeded", "failed", "cancelled", "preempted")
 
@@ -58,7 +58,7 @@ def _earlier(handle: Any, get_provider: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def status_lines(found: dict[str, Any]) -> list[str]:
-    lines = goodput.text(found)
+    lines = goodput_text(found)
     told = found["timeline"]
     said = timeline.empty_folder(told["events"])
     if said:

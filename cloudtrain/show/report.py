@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-from cloudtrain.show import goodput
+from cloudtrain.home import goodput
 
 MAX_STEPS = 600  # step points drawn and listed, at most
 WIDTH, LEFT, RIGHT = 1200, 120, 20
