@@ -375,8 +375,8 @@ def _check_limits(found: list[tuple[str, Path, int]], limits: PackageLimits) -> 
 # What of cloudtrain a node runs (under lib/cloudtrain), by folder: the node package and what it may import
 # (pyproject.toml's import contract "Node-side code ... imports nothing client-side"), the runtime the workers
 # import, and the providers' node contracts (the bootstrap loads them by file). The client side stays here.
-NODE_SIDE = ("__init__.py", "_lazy.py", "backoff.py", "contract.py", "entry_points.py", "errors.py", "node/",
-             "checkpoint/", "storage/", "runtime/", "providers/*/node.py")
+NODE_SIDE = ("__init__.py", "_lazy.py", "backoff.py", "contract.py", "entry_points.py", "errors.py", "safe_json.py",
+             "node/", "checkpoint/", "storage/", "runtime/", "providers/*/node.py")
 
 
 def _runtime_files() -> list[tuple[str, Path]]:
