@@ -107,7 +107,7 @@ def test_two_files_saved_apart_are_never_published_as_a_mix_of_two_saves(tmp_pat
     assert len(steps) >= 2 and all(m == o for m, o in steps), steps
     # 50.7: each checkpoint of a stack's own is an event of the job's timeline, as the Checkpointer's are
     told = ct.status(handle)["goodput"]
-    assert told["checkpoints"] >= len(steps) and told["losses_s"]["checkpoints"] > 0, told
+    assert told["checkpoints"] >= len(steps) and told["losses_s"]["checkpoint_save"] > 0, told
 
 
 def test_a_two_file_save_rewritten_faster_than_the_quiet_period_is_published_while_running(tmp_path: Path) -> None:

@@ -21,8 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cloudtrain.home import event_schema
 from cloudtrain.home.paths import cloudtrain_home
 from cloudtrain.node.events import PREFIX, parse
+from cloudtrain.node.worker_echo import ROLE
 
 _warned: set[str] = set()
 
@@ -69,10 +71,11 @@ def own_events(handle: str) -> tuple[list[dict[str, Any]], int]:
             continue
         try:
             event = json.loads(text_line)
-        except ValueError:
+        except (ValueError, RecursionError):
             missing += 1
             continue
-        if isinstance(event, dict) and isinstance(event.get("e"), str) and isinstance(event.get("t"), (int, float)):
+        if isinstance(event, dict) and isinstance(event.get("e"), str) and isinstance(event.get("t"), (int, float)) \
+                and not isinstance(event["t"], bool):
             found.append(event)
         else:
             missing += 1
@@ -81,51 +84,73 @@ def own_events(handle: str) -> tuple[list[dict[str, Any]], int]:
 
 def node_events(lines: Any) -> tuple[list[dict[str, Any]], int]:
     """The events in log lines (``[node1] ... cloudtrain-event {...}``), each tagged with the node the line names
-    (local and Slurm: its rank; elsewhere the platform's name for it, ``workerpool0-0``); and how many were cut
-    short. All parsed as one JSON document where none is cut short (a job's logs may hold 10,000 of them: status
-    stays quick), line by line otherwise."""
+    (local and Slurm: its rank; elsewhere the platform's name for it, ``workerpool0-0``) and with who printed it
+    (``by``: "worker" where a worker's ``[default<r>]:`` prefix stands before the event, else "node": a worker's
+    output always carries it, cloudtrain/node/worker_echo.py); and how many were cut short. All parsed as one JSON
+    document where none is cut short (a job's logs may hold 10,000 of them: status stays quick), line by line
+    otherwise."""
     parts: list[str] = []
-    nodes: list[int | str | None] = []
+    tags: list[tuple[int | str | None, str]] = []
     for text_line in lines:
         at = text_line.find(PREFIX)
         if at < 0:
             continue
         parts.append(text_line[at + len(PREFIX):])
         tag = _NODE.match(text_line) if text_line.startswith("[") else None  # [node1], [node 1], [node-1], [algo-1]
-        nodes.append(None if tag is None else int(tag.group(2)) if tag.group(2) else tag.group(1))
+        node = None if tag is None or _WORKER.match(text_line) else int(tag.group(2)) if tag.group(2) else tag.group(1)
+        tags.append((node, "worker" if _WORKER.search(text_line, 0, at) else "node"))
     try:
         parsed: list[Any] = json.loads("[" + ",".join(parts) + "]")
-    except ValueError:
+    except (ValueError, RecursionError):
         parsed = []
     if len(parsed) != len(parts):
-        parsed = [parse(PREFIX + part) for part in parts]
+        parsed = [_parsed(part) for part in parts]
     found, missing = [], 0
-    for event, node in zip(parsed, nodes, strict=True):
+    for event, (node, by) in zip(parsed, tags, strict=True):
         if not isinstance(event, dict) or not isinstance(event.get("e"), str) or \
                 not isinstance(event.get("t"), (int, float)) or isinstance(event["t"], bool):
             missing += 1
             continue
-        if node is not None and "node" not in event:
+        event["by"] = by  # what the line says of itself is not taken
+        if node is not None:
             event["node"] = node
+        elif by == "worker":
+            event.pop("node", None)
         found.append(event)
     return found, missing
 
 
+def _parsed(part: str) -> Any:
+    try:
+        return parse(PREFIX + part)
+    except RecursionError:  # a line of 100,000 brackets: garbled, like any other
+        return {}
+
+
 _NODE = re.compile(r"\[(node[ -]?(\d+)|[^\]\s]+)\]")
+_WORKER = re.compile(re.escape(f"[{ROLE}") + r"\d+\]:")
 
 
 def read(provider: Any, handle: Any) -> dict[str, Any]:
-    """Everything known of a job's timeline: ``{"events": [...] by time, "missing": n, "logs": why or None}``.
-    Logs that cannot be fetched now (a platform that keeps them elsewhere, a transient error) leave the client's
-    events, and say why."""
+    """Everything known of a job's timeline: ``{"events": [...] by time, "missing": n, "logs": why or None,
+    "ignored": {"count": n, "kinds": {...}}}``: every event screened (cloudtrain/home/event_schema.py), those that
+    fail counted in ``ignored``. Logs that cannot be fetched now (a platform that keeps them elsewhere, a transient
+    error) leave the client's events, and say why."""
     events, missing = own_events(str(handle))
     why = None
     try:
         found, cut = node_events(provider.logs(handle, follow=False))
     except Exception as exc:
         found, cut, why = [], 0, f"the nodes' events are not known: their logs could not be read ({exc})"
-    events = sorted(events + found, key=lambda e: e["t"])
-    return {"events": events, "missing": missing + cut, "logs": why}
+    kept, ignored = event_schema.screen(events, found)
+    return {"events": kept, "missing": missing + cut, "logs": why, "ignored": ignored}
+
+
+def own_only(handle: Any, why: str) -> dict[str, Any]:
+    """A timeline of the home's own events only (the nodes' logs cannot be read from here), screened as ``read``'s."""
+    events, missing = own_events(str(handle))
+    kept, ignored = event_schema.screen(events, [])
+    return {"events": kept, "missing": missing, "logs": why, "ignored": ignored}
 
 
 def empty_folder(events: list[dict[str, Any]]) -> str | None:
@@ -149,20 +174,39 @@ def observe(status: Any) -> None:
     if before == now:
         return
     was_state, was_restarts = ([*before.split("|"), "", "0"])[:2]
+    was_restarts = was_restarts if was_restarts.isdigit() else "0"
     events: list[dict[str, Any]] = []
     stamp = round(time.time(), 3)
     if (status.restarts or 0) > int(was_restarts or 0):
-        events.append({"e": "restarted", "t": stamp, "restarts": status.restarts})
+        # when the restart happened, where this home knows it (the local supervisor's start of that attempt), else
+        # when it was seen
+        began = _attempt_started(handle, status.restarts)
+        events.append({"e": "restarted", "t": began if began is not None else stamp, "restarts": status.restarts,
+                       **({} if began is not None else {"seen": True})})
     if status.state.value != was_state or (not status.state.terminal and before.split("|")[2:3] != now.split("|")[2:3]):
-        # stamped when seen (a platform's clock, or its whole seconds, may put its own end time before events this
-        # machine stamped); the platform's end time is kept beside it, and goodput counts paid time until it
-        ended = {"ended_at": status.ended_at} if status.state.terminal and status.ended_at else {}
-        events.append({"e": "ended" if status.state.terminal else "state", "t": stamp, "state": status.state.value,
-                       "message": status.message[:200], **({"platform": platform} if platform else {}), **ended})
+        # an end at the platform's own end time where it gives one (a client that looks an hour later does not
+        # make the job an hour longer); a state change when it was seen, the platform's move to running being
+        # placed by its nodes' own first events (cloudtrain/home/goodput.py)
+        ended_at = status.ended_at if status.state.terminal and _sane(status.ended_at, stamp) else None
+        events.append({"e": "ended" if status.state.terminal else "state",
+                       "t": round(float(ended_at), 3) if ended_at is not None else stamp, "state": status.state.value,
+                       "message": status.message[:200], **({"platform": platform} if platform else {}),
+                       **({"ended_at": ended_at, "seen_at": stamp} if ended_at is not None else {})})
     if events and not _append(path(handle), events):
         return
     with contextlib.suppress(OSError):
         seen_file.write_text(now, encoding="utf-8")
+
+
+def _sane(when: Any, now: float) -> bool:
+    """A platform's time that can be taken as it is: a number, not in the future, not before 2020."""
+    return isinstance(when, (int, float)) and not isinstance(when, bool) and 1.5e9 < when <= now + event_schema.SKEW_S
+
+
+def _attempt_started(handle: str, attempt: int) -> float | None:
+    """When the local supervisor started ``attempt`` (its ``node_started`` in the home's file), if it did."""
+    events, _ = own_events(handle)
+    return next((e["t"] for e in reversed(events) if e["e"] == "node_started" and e.get("attempt") == attempt), None)
 
 
 def platform_state(details: dict[str, Any]) -> dict[str, str]:

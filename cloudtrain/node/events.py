@@ -8,6 +8,7 @@ import it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -51,23 +52,44 @@ def parse(text: str) -> dict[str, Any] | None:
 
 class StepReporter:
     """``report(step, total)`` emits a ``step`` event for the first step, then at most one per STEP_SECONDS: enough
-    for progress and steps/s, never a line per step. Only rank 0 speaks (every rank is at the same step)."""
+    for progress and steps/s, never a line per step; the last step reported is emitted when the process exits, so a
+    finished run ends at its last step. Only rank 0 speaks (every rank is at the same step). ``data_s``: seconds the
+    step waited for its data, summed into the next event (goodput's data loading)."""
 
     def __init__(self) -> None:
         self.last: float | None = None
         self.every = _seconds(os.environ.get(STEP_SECONDS), 2.0)
         self.rank0 = os.environ.get("RANK", "0") == "0"
+        self.pending: dict[str, Any] | None = None  # the newest step not emitted yet
+        self.data_s = 0.0
+        if self.rank0:
+            atexit.register(self.flush)
 
-    def report(self, step: int, total: int | None = None) -> None:
+    def report(self, step: int, total: int | None = None, data_s: float | None = None) -> None:
         if not self.rank0:
             return
-        now = time.monotonic()
-        if self.last is not None and now - self.last < self.every:
-            return
-        self.last = now
-        fields = {"step": int(step)}
+        fields: dict[str, Any] = {"step": int(step)}
         if total is not None:
             fields["total"] = int(total)
+        if data_s is not None and 0 <= data_s < float("inf"):
+            self.data_s += float(data_s)
+        now = time.monotonic()
+        if self.last is not None and now - self.last < self.every:
+            self.pending = fields
+            return
+        self.last = now
+        self._emit(fields)
+
+    def flush(self) -> None:
+        """Emit the newest step reported since the last event, if any (at exit: the run's last step)."""
+        if self.pending is not None:
+            self._emit(self.pending)
+
+    def _emit(self, fields: dict[str, Any]) -> None:
+        self.pending = None
+        if self.data_s > 0:
+            fields = {**fields, "data_s": round(self.data_s, 3)}
+            self.data_s = 0.0
         emit("step", **fields)
 
 

@@ -9,10 +9,11 @@ from cloudtrain.node.events import StepReporter
 _reporter: StepReporter | None = None
 
 
-def report_step(step: int, total: int | None = None) -> None:
+def report_step(step: int, total: int | None = None, data_s: float | None = None) -> None:
     """Tell cloudtrain the step just finished (``total``: the steps the run will take, where known: status then
-    shows an ETA)."""
+    shows an ETA; ``data_s``: the seconds this step waited for its batch, where the script measures it: goodput
+    then counts them as data loading)."""
     global _reporter
     if _reporter is None:
         _reporter = StepReporter()
-    _reporter.report(step, total)
+    _reporter.report(step, total, data_s)

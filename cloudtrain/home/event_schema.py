@@ -1,0 +1,178 @@
+"""What a timeline event may say, and who may say it: the screen every event passes before a figure is made of it.
+
+A job's events come from three places (cloudtrain/home/timeline.py), trusted differently:
+- **the home's own file**, written by this client and the local supervisor: the legs' facts (``submitted``,
+  ``state``, ``ended``, ``restarted``, ``preempted``, the supervisor's ``node_started`` with its ``attempt``);
+- **a node's own lines** in its log (the bootstrap's: ``node_started`` with its rank, ``restored``, ``spot_notice``,
+  the checkpoints node 0 publishes of a stack's folder, ``checkpoint_dir_empty``);
+- **a worker's lines** (``[default<r>]:`` before the event: the training script's process, which prints whatever it
+  likes): only the kinds cloudtrain's runtime emits there (``step``, the Checkpointer's ``checkpoint``,
+  ``training_again``), and only within what a worker can claim.
+
+Each kind has a schema: types (``true`` is not a step), finite numbers, non-negative durations and counts, and
+every event's ``t`` inside the job's life (submitted .. ended, plus ``SKEW_S`` for a node's clock). A step that goes
+back without a restart or restore between is refused too. An event that fails is dropped and counted by kind and
+reason, never a traceback, never a figure.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SKEW_S = 300.0  # how far a node's clock may be from this machine's before its events fall outside the job's life
+TEN_YEARS = 10 * 365 * 86400.0
+WORKER_KINDS = frozenset({"step", "checkpoint", "training_again"})
+CLIENT_KINDS = frozenset({"submitted", "staged", "state", "ended", "restarted", "moved", "preempted"})
+RESETS = frozenset({"node_started", "restored", "training_again", "preempted", "restarted", "state", "submitted"})
+STEP_CARRIERS = frozenset({"step", "checkpoint", "training_again", "restored"})
+
+Seconds = Annotated[float, Field(ge=0, le=TEN_YEARS, allow_inf_nan=False, strict=True)]
+Count = Annotated[int, Field(ge=0, le=2 ** 53, strict=True)]
+Text = Annotated[str, Field(max_length=10_000, strict=True)]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    e: Text
+    t: Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+
+
+class _Step(_Event):
+    step: Count
+    total: Annotated[int, Field(ge=1, le=2 ** 53, strict=True)] | None = None
+    data_s: Seconds | None = None
+
+
+class _Checkpoint(_Event):
+    step: Count | None = None
+    bytes: Count | None = None
+    blocked_s: Seconds | None = None
+    publish_s: Seconds | None = None
+    save_s: Seconds | None = None
+
+
+class _TrainingAgain(_Event):
+    step: Count
+    after_restore_s: Seconds | None = None
+    load_s: Seconds | None = None
+
+
+class _Restored(_Event):
+    step: Count | None = None
+    bytes: Count | None = None
+    seconds: Seconds | None = None
+
+
+class _NodeStarted(_Event):
+    rank: Count | None = None
+    nodes: Count | None = None
+    attempt: Count | None = None
+
+
+class _Submitted(_Event):
+    checkpoint_interval_s: Count | None = None
+    nodes: Count | None = None
+
+
+class _Ended(_Event):
+    ended_at: Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)] | None = None
+
+
+class _Restarted(_Event):
+    restarts: Count | None = None
+
+
+class _Preempted(_Event):
+    attempt: Count | None = None
+
+
+class _Said(_Event):
+    text: Text | None = None
+
+
+MODELS: dict[str, type[_Event]] = {
+    "step": _Step, "checkpoint": _Checkpoint, "training_again": _TrainingAgain, "restored": _Restored,
+    "node_started": _NodeStarted, "submitted": _Submitted, "ended": _Ended, "restarted": _Restarted,
+    "preempted": _Preempted, "checkpoint_dir_empty": _Said}
+
+
+def _refusal(event: dict[str, Any], source: str) -> str | None:
+    """Why an event may not be taken from ``source`` ("home", "node" or "worker"), or None."""
+    kind = event.get("e")
+    if source == "worker" and kind not in WORKER_KINDS:
+        return "not a kind a worker's runtime emits"
+    if source != "home" and (kind in CLIENT_KINDS or "attempt" in event):
+        return "only the platform (this client, the local supervisor) says that"
+    try:
+        MODELS.get(str(kind), _Event).model_validate(event)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in first['loc']) or 'event'}: {first['msg'].lower()}"
+    return None
+
+
+def life(own: list[dict[str, Any]], now: float | None = None) -> tuple[float | None, float]:
+    """The job's life on this machine's clock: (submitted, ended or now), from the home's own events."""
+    times = [float(e["t"]) for e in own if e.get("e") == "submitted" and _finite(e.get("t"))]
+    ended = [float(e["ended_at"] if _finite(e.get("ended_at")) else e["t"]) for e in own
+             if e.get("e") == "ended" and _finite(e.get("t"))]
+    return (min(times) if times else None), (max(ended) if ended else (time.time() if now is None else now))
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def screen(own: list[dict[str, Any]], found: list[dict[str, Any]], now: float | None = None
+           ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The events that pass, by time, and what was refused: ``{"count": n, "kinds": {"<kind>: <why>": n}}``.
+    ``own``: the home's file; ``found``: the nodes' logs' (each tagged ``by``: "node" or "worker")."""
+    refused: Counter[str] = Counter()
+    born, end = life(own, now)
+    low = None if born is None else born - SKEW_S
+    high = end + SKEW_S
+    kept = []
+    for source, events in (("home", own), (None, found)):
+        for event in events:
+            why = _refusal(event, source or str(event.get("by")))
+            if why is None and ((low is not None and event["t"] < low) or event["t"] > high):
+                why = "dated outside the job's life (a node's clock off by more than 5 minutes, or a forged line)"
+            if why is None:
+                kept.append(event)
+            else:
+                refused[f"{str(event.get('e'))[:40]}: {why}"] += 1
+    kept.sort(key=lambda e: e["t"])
+    kept = _steps_forward(kept, refused)
+    return kept, {"count": sum(refused.values()), "kinds": dict(refused.most_common(20))}
+
+
+def _steps_forward(events: list[dict[str, Any]], refused: Counter[str]) -> list[dict[str, Any]]:
+    """Drop a step that goes back (100, then 10) with no restart or restore between: a rate of -90 steps/s is not a
+    rate. Each kind keeps its own order (a checkpoint is announced once published, after later steps' reports)."""
+    out: list[dict[str, Any]] = []
+    high: dict[str, int] = {}
+    for event in events:
+        kind, step = event["e"], event.get("step")
+        if kind in RESETS and (event.get("by") != "worker" or kind == "training_again"):
+            high = {}
+        if kind in STEP_CARRIERS and isinstance(step, int):
+            if step < high.get(kind, -1):
+                refused[f"{kind}: the step went back with no restart or restore between"] += 1
+                continue
+            high[kind] = step
+        out.append(event)
+    return out
+
+
+def said(ignored: dict[str, Any]) -> str | None:
+    """One line for `status` naming what was refused, or None."""
+    if not ignored.get("count"):
+        return None
+    kinds = "; ".join(f"{why} ({n})" for why, n in ignored["kinds"].items())
+    return f"timeline: {ignored['count']} event line(s) ignored: {kinds[:600]}"
