@@ -19,7 +19,7 @@ from cloudtrain.home import event_schema, timeline
 from cloudtrain.home.goodput import summarise
 from cloudtrain.job_types import JobState
 
-T0 = 1_800_000_000.0
+T0 = 1_790_000_000.0  # in the past: a running job's life ends now
 
 
 def worker(event: dict[str, Any], node: int = 0) -> str:
@@ -180,6 +180,9 @@ def test_losses_in_ml_goodput_measurements_buckets() -> None:
     assert steps["ideal"] == pytest.approx((0.1 + 0.08 + 0.1 + 0.1) / 4)
     assert steps["recent"] == pytest.approx(0.1) and steps["deviation"] == pytest.approx(0.1 - steps["ideal"])
     assert g["goodput"]["checkpoint_age_s"] is None  # ended: nothing left to lose
+    from cloudtrain.show.goodput import text
+
+    assert "step time: ideal 95ms, recent 100ms, 5ms slower than ideal" in text(g)
 
 
 def test_an_ended_job_and_a_restart_are_stamped_when_they_happened(ct_home: Path) -> None:
@@ -250,3 +253,79 @@ def test_a_job_whose_script_forges_events_still_has_sound_numbers(cli: Any, ct_h
                for s in f.samples)
     page = cli("report", handle, "-o", str(tmp_path / "r.html"))
     assert page.returncode == 0 and (tmp_path / "r.html").stat().st_size > 1000, page.stderr
+
+
+# -- any line at all (Done means: a property-based test) ---------------------------------------------------------
+
+def _value() -> Any:
+    from hypothesis import strategies as st
+
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.text(max_size=8),
+                        st.floats(allow_nan=True, allow_infinity=True),
+                        st.sampled_from([T0, T0 + 3, T0 + 9.5, 0.0, -1.0, 1e308, T0 + 1e9]))
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4),
+                                                                                            inner, max_size=3),
+                        max_leaves=6)
+
+
+def _event() -> Any:
+    from hypothesis import strategies as st
+
+    kinds = st.sampled_from(sorted({*event_schema.MODELS, "state", "spot_notice", "note", "ended", "x"}))
+    fields = st.sampled_from(["step", "total", "attempt", "blocked_s", "seconds", "load_s", "data_s", "bytes",
+                              "checkpoint_interval_s", "ended_at", "restarts", "state", "node", "by", "rank"])
+    return st.builds(lambda e, t, extra: {"e": e, "t": t, **extra}, kinds,
+                     st.one_of(st.sampled_from([T0 + 1, T0 + 2, T0 + 5, T0 + 8, T0 - 400, T0 + 1e9]),
+                               st.floats(allow_nan=True)),
+                     st.dictionaries(fields, _value(), max_size=4))
+
+
+def test_any_event_lines_give_sound_figures_a_parsable_exposition_and_a_page(ct_home: Path) -> None:
+    """Arbitrary event lines from the nodes and workers (and arbitrary lines in the home's own file): the figures
+    `status` and `-o json` show are finite and not negative, the text lines render, the OpenMetrics exposition parses
+    with prometheus_client, and the report page renders; never a traceback."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    from cloudtrain.handles import JobHandle
+    from cloudtrain.job_types import JobStatus
+    from cloudtrain.show.goodput import text as goodput_text
+    from cloudtrain.show.metrics import exposition, json_text, status_lines
+    from cloudtrain.show.report import page
+
+    lines_of = st.lists(st.tuples(st.sampled_from(["[node0] ", "[node1] [default0]:", "[node0] [default0]:", ""]),
+                                  _event()), max_size=12)
+    states = st.sampled_from([JobState.RUNNING, JobState.SUCCEEDED, JobState.PREEMPTED])
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(lines=lines_of, own_lines=st.lists(_event(), max_size=5), state=states)
+    def check(lines: list[tuple[str, dict[str, Any]]], own_lines: list[dict[str, Any]], state: JobState) -> None:
+        handle = "local://any"
+        timeline.path(handle).unlink(missing_ok=True)
+        timeline._append(timeline.path(handle), [{"e": "submitted", "t": T0, "handle": handle}, *own_lines])
+        log = [prefix + "cloudtrain-event " + json.dumps(e, default=str) for prefix, e in lines]
+        told = timeline.read(Logs(log), handle)
+        status = JobStatus(handle=JobHandle.parse(handle), name="any", state=state, created_at=T0,
+                           started_at=T0 + 1, ended_at=T0 + 9 if state.terminal else None, restarts=1)
+        figures = summarise(told["events"], status)
+        found = {**figures, "timeline": told}
+        sound_numbers(figures)
+        goodput_text(found)
+        status_lines(found)
+        json.loads(json_text({**status.to_dict(), **found}))
+        text = exposition([(status, found)])
+        assert [f.name for f in text_string_to_metric_families(text)]
+        assert page(status, found).startswith("<!DOCTYPE html>")
+
+    check()
+
+
+def sound_numbers(figures: dict[str, Any]) -> None:
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            assert math.isfinite(value) and value >= 0, figures
+    walk(figures)

@@ -28,7 +28,16 @@ def text(found: dict[str, Any]) -> list[str]:
         over = f" over {g['submissions']} submissions" if g.get("submissions", 1) > 1 else ""
         lines.append(f"goodput: {g['ratio']:.2f} of {g['paid_s']:.0f}s paid{over}" + (
             f" (lost: {losses})" if losses else "") + cost)
+    steps = g.get("step_time_s") or {}
+    if steps.get("ideal") is not None:
+        slower = f", {_seconds(steps['deviation'])} slower than ideal" if steps.get("deviation") else ""
+        lines.append(f"step time: ideal {_seconds(steps['ideal'])}, recent {_seconds(steps['recent'])}{slower}")
     if g.get("checkpoint_interval_s"):
         lines.append(f"checkpoints: every {format_duration(g['checkpoint_interval_s'])} "
                      f"({g['checkpoint_interval_from']})")
     return lines
+
+
+def _seconds(value: float) -> str:
+    """A step time as people read them: 0.095s, 12ms, 2.4s."""
+    return f"{value * 1000:.3g}ms" if value < 1 else f"{value:.3g}s"
