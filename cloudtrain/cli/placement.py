@@ -71,17 +71,29 @@ def plan_legs_text(args: argparse.Namespace, spec: Any, spec_file: str | None, l
 
 def show_legs(args: argparse.Namespace, legs: list[Any], plans: list[Any], colour: bool) -> int:
     """Each leg's plan, in order: as text, or one document sealed as a whole (`submit --plan` refuses legs
-    reordered or edited since, and reads each leg's plan as a plan of its own)."""
+    reordered or edited since, and reads each leg's plan as a plan of its own). A leg whose provider is not
+    installed here (``Unusable``) is named in its place with its fix, and no plan: a submit skips it."""
     from cloudtrain.cli.render import emit, plan_text
+    from cloudtrain.jobs.fallback import Unusable
     from cloudtrain.plan.seal import SEAL, seal_parts
 
+    unusable = [plan for plan in plans if isinstance(plan, Unusable)]
     if args.output != "text":
-        document = {"legs": [{**leg.to_dict(), "plan": plan.to_dict()} for leg, plan in zip(legs, plans, strict=True)]}
+        document = {"legs": [plan.to_dict() if isinstance(plan, Unusable) else {**leg.to_dict(), "plan": plan.to_dict()}
+                             for leg, plan in zip(legs, plans, strict=True)]}
         emit({**document, SEAL: seal_parts(document)}, args.output)
+        for skipped in unusable:  # stdout is the document: said where a person reads it too
+            print(f"note: {skipped.leg.label()}: {skipped.why()}; a submit skips it", file=sys.stderr)
         return 0
+    first = next(n for n, plan in enumerate(plans, 1) if not isinstance(plan, Unusable))
     for n, (leg, plan) in enumerate(zip(legs, plans, strict=True), 1):
+        if isinstance(plan, Unusable):
+            print(f"{'-' * 8} leg {n}/{len(legs)}: {leg.label()} (not installed {plan.where}: a submit skips it)")
+            print(f"{plan.message}\n  fix: {plan.remedy}" if plan.remedy else plan.message)
+            print()
+            continue
         print(f"{'-' * 8} leg {n}/{len(legs)}: {leg.label()}"
-              + (" (tried first)" if n == 1 else " (if the ones before refuse or lose capacity)"))
+              + (" (tried first)" if n == first else " (if the ones before refuse or lose capacity)"))
         print(plan_text(plan, colour))
         print()
     return 0
@@ -99,42 +111,58 @@ def submit_legs(args: argparse.Namespace, spec: Any, spec_file: str | None, legs
 def submit_saved_legs(args: argparse.Namespace, document: dict[str, Any]) -> int:
     """`submit --plan` of a plan saved for a provider list (`plan -p local,slurm -o json`): every leg's plan made
     again and checked as the file shows it, then submitted as `submit -p local,slurm` would (the first leg that
-    takes it; its chain recorded for recovery and moves). Submitted again, the same file is the same job."""
+    takes it; its chain recorded for recovery and moves). Submitted again, the same file is the same job. A leg
+    whose provider is not installed here (or was not where the file was planned) is skipped, said on stderr."""
     from contextlib import ExitStack
 
     from cloudtrain.cli.jobargs import env_pairs
-    from cloudtrain.errors import CloudtrainError, UserError
+    from cloudtrain.errors import CloudtrainError, ProviderNotInstalled, UserError
     from cloudtrain.handles import JobHandle
-    from cloudtrain.jobs.fallback import Leg, Refused, try_legs
+    from cloudtrain.jobs.fallback import Leg, Refused, Skip, Unusable, none_usable, try_legs
     from cloudtrain.plan.saved import common_spec, replanned, saved_legs_of
     from cloudtrain.providers import get_provider
 
     found = saved_legs_of(document, args.saved_plan)
-    legs = [Leg(**leg) for leg, _ in found]
+    legs = [Leg(leg["provider"], leg["region"]) for leg, _ in found]
     names = ",".join(dict.fromkeys(leg.provider for leg in legs))
     if args.provider not in (None, names):
         raise UserError(f"{args.saved_plan!r} is a plan for the provider list {names}, not {args.provider}",
                         field="--provider", remedy="leave --provider out, or plan again for that list")
     env = env_pairs(args.env)
     with ExitStack() as stack:
-        plans = {leg: stack.enter_context(replanned(saved, env, leg.provider)) for leg, (_, saved) in zip(
-            legs, found, strict=True)}
+        plans: dict[Leg, Any] = {}  # each leg's plan made again, or why it cannot run here (Unusable)
+        for one, (data, saved) in zip(legs, found, strict=True):
+            if saved is None:  # not installed where the list was planned: nothing reviewed to submit there
+                plans[one] = Unusable(one, data["not_installed"]["message"], data["not_installed"]["remedy"],
+                                      where=f"where {args.saved_plan!r} was planned")
+                continue
+            try:
+                plans[one] = stack.enter_context(replanned(saved, env, one.provider))
+            except ProviderNotInstalled as exc:  # planned where it was installed, submitted where it is not
+                plans[one] = Unusable.of(one, exc)
+        usable = {one: plan for one, plan in plans.items() if not isinstance(plan, Unusable)}
+        if not usable:
+            raise none_usable(list(plans.values()))
         if args.dry_run:
             return show_legs(args, legs, list(plans.values()), colour=False)
-        kept = common_spec([plan.spec.model_dump(mode="json", exclude_unset=True) for plan in plans.values()])
-        by_id = {plan.job_id: plan for plan in plans.values()}
-        if (state := _chain_holding(set(by_id))) is not None:  # submitted before: that job, never a second one
+        kept = common_spec([plan.spec.model_dump(mode="json", exclude_unset=True) for plan in usable.values()])
+        by_id = {plan.job_id: plan for plan in usable.values()}
+        # submitted before (on any leg of the file, installed here or not): that job, never a second one
+        if (state := _chain_holding({saved.job_id for _, saved in found if saved is not None})) is not None:
             newest = JobHandle.parse(state.chain[-1])
             provider = get_provider(newest.provider)
             if len(state.chain) == 1 and newest.job_id in by_id:  # starts it where nothing did (a submit killed)
                 provider.submit(by_id[newest.job_id])
             return submitted(args, provider, newest, f" on {legs[state.leg].label()}", by_id.get(
-                newest.job_id, plans[legs[0]]).spec, state=state)
+                newest.job_id, next(iter(usable.values()))).spec, state=state)
 
         def attempt(leg: Leg) -> tuple[Any, Any]:
+            plan = plans[leg]
+            if isinstance(plan, Unusable):
+                raise Skip(plan)
             provider = get_provider(leg.provider)
             try:
-                return provider, provider.submit(plans[leg])
+                return provider, provider.submit(plan)
             except CloudtrainError as exc:
                 raise Refused(provider, exc) from exc
 

@@ -10,7 +10,8 @@ and settings drift) and not dated ahead of this clock (a machine whose clock ran
 the source bundle built now has the plan's digest (the digest covers the user's source, cloudtrain itself and the
 bootstrap, so any change to either is caught). A plan printout never holds secret values (they are masked);
 ``--env NAME=VALUE`` supplies the masked environment values again. A plan saved for a provider list (``plan -p
-aws,gcp -o json``: its legs, each with its plan) is checked leg by leg and as a whole (the legs' order).
+aws,gcp -o json``: its legs, each with its plan) is checked leg by leg and as a whole (the legs' order); a leg
+whose provider was not installed where it was planned holds no plan, and is skipped.
 
 A saved plan is what runs, or it is refused. The printed plan carries a digest of each of its parts (``seal``: the
 spec's fields, the request's, each node's command ...); submit checks them, so an edit (a spec argument, a node
@@ -117,20 +118,32 @@ def saved_plan_of(data: Any, path: str, where: str = "") -> SavedPlan:
     return saved
 
 
-def saved_legs_of(data: dict[str, Any], path: str) -> list[tuple[dict[str, Any], SavedPlan]]:
+def saved_legs_of(data: dict[str, Any], path: str) -> list[tuple[dict[str, Any], SavedPlan | None]]:
     """A plan saved for a provider list (`plan -p local,slurm -o json`): each leg (provider, region) and its plan,
-    each checked as a plan on its own; the list's own seal binds the legs' order."""
+    each checked as a plan on its own; the list's own seal binds the legs' order. A leg whose provider was not
+    installed where the list was planned holds no plan, only ``not_installed`` (its message and remedy, kept in
+    the leg's dict): None in its place, and submit skips it (nothing unreviewed runs)."""
     legs = data.get("legs")
     if not isinstance(legs, list) or not legs or not isinstance(data.get(SEAL), dict) or \
-            not all(isinstance(leg, dict) and isinstance(leg.get("plan"), dict) for leg in legs):
+            not all(isinstance(leg, dict) and (isinstance(leg.get("plan"), dict) or _not_installed(leg))
+                    for leg in legs):
         raise UserError(f"{path!r} is not a plan for a provider list saved by this version of cloudtrain (it needs "
                         "legs, each with provider, region and plan, and seal)", field=_FIELD,
                         remedy="save one with `cloudtrain plan -p PROVIDER,PROVIDER ... -o json > plan.json`")
-    found = [({"provider": leg.get("provider"), "region": leg.get("region")},
-              saved_plan_of(leg["plan"], path, f"legs[{n}].plan.")) for n, leg in enumerate(legs)]
+    found = [({"provider": leg.get("provider"), "region": leg.get("region"),
+               **({} if isinstance(leg.get("plan"), dict) else {"not_installed": leg["not_installed"]})},
+              saved_plan_of(leg["plan"], path, f"legs[{n}].plan.") if isinstance(leg.get("plan"), dict) else None)
+             for n, leg in enumerate(legs)]
     _refuse_changes(path, _changed_parts(data) + [f"legs[{n}].provider" for n, (leg, plan) in enumerate(found)
-                                                  if leg["provider"] != plan.provider])
+                                                  if plan is not None and leg["provider"] != plan.provider])
     return found
+
+
+def _not_installed(leg: dict[str, Any]) -> bool:
+    """A saved leg with no plan: its provider was not installed where the list was planned (named, with the fix)."""
+    found = leg.get("not_installed")
+    return "plan" not in leg and isinstance(leg.get("provider"), str) and isinstance(found, dict) and \
+        all(isinstance(found.get(key), str) for key in ("message", "remedy"))
 
 
 def common_spec(specs: list[dict[str, Any]]) -> dict[str, Any]:
