@@ -22,7 +22,7 @@ from cloudtrain.plan.model import Plan
 from cloudtrain.plan.planner import plan_job  # the SDK's own: `from cloudtrain.sdk import plan_job`
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import Provider
-from cloudtrain.show.reprs import job_html, job_text
+from cloudtrain.show.reprs import RunStatus, job_html, job_text
 from cloudtrain.spec.model import JobSpec, apply_overrides, load_spec, validate_spec
 
 
@@ -85,9 +85,12 @@ class Run:
     def attach(cls, handle: str | JobHandle) -> Run:
         return cls(JobHandle.parse(handle) if isinstance(handle, str) else handle)
 
-    def status(self) -> JobStatus:
-        """The job's status; ``print()`` it for the summary `cloudtrain status` prints."""
-        return with_restart_point(self.provider.describe(self.handle))
+    def status(self) -> RunStatus:
+        """The job's status (a ``JobStatus``); ``print()`` it for what `cloudtrain status HANDLE` prints: with the
+        job's progress, goodput and, for a job recovery resubmitted, its lineage."""
+        from cloudtrain.show.metrics import read_status
+
+        return RunStatus.of(read_status(self.provider, self.handle), self.provider)
 
     def logs(self, follow: bool = False, merge: bool = False) -> Iterator[str]:
         """Each line prefixed with its node; node by node, or ``merge=True``: ordered by time (as `logs --merge`)."""
@@ -135,6 +138,17 @@ class Run:
     def cancel(self) -> JobStatus:
         return self.provider.cancel(self.handle)
 
+    def report(self, path: str | Path | None = None) -> Path:
+        """Write the job's report, the one HTML page `cloudtrain report` writes (its timeline, progress, goodput and
+        cost; it opens offline), to ``path`` (default ``report-<job id>.html`` here); returns where it is."""
+        from cloudtrain.show.report import for_job, page
+        from cloudtrain.storage.local import atomic_write
+
+        target = Path(path) if path is not None else Path(f"report-{self.handle.job_id}.html")
+        data = page(*for_job(self.provider, self.handle)).encode()
+        atomic_write(target, lambda out: out.write(data))  # whole or not at all
+        return target.resolve()
+
     def cost(self) -> dict[str, Any]:
         """What this job has cost so far at list prices, leg by leg, as `cloudtrain cost` shows it (with -o json)."""
         return job_cost(self.handle)
@@ -152,12 +166,11 @@ class Run:
         return f"Run({str(self.handle)!r})"
 
     def __str__(self) -> str:
-        """The job's status as `cloudtrain status` prints it (asks the provider)."""
+        """The job's status as `cloudtrain status HANDLE` prints it (asks the provider)."""
         from cloudtrain.errors import CloudtrainError
-        from cloudtrain.show.formatting import status_text
 
         try:
-            return status_text(self.status())
+            return str(self.status())
         except CloudtrainError as exc:
             return f"{self.handle} (status unavailable: {exc.message})"
 

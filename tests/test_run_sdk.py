@@ -1,6 +1,8 @@
 """Issue 29.8, the SDK and CLI a first hour uses: ``print(run.status())`` prints what `cloudtrain status` prints (not
 a dataclass), ``Run.preempt()`` does what `cloudtrain preempt` does, and `logs --merge` (``run.logs(merge=True)``)
-gives every node's lines in one stream ordered by time. Real local jobs (torchrun, gloo)."""
+gives every node's lines in one stream ordered by time. Issue 51.10: all of what `cloudtrain status HANDLE` prints
+(progress and goodput too), and ``Run.report()`` writes the page `cloudtrain report` writes. Real local jobs
+(torchrun, gloo)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 
 from cloudtrain import Job, Run
 from cloudtrain.errors import UserError
-from cloudtrain.job_types import JobState
+from cloudtrain.job_types import JobState, JobStatus
 from tests.conftest import SCRIPTS
 
 pytestmark = pytest.mark.slow
@@ -33,6 +35,33 @@ def test_print_of_a_status_is_what_cloudtrain_status_prints(cli, ct_home: Path, 
     shown = cli("status", str(run.handle))
     assert str(run.status()) == shown.stdout.rstrip("\n"), (str(run.status()), shown.stdout)
     assert str(final).startswith(f"{run.handle}  succeeded") and "JobStatus(" not in str(final)
+
+
+def test_the_sdk_shows_the_progress_goodput_and_report_the_cli_shows(cli, ct_home: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, ``print(run.status())`` left out the progress and goodput lines `status` prints, and only the CLI
+    wrote a job's report."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "steps.py").write_text("import time\nfrom cloudtrain.runtime import report_step\n"
+                                   "for step in range(1, 11):\n    time.sleep(0.05)\n    report_step(step, total=10)\n")
+    run = Job(script="steps.py", source_dir=str(proj), procs_per_node=1).submit("local")
+    assert run.wait(timeout=240, progress=False).state is JobState.SUCCEEDED
+    status = run.status()
+    shown = cli("status", str(run.handle)).stdout.rstrip("\n")
+    assert "progress: step 10/10 (100%)" in shown and "goodput: " in shown, shown
+    assert str(status) == repr(status) == shown == str(run)
+    assert status.state is JobState.SUCCEEDED and status.handle == run.handle  # still the JobStatus it was
+    assert status.to_dict()["state"] == "succeeded" and isinstance(status, JobStatus)
+
+    written = run.report(tmp_path / "sdk.html")
+    assert written == (tmp_path / "sdk.html").resolve()
+    assert cli("report", str(run.handle), "-o", str(tmp_path / "cli.html")).returncode == 0
+    assert written.read_text() == (tmp_path / "cli.html").read_text()
+    assert "progress" in written.read_text() and "goodput" in written.read_text()
+    monkeypatch.chdir(tmp_path)  # no path: report-<job id>.html here, as `cloudtrain report` names it
+    assert run.report() == (tmp_path / f"report-{run.handle.job_id}.html").resolve()
+    assert (tmp_path / f"report-{run.handle.job_id}.html").read_text() == written.read_text()
 
 
 def test_run_preempt_is_cloudtrain_preempt(ct_home: Path, tmp_path: Path) -> None:

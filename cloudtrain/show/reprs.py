@@ -3,7 +3,8 @@ Everything shown is escaped, and a plan's environment is masked as in `cloudtrai
 
 Plan and JobStatus are data in lower layers; their ``_repr_html_`` (and JobStatus's ``__str__``: what
 `cloudtrain status` prints) is attached here, from above, when the SDK (which
-notebooks import) loads this module: nothing below points up at it."""
+notebooks import) loads this module: nothing below points up at it. ``RunStatus`` (what ``Run.status()`` returns)
+prints all of what `cloudtrain status HANDLE` prints: the job's progress, goodput and lineage too."""
 
 from __future__ import annotations
 
@@ -90,6 +91,39 @@ def status_html(status: JobStatus) -> str:
                                    ("ended", when(status.ended_at))]
     rows += [(k, v) for k, v in status.facts().items() if v is not None and not isinstance(v, (list, dict))]
     return table(f"Run {status.handle}", rows)
+
+
+class RunStatus(JobStatus):
+    """A job's status as ``Run.status()`` reads it: a ``JobStatus`` (every field, ``to_dict()``, the same) whose
+    ``str()`` and ``repr()`` are what `cloudtrain status HANDLE` prints, its progress, goodput and timeline notes
+    included. Those are worked out from the job's timeline when first shown (its logs read then, not on every
+    ``status()`` call), and kept: the status shown twice reads the same."""
+
+    _provider: Any
+    _shown: str | None
+
+    @classmethod
+    def of(cls, status: JobStatus, provider: Any) -> RunStatus:
+        made = cls.__new__(cls)
+        made.__dict__.update(vars(status))
+        made._provider, made._shown = provider, None
+        return made
+
+    def __str__(self) -> str:
+        shown, provider = getattr(self, "_shown", None), getattr(self, "_provider", None)
+        if shown is None and provider is None:  # made another way (dataclasses.replace): its status only
+            return status_text(self)
+        if shown is None:
+            from cloudtrain.errors import CloudtrainError
+            from cloudtrain.show.metrics import status_page, story  # when shown: status() itself stays light
+
+            try:
+                shown = self._shown = status_page(self, story(provider, self.handle, self))
+            except CloudtrainError as exc:  # its status still shows; why its story does not, after it
+                return f"{status_text(self)}\n(progress and goodput unavailable: {exc.message})"
+        return shown
+
+    __repr__ = __str__
 
 
 def status_str(status: JobStatus) -> str:
