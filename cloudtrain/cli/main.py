@@ -173,14 +173,14 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from cloudtrain.show import report
-    from cloudtrain.storage.local import atomic_write
 
     provider, handle = _provider_for(args.handle)
     status, found, rate = report.for_job(provider, handle)
-    target = Path(args.output or f"report-{handle.job_id}.html")
     data = report.page(status, found, rate).encode()
-    atomic_write(target, lambda out: out.write(data))  # whole or not at all
-    print(f"wrote {target} ({len(data) / 1e6:.2f} MB): open it in a browser (it needs no network)")
+    # a folder: report-JOB.html in it; a FIFO or a device (/dev/stdout, /dev/null): written into, never replaced
+    target, regular = report.write(data, args.output, handle.job_id)
+    print(f"wrote {target} ({len(data) / 1e6:.2f} MB): open it in a browser (it needs no network)",
+          file=sys.stdout if regular else sys.stderr)  # stdout may be the page itself
     return 0
 
 

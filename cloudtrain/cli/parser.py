@@ -285,7 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="write a job's timeline, progress, goodput and cost as one HTML page "
                                            "(self-contained: opens offline)")
     report.add_argument("handle")
-    report.add_argument("-o", "--output", metavar="FILE", help="where to write it (default: ./report-JOB.html)")
+    report.add_argument("-o", "--output", metavar="PATH",
+                        help="a file, or a folder to write report-JOB.html into (default: ./report-JOB.html); a FIFO "
+                             "or a device such as /dev/stdout is written into, never replaced")
     _profile_flag(report)
 
     cost = sub.add_parser("cost", help="what a job has cost so far at list prices: runtime per leg, restarts, "

@@ -3,20 +3,40 @@ it, so it opens offline): a lane for the client and per leg and per node with ev
 line and the cost over time, the goodput figures and losses by cause, and a table of the events. ``Run`` in a
 notebook shows the same (``fragment``).
 
-Step reports are thinned to at most MAX_STEPS points (a job may log 10,000 of them: the page stays well under 2 MB);
-every other event is kept, drawn and listed.
+A month at the one-minute checkpoint floor is 43,200 checkpoint events (and as many step reports, platform states,
+restarts in a crash loop): the page draws and lists at most about MAX_EVENTS of them, so it stays under 2 MB. Each
+kind gets its share (step reports at most MAX_STEPS), thinned evenly; what matters is served first and kept whole
+where it fits (preemptions, restarts, moves, the job's end), then restores and node starts, then the routine kinds
+(step reports, checkpoints, states). The first and the last of every kind are kept, and so is the checkpoint each
+restore loaded and the newest before each preemption. The page says how many of each kind were left out. With more
+than MAX_LEG_LANES legs they share one lane, and legs narrower than a pixel are drawn as one bar.
 """
 
 from __future__ import annotations
 
+import errno
 import html
 import json
+import os
+import stat
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
+from cloudtrain.errors import UserError
 from cloudtrain.home import goodput
+from cloudtrain.regular_files import special, special_kind
 
 MAX_STEPS = 600  # step points drawn and listed, at most
+MAX_EVENTS = 3000  # events drawn and listed, about (~300 bytes each: the page stays under 2 MB)
+MAX_LEG_LANES = 12  # more legs share one lane
+# the order in which kinds are served from MAX_EVENTS, each tier leaving the rest at least its reserve
+TIERS: tuple[tuple[frozenset[str], int], ...] = (
+    (frozenset({"preempted", "state preempted", "restarted", "moved", "ended", "submitted", "staged",
+                "spot_notice"}), 1500),
+    (frozenset(), 900),  # every kind not named in the others: restores, node starts, kinds this page does not know
+    (frozenset({"step", "checkpoint", "state"}), 0))
 WIDTH, LEFT, RIGHT = 1200, 120, 20
 LANE, CHART = 26, 150
 COLOURS = {"submitted": "#57606a", "staged": "#57606a", "state": "#8250df", "node_started": "#0969da",
@@ -42,6 +62,92 @@ def for_job(provider: Any, handle: Any) -> tuple[Any, dict[str, Any], Any]:
     return status, metrics.story(provider, handle, status), rate_from(recorded(str(handle)))
 
 
+def write(data: bytes, output: str | None, job_id: str) -> tuple[Path, bool]:
+    """Write the page where ``-o`` says; returns where it went and whether that is a regular file.
+
+    No ``-o``: ./report-JOB.html. A folder: report-JOB.html in it. A regular file (or a link to one): replaced whole
+    or not at all (a temporary file beside it, renamed over it; a link keeps pointing at it). A FIFO or a character
+    device (/dev/null, /dev/stdout, a terminal) is written into as it is, never replaced: a FIFO waits for its
+    reader. A socket or a block device is refused. What cannot be written (a full disk, /dev/full, no permission)
+    is a UserError naming ``-o``'s path, not the temporary file's."""
+    from cloudtrain.storage.local import atomic_write
+
+    name = f"report-{job_id}.html"
+    target = Path(output or name)
+    if target.is_dir():
+        target = target / name
+        if target.is_dir():
+            raise UserError(f"{target} is a folder: the report cannot be written over it",
+                            remedy=f"remove that folder, or give -o another file name than {name}")
+    above = next((p for p in target.absolute().parents if p.exists()), None)
+    if above is not None and not above.is_dir():  # mkdir would say "File exists"
+        raise UserError(f"cannot write the report to {target}: {above} is not a folder",
+                        remedy="give -o a file or a folder (the page is report-JOB.html in it)")
+    kind = special(target)  # a link judged by what it points at
+    if kind is not None and not kind.startswith(("a FIFO", "a character device")):
+        raise UserError(f"{target} is {kind}: no file to write a page into, and cloudtrain does not replace it",
+                        remedy="give -o a file or a folder (the page is report-JOB.html in it)")
+    try:
+        own = _own_descriptor(target)
+        if own is not None:  # /dev/stdout, /dev/fd/N: where the shell pointed it, appending if it appends
+            _write_all(own, data)
+            return target, False
+        if kind is not None and _write_in_place(target, data):
+            return target, False
+        real = Path(os.path.realpath(target)) if target.is_symlink() else target
+        atomic_write(real, lambda out: out.write(data))  # whole or not at all
+        return target, True
+    except BrokenPipeError:  # the reader went away (`-o /dev/stdout | head`): as for any command's output
+        raise
+    except OSError as exc:
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise UserError(f"cannot write the report to {target}: {exc.strerror or exc}" + (
+                            " (nothing was written)" if kind is None and own is None else ""),
+                        remedy="free some space or give -o a path on another disk" if full else
+                        "check the path and its permissions, or give -o another file or folder") from None
+
+
+def _own_descriptor(path: Path) -> int | None:
+    """The descriptor of this process that ``path`` names through a link or a chain of them (/dev/stdout,
+    /dev/fd/1, /proc/self/fd/1), if it names one."""
+    own = f"/proc/{os.getpid()}/fd"
+    hop = str(path.absolute())
+    for _ in range(40):
+        if os.path.basename(hop).isdigit() and os.path.realpath(os.path.dirname(hop)) == own:
+            return int(os.path.basename(hop))
+        if not os.path.islink(hop):
+            return None
+        hop = os.path.join(os.path.dirname(hop), os.readlink(hop))
+    return None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _write_in_place(path: Path, data: bytes) -> bool:
+    """Write into the FIFO or the device ``path`` is; False, with nothing written, when it turned out to be a
+    regular file (swapped since it was judged): that is replaced whole instead."""
+    flags = os.O_WRONLY | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK)  # a FIFO with no reader: ENXIO at once, instead of waiting
+    except OSError as exc:
+        if exc.errno != errno.ENXIO or special_kind(os.stat(path).st_mode) != "a FIFO (named pipe)":
+            raise
+        print(f"waiting for a reader of the FIFO {path} ...", file=sys.stderr, flush=True)
+        fd = os.open(path, flags)
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        os.set_blocking(fd, True)
+        _write_all(fd, data)
+        return True
+    finally:
+        os.close(fd)
+
+
 def page(status: Any, found: dict[str, Any], rate: Any = None) -> str:
     """The whole HTML document (the little script marks it rendered: a headless browser's check)."""
     title = html.escape(f"cloudtrain report: {status.handle}")
@@ -56,6 +162,7 @@ def fragment(status: Any, found: dict[str, Any], rate: Any = None) -> str:
     told = found["timeline"]
     events: list[dict[str, Any]] = told["events"]
     shown, thinned = _thin(events)
+    ignored = told.get("ignored") or {}
     parts = [f"<style>{CSS}</style><div class='ctr'><h2>{html.escape(str(status.handle))}</h2>",
              f"<div>{_esc(status.state.value)}{': ' + _esc(status.message) if status.message else ''}</div>"]
     parts += [f"<div class='warn'>{_esc(w)}</div>" for w in _missing(status, told, events)]
@@ -64,8 +171,9 @@ def fragment(status: Any, found: dict[str, Any], rate: Any = None) -> str:
                                     if k != "step") + " (hover a mark for its name)</div>")
     parts.append(_svg(status, events, shown, rate))
     if thinned:
-        parts.append(f"<div>{thinned} of the {sum(1 for e in events if e['e'] == 'step')} step reports are left out "
-                     "of the drawing and the table (thinned evenly); every other event is kept.</div>")
+        parts.append(f"<div>{_thinned_text(thinned)}</div>")
+    if isinstance(ignored, dict) and ignored.get("count"):
+        parts.append(f"<div>{_esc(_ignored_text(ignored))}</div>")
     parts.append(_table(shown, _origin(status, events)))
     parts.append("</div>")
     return "".join(parts)
@@ -91,14 +199,101 @@ def _missing(status: Any, told: dict[str, Any], events: list[dict[str, Any]]) ->
     return said
 
 
-def _thin(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
-    """Every event but step reports, which are kept evenly up to MAX_STEPS (the first and the last always)."""
-    steps = [i for i, e in enumerate(events) if e["e"] == "step"]
-    if len(steps) <= MAX_STEPS:
-        return events, 0
-    every = len(steps) / MAX_STEPS
-    keep = {steps[int(k * every)] for k in range(MAX_STEPS)} | {steps[-1]}
-    return [e for i, e in enumerate(events) if e["e"] != "step" or i in keep], len(steps) - len(keep)
+def _group(e: dict[str, Any]) -> str:
+    """The kind an event is thinned with (a platform state saying preempted counts as a preemption)."""
+    return "state preempted" if e["e"] == "state" and e.get("state") == "preempted" else str(e["e"])
+
+
+def _tier(group: str) -> int:
+    return next((n for n, (kinds, _) in enumerate(TIERS) if group in kinds), 1)
+
+
+def _shares(counts: dict[str, int], budget: int) -> dict[str, int]:
+    """Each group's share of ``budget``: the small ones whole, the rest of it evenly (water-filling); step reports
+    at most MAX_STEPS."""
+    want = {g: min(n, MAX_STEPS) if g == "step" else n for g, n in counts.items()}
+    share, left = {}, max(0, budget)
+    for k, g in enumerate(sorted(want, key=want.__getitem__)):
+        share[g] = min(want[g], left // (len(want) - k))
+        left -= share[g]
+    return share
+
+
+def _evenly(items: list[int], k: int) -> list[int]:
+    return [items[int(j * len(items) / k)] for j in range(k)] if k > 0 and items else []
+
+
+def _pick(indices: list[int], share: int, anchors: set[int]) -> set[int]:
+    """``share`` of ``indices`` (in time order), evenly spread: the first, the last and the anchors first."""
+    if len(indices) <= share:
+        return set(indices)
+    must = [indices[0], indices[-1], *sorted(anchors.intersection(indices) - {indices[0], indices[-1]})]
+    if len(must) > share:
+        must = must[:2] + _evenly(must[2:], max(0, share - 2))
+    return set(must) | set(_evenly(indices, share - len(must)))
+
+
+def _anchors(events: list[dict[str, Any]], kept: set[int]) -> set[int]:
+    """The checkpoints a reader looks for, of the kept events: the newest before each preemption, restart or move,
+    the one each restore loaded (its step), and the five slowest to save."""
+    saves = [i for i, e in enumerate(events) if e["e"] == "checkpoint"]
+    if not saves:
+        return set()
+    out: set[int] = set()
+    by_step = {events[i].get("step"): i for i in saves}
+    k = 0
+    for i in sorted(kept):
+        e = events[i]
+        while k < len(saves) and saves[k] < i:
+            k += 1
+        if _group(e) in ("preempted", "state preempted", "restarted", "moved", "spot_notice") and k:
+            out.add(saves[k - 1])
+        if e["e"] in ("restored", "training_again") and e.get("step") in by_step:
+            out.add(by_step[e.get("step")])
+
+    def blocked(i: int) -> float:
+        v = events[i].get("blocked_s")
+        return float(v) if isinstance(v, (int, float)) else 0.0
+
+    return out | set(sorted(saves, key=blocked)[-5:])
+
+
+def _thin(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, tuple[int, int]]]:
+    """The events drawn and listed (about MAX_EVENTS at most), and per kind thinned: (left out, of how many)."""
+    groups: dict[str, list[int]] = {}
+    for i, e in enumerate(events):
+        groups.setdefault(_group(e), []).append(i)
+    if len(events) <= MAX_EVENTS and len(groups.get("step", [])) <= MAX_STEPS:
+        return events, {}
+    kept: set[int] = set()
+    for n, (_, reserve) in enumerate(TIERS):
+        tier = {g: len(ix) for g, ix in groups.items() if _tier(g) == n}
+        shares = _shares(tier, MAX_EVENTS - len(kept) - reserve)
+        anchors = _anchors(events, kept) if "checkpoint" in tier else set()
+        for g in tier:
+            kept |= _pick(groups[g], max(shares[g], 2), anchors)
+    thinned: dict[str, tuple[int, int]] = {}
+    for g, ix in groups.items():
+        kind = "state" if g == "state preempted" else g
+        out = sum(1 for i in ix if i not in kept)
+        was = thinned.get(kind, (0, 0))
+        thinned[kind] = (was[0] + out, was[1] + len(ix))
+    return [e for i, e in enumerate(events) if i in kept], {k: v for k, v in thinned.items() if v[0]}
+
+
+def _thinned_text(thinned: dict[str, tuple[int, int]]) -> str:
+    said = ", ".join(f"{out:,} of the {of:,} {_esc(kind)} {'reports' if kind == 'step' else 'events'}"
+                     for kind, (out, of) in sorted(thinned.items(), key=lambda kv: -kv[1][1]))
+    return (f"To keep this page small, {said} are left out of the drawing and the table (thinned evenly; the first "
+            "and the last of each kind are kept, every preemption and restart where the page can hold them, and the "
+            "checkpoint each restore loaded and the newest before each preemption).")
+
+
+def _ignored_text(ignored: dict[str, Any]) -> str:
+    kinds = ignored.get("kinds")
+    said = "; ".join(f"{k} ({v})" for k, v in kinds.items()) if isinstance(kinds, dict) else ""
+    return f"{ignored['count']} event line(s) ignored: they failed the checks every event passes" + (
+        f": {said}" if said else "") + "."
 
 
 def _origin(status: Any, events: list[dict[str, Any]]) -> float:
@@ -109,8 +304,12 @@ def _origin(status: Any, events: list[dict[str, Any]]) -> float:
 def _figures(found: dict[str, Any], rate: Any) -> str:
     p, g = found["progress"], found["goodput"]
 
-    def s(v: Any) -> str:
-        return "-" if v is None else f"{v:.1f} s"
+    def s(v: Any, digits: int = 1) -> str:
+        return f"{v:.{digits}f} s" if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+    losses = g.get("losses_s") or {}
+    timed = g.get("step_time_s") or {}
+    timed = timed if isinstance(timed, dict) and any(v is not None for v in timed.values()) else {}
 
     rows = [("goodput", "-" if g["ratio"] is None else f"{g['ratio']:.2f} (kept {s(g['kept_s'])} of "
                                                        f"{s(g['paid_s'])} paid)"),
@@ -118,7 +317,10 @@ def _figures(found: dict[str, Any], rate: Any) -> str:
                 f" of {p['total']} ({p['percent']:g}%)" if p["total"] else "") + (
                 f", {p['steps_per_s']:g} steps/s" if p["steps_per_s"] else "") + (
                 f", ETA {p['eta_s']:.0f} s" if p["eta_s"] is not None else "")),
-            ("lost, by cause", ", ".join(f"{k} {s(v)}" for k, v in g["losses_s"].items()) or "-"),
+            ("lost, by cause", ", ".join(f"{str(k).replace('_', ' ')} {s(v)}" for k, v in losses.items()) or "-"),
+            *([("ideal step time", s(timed.get("ideal"), 3) + (f" (recent {s(timed.get('recent'), 3)})" if
+                                                            timed.get("recent") is not None else "")),
+               ("step time deviation", s(timed.get("deviation"), 3))] if timed else []),
             ("legs", f"{g['legs']} ({g['preemptions']} preemption(s), {g['steps_redone']} step(s) redone)"),
             ("checkpoints", str(g["checkpoints"])),
             ("cost", "no price known for this job" if g["cost_usd"] is None else f"USD {g['cost_usd']:.4f}" + (
@@ -150,7 +352,8 @@ def _name(e: dict[str, Any], origin: float) -> str:
 
 
 def _ticks(span: float) -> float:
-    for step in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 21600, 43200, 86400):
+    for step in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 21600, 43200, 86400,
+                 172800, 259200, 604800, 1209600, 2592000):
         if span / step <= 10:
             return float(step)
     return span / 10
@@ -162,8 +365,17 @@ def _svg(status: Any, events: list[dict[str, Any]], shown: list[dict[str, Any]],
     end = max([e["t"] for e in events] + [stop for _, stop, _ in legs] + [t for t in (status.ended_at,) if t]
               + [origin + 1.0])
     span = end - origin
-    lanes = ["job"] + [f"leg {n + 1}" for n in range(len(legs))]
-    lanes += sorted({_lane_of(e) for e in events} - set(lanes), key=lambda n: (len(n), n))
+    named = {_lane_of(e) for e in events}
+    # more legs (counted, or named by events) than lanes for them: every leg's marks and bars go in one lane, "legs"
+    shared = max(len(legs), sum(1 for n in named if n.startswith("leg "))) > MAX_LEG_LANES
+
+    def lane(e: dict[str, Any]) -> str:
+        name = _lane_of(e)
+        return "legs" if shared and name.startswith("leg ") else name
+
+    lanes = ["job"] + (["legs"] if shared else [f"leg {n + 1}" for n in range(len(legs))])
+    lanes += sorted({"legs" if shared and n.startswith("leg ") else n for n in named} - set(lanes),
+                    key=lambda n: (len(n), n))
     plot = WIDTH - LEFT - RIGHT
     top_chart = 24 + LANE * len(lanes) + 16
     height = top_chart + 2 * (CHART + 24) + 10
@@ -184,20 +396,38 @@ def _svg(status: Any, events: list[dict[str, Any]], shown: list[dict[str, Any]],
     for name, y in y_of.items():
         out.append(f"<text x='4' y='{y + 4}'>{_esc(name)}</text><line x1='{LEFT}' y1='{y}' x2='{WIDTH - RIGHT}' "
                    f"y2='{y}' stroke='#d0d7de'/>")
-    for n, (start, stop, _own) in enumerate(legs):  # each leg's paid time as a bar
-        out.append(f"<rect x='{x(start)}' y='{y_of[f'leg {n + 1}'] - 7}' width='{max(1.0, x(stop) - x(start))}' "
-                   f"height='14' fill='#ddf4ff' stroke='#54aeff'><title>leg {n + 1}: paid from +{start - origin:.1f}s"
-                   f" to +{stop - origin:.1f}s ({stop - start:.1f} s)</title></rect>")
+    for first, last, start, stop, paid in _leg_bars(legs, x, shared):  # each leg's paid time as a bar
+        y = y_of["legs" if shared else f"leg {first}"]
+        name = f"leg {first}" if first == last else f"legs {first} to {last}"
+        out.append(f"<rect x='{x(start)}' y='{y - 7}' width='{max(1.0, x(stop) - x(start))}' "
+                   f"height='14' fill='#ddf4ff' stroke='#54aeff'><title>{name}: paid from +{start - origin:.1f}s"
+                   f" to +{stop - origin:.1f}s ({paid:.1f} s)</title></rect>")
     for e in shown:
         if e["e"] != "step":
-            out.append(_mark(e, x(e["t"]), y_of[_lane_of(e)], _name(e, origin)))
+            out.append(_mark(e, x(e["t"]), y_of[lane(e)], _name(e, origin)))
     out.append(_step_chart(shown, top_chart, x, origin))
     out.append(_cost_chart(legs, rate, top_chart + CHART + 24, x))
     out.append("</svg>")
     return "".join(out)
 
 
+def _leg_bars(legs: list[tuple[float, float, Any]], x: Any, shared: bool) -> list[tuple[int, int, float, float,
+                                                                                      float]]:
+    """(first leg, last leg, start, stop, seconds paid) of each bar: legs that begin within a pixel of the bar
+    before them are drawn as that bar (a crash loop's thousands of legs stay a few hundred bars at most)."""
+    bars: list[tuple[int, int, float, float, float]] = []
+    for n, (start, stop, _own) in enumerate(legs, start=1):
+        if bars and x(start) - x(bars[-1][3]) < 1.0 and shared:
+            first, _, begun, ended, paid = bars[-1]
+            bars[-1] = (first, n, begun, max(ended, stop), paid + stop - start)
+        else:
+            bars.append((n, n, start, stop, stop - start))
+    return bars
+
+
 def _clock(seconds: float) -> str:
+    if seconds >= 172800:
+        return f"{seconds / 86400:g}d"
     return f"{seconds:g}s" if seconds < 120 else f"{seconds / 60:g}m" if seconds < 7200 else f"{seconds / 3600:g}h"
 
 
@@ -246,11 +476,22 @@ def _cost_chart(legs: list[tuple[float, float, Any]], rate: Any, top: int, x: An
         total += (stop - start) / 3600 * rate.hourly
         points.append((stop, total))
     high = total or 1.0
-    line = " ".join(f"{x(t)},{round(top + CHART - c / high * CHART, 1)}" for t, c in points)
+    line = " ".join(f"{x(t)},{round(top + CHART - c / high * CHART, 1)}" for t, c in _per_pixel(points, x))
     out.append(f"<text x='4' y='{top + 26}'>{total:.4f}</text><polyline points='{line}' fill='none' "
                f"stroke='#bc4c00' stroke-width='1.5'><title>cost over time: USD {total:.4f} at USD {rate.hourly:g}/h"
                "</title></polyline>")
     return "".join(out)
+
+
+def _per_pixel(points: list[tuple[float, float]], x: Any) -> list[tuple[float, float]]:
+    """The first and the last point at each pixel of a rising line (the line drawn looks the same)."""
+    out: list[tuple[float, float]] = []
+    for t, c in points:
+        if len(out) >= 2 and int(x(out[-2][0])) == int(x(out[-1][0])) == int(x(t)):
+            out[-1] = (t, c)
+        else:
+            out.append((t, c))
+    return out
 
 
 def _table(shown: list[dict[str, Any]], origin: float) -> str:
