@@ -29,6 +29,7 @@ not paid.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,8 +80,10 @@ def _on_reference(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _legs(events: list[dict[str, Any]], status: Any) -> list[tuple[float, float, list[dict[str, Any]]]]:
     """(start, stop, the leg's events) of each leg, its events the reference node's and the home's, each moved into
-    the leg (a node's clock a little off cannot put a step before the leg began)."""
-    events = _on_reference(events)
+    the leg (a node's clock a little off cannot put a step before the leg began). Linear in the events whatever the
+    number of legs (a crash loop of a month has tens of thousands)."""
+    events = sorted(_on_reference(events), key=lambda e: e["t"])
+    times = [e["t"] for e in events]
     starts: dict[Any, float] = {}
     for e in events:
         if e["e"] == "node_started" and "attempt" in e:  # the local supervisor's (a node's own names its rank)
@@ -95,11 +98,12 @@ def _legs(events: list[dict[str, Any]], status: Any) -> list[tuple[float, float,
         None if status.state.terminal else time.time())
     legs = []
     for i, start in enumerate(begin):
-        until = begin[i + 1] if i + 1 < len(begin) else max(end_of_job or start, start)
-        stop = next((e["t"] for e in events if e["e"] == "preempted" and start <= e["t"] <= until), until)
         last = i + 1 == len(begin)
-        own = [e if start <= e["t"] <= stop else {**e, "t": min(max(e["t"], start), stop)}
-               for e in events if start <= e["t"] and (last or e["t"] < until)]
+        until = max(end_of_job or start, start) if last else begin[i + 1]
+        lo = bisect_left(times, start)
+        stop = next((e["t"] for e in events[lo:bisect_right(times, until)] if e["e"] == "preempted"), until)
+        own = [e if e["t"] <= stop else {**e, "t": stop}
+               for e in events[lo:len(events) if last else bisect_left(times, until)]]
         legs.append((start, max(start, stop), own))
     return legs
 
@@ -108,10 +112,11 @@ def _seen_late(begin: list[float], events: list[dict[str, Any]], started_at: flo
     """A platform's move to running is recorded when a status call sees it, which may be after its nodes' first
     events: each start is moved back to the reference node's first event since the start before it (and the first
     to the platform's own start time, where it says one)."""
+    node_times = sorted(e["t"] for e in events if "node" in e)
     moved: list[float] = []
     for i, start in enumerate(begin):
         floor = moved[-1] if moved else float("-inf")
-        early = [e["t"] for e in events if "node" in e and floor < e["t"] < start]
+        early = node_times[bisect_right(node_times, floor):][:1]
         if i == 0 and started_at is not None:
             early.append(float(started_at))
         moved.append(min([start, *early]))
@@ -164,16 +169,15 @@ def step_times(legs: list[tuple[float, float, list[dict[str, Any]]]]) -> dict[st
 
     times: list[float] = []
     for _start, _stop, own in legs:
-        last = None
-        for e in own:
-            if e["e"] != "step":
-                continue
-            if last is not None and e["step"] > last["step"] and e["t"] > last["t"]:
-                held = sum(float(x.get("blocked_s") or 0) for x in own
-                           if x["e"] == "checkpoint" and last["t"] < x["t"] <= e["t"])
-                held += float(e.get("data_s") or 0)
-                times.append(max(0.0, e["t"] - last["t"] - held) / (e["step"] - last["step"]))
-            last = e
+        last, held = None, 0.0
+        for e in own:  # in time order: the saves since the last step report are what blocked the steps since it
+            if e["e"] == "checkpoint":
+                held += float(e.get("blocked_s") or 0)
+            elif e["e"] == "step":
+                if last is not None and e["step"] > last["step"] and e["t"] > last["t"]:
+                    waited = held + float(e.get("data_s") or 0)
+                    times.append(max(0.0, e["t"] - last["t"] - waited) / (e["step"] - last["step"]))
+                last, held = e, 0.0
     if not times:
         return {"ideal": None, "recent": None, "deviation": None}
     mid = median(times)
