@@ -140,13 +140,12 @@ class Run:
 
     def report(self, path: str | Path | None = None) -> Path:
         """Write the job's report, the one HTML page `cloudtrain report` writes (its timeline, progress, goodput and
-        cost; it opens offline), to ``path`` (default ``report-<job id>.html`` here); returns where it is."""
-        from cloudtrain.show.report import for_job, page
-        from cloudtrain.storage.local import atomic_write
+        cost; it opens offline), to ``path`` as `cloudtrain report -o` does (default ``report-<job id>.html`` here; a
+        folder: that name in it; a FIFO or a device written into, never replaced); returns where it is."""
+        from cloudtrain.show.report import for_job, page, write
 
-        target = Path(path) if path is not None else Path(f"report-{self.handle.job_id}.html")
         data = page(*for_job(self.provider, self.handle)).encode()
-        atomic_write(target, lambda out: out.write(data))  # whole or not at all
+        target, _regular = write(data, None if path is None else str(path), self.handle.job_id)
         return target.resolve()
 
     def cost(self) -> dict[str, Any]:

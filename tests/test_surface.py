@@ -50,7 +50,7 @@ CLI = {
 }
 SDK = {"CloudtrainError", "Job", "JobSpec", "Run", "__version__", "list_runs"}
 JOB_METHODS = {"from_yaml", "plan", "submit"}
-RUN_METHODS = {"attach", "cancel", "cost", "logs", "outputs", "preempt", "status", "wait"}
+RUN_METHODS = {"attach", "cancel", "cost", "logs", "outputs", "preempt", "report", "status", "wait"}
 
 
 def test_cli_commands_and_flags_are_pinned() -> None:
