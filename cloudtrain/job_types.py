@@ -78,6 +78,10 @@ class JobStatus:
     nodes: builtins.list[dict[str, Any]] | None = None  # per node: rank, pid, exit_code, outcome, log ...
     restart_resumes: str | None = None  # set by the CLI: what a restart would start from
     recovery: dict[str, Any] | None = None  # set by `wait --recover`: the chain of resubmissions
+    # when the platform says the job entered its current state (cloudtrain's or the platform's own sub-state, e.g.
+    # SageMaker's secondary status), epoch seconds; None where it does not say. The timeline dates a state change
+    # there rather than when a status call happened to see it (cloudtrain/home/timeline.py)
+    state_since: float | None = None
 
     def __post_init__(self) -> None:
         for key in TYPED:  # a provider written before these fields were typed put them in details
@@ -100,6 +104,7 @@ class JobStatus:
             "created_at": self.created_at,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
+            **({"state_since": self.state_since} if self.state_since is not None else {}),
             **self.facts(),
         }
 

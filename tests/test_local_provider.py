@@ -334,3 +334,27 @@ def test_a_rendezvous_port_taken_before_the_nodes_bind_it_is_chosen_again(
         assert "all_reduce ok: True world_size=2" in logs and status.restarts == 0
     finally:
         held.close()
+
+
+def test_a_local_jobs_move_to_running_is_dated_at_the_supervisors_start(ct_home: Path, tmp_path: Path) -> None:
+    """Issue 51: a status call that looks late dates the move to running when the supervisor started the nodes (the
+    job's started_at, its ``state_since``), not when it looked."""
+    import time
+
+    from cloudtrain.home import timeline
+    from cloudtrain.sdk import plan_job
+
+    script = copy_script(SCRIPTS / "sleeper.py", tmp_path / "proj")
+    provider = LocalProvider()
+    with plan_job(Job(script=script.name, source_dir=str(script.parent)).spec, provider, progress=False) as plan:
+        handle = provider.submit(plan)
+    try:
+        wait_for(lambda: getattr(provider.db.get(handle.job_id), "started_at", None) is not None, timeout=60)
+        time.sleep(1.5)  # the poll comes late
+        before = time.time()
+        status = provider.describe(handle)
+        running = [e for e in timeline.own_events(str(handle))[0] if e["e"] == "state"][-1]
+        assert status.state.value == "running" and status.state_since == status.started_at
+        assert running["t"] == round(status.started_at, 3) and running["seen_at"] >= before >= running["t"] + 1
+    finally:
+        provider.cancel(handle)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import sys
@@ -185,13 +186,17 @@ def observe(status: Any) -> None:
                        **({} if began is not None else {"seen": True})})
     if status.state.value != was_state or (not status.state.terminal and before.split("|")[2:3] != now.split("|")[2:3]):
         # an end at the platform's own end time where it gives one (a client that looks an hour later does not
-        # make the job an hour longer); a state change when it was seen, the platform's move to running being
-        # placed by its nodes' own first events (cloudtrain/home/goodput.py)
+        # make the job an hour longer); a state change at the platform's own time for it (``state_since``) where it
+        # gives a sane one, else when it was seen, the platform's move to running being placed by its nodes' own
+        # first events (cloudtrain/home/goodput.py)
         ended_at = status.ended_at if status.state.terminal and _sane(status.ended_at, stamp) else None
-        events.append({"e": "ended" if status.state.terminal else "state",
-                       "t": round(float(ended_at), 3) if ended_at is not None else stamp, "state": status.state.value,
+        since = None if status.state.terminal else _since(handle, getattr(status, "state_since", None), stamp, events)
+        at = round(float(ended_at), 3) if ended_at is not None else since
+        events.append({"e": "ended" if status.state.terminal else "state", "t": stamp if at is None else at,
+                       "state": status.state.value,
                        "message": status.message[:200], **({"platform": platform} if platform else {}),
-                       **({"ended_at": ended_at, "seen_at": stamp} if ended_at is not None else {})})
+                       **({"ended_at": ended_at, "seen_at": stamp} if ended_at is not None else {}),
+                       **({"seen_at": stamp} if since is not None else {})})
     if events and not _append(path(handle), events):
         return
     with contextlib.suppress(OSError):
@@ -201,6 +206,19 @@ def observe(status: Any) -> None:
 def _sane(when: Any, now: float) -> bool:
     """A platform's time that can be taken as it is: a number, not in the future, not before 2020."""
     return isinstance(when, (int, float)) and not isinstance(when, bool) and 1.5e9 < when <= now + event_schema.SKEW_S
+
+
+def _since(handle: str, when: Any, stamp: float, batch: list[dict[str, Any]]) -> float | None:
+    """The platform's time for a state change (``JobStatus.state_since``) where the timeline may take it: ``_sane``
+    (one a little ahead of this machine's clock, within the skew allowed, is taken as when it was seen) and not before
+    the last event this home recorded for the job (so the file stays in order: a time from before it, such as
+    Vertex's first start after a restart, is not this change's). Else None: the change is dated when it was seen."""
+    if not _sane(when, stamp):
+        return None
+    events, _ = own_events(handle)
+    times = [float(e["t"]) for e in [*events, *batch] if math.isfinite(e["t"])]
+    taken = round(min(float(when), stamp), 3)
+    return taken if not times or taken >= max(times) else None
 
 
 def _attempt_started(handle: str, attempt: int) -> float | None:

@@ -203,6 +203,8 @@ class ProviderConformance:
                 assert isinstance(document["message"], str)
                 for key in ("created_at", "started_at", "ended_at"):
                     assert document[key] is None or isinstance(document[key], (int, float)), (key, document[key])
+                since = document.get("state_since")  # only where the platform says when the state began
+                assert since is None or (isinstance(since, (int, float)) and not isinstance(since, bool)), since
                 for key in ("output_uri", "checkpoint_uri"):  # always there, null when unknown
                     assert document[key] is None or isinstance(document[key], str), (key, document[key])
                 for key in ("restarts", "max_restarts"):

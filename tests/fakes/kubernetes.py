@@ -137,9 +137,12 @@ class FakeKube:
                 return self.objects[(plural, namespace, name)]
         raise KeyError(name)
 
-    def set_condition(self, name: str, kind: str, reason: str = "", namespace: str = "team") -> None:
+    def set_condition(self, name: str, kind: str, reason: str = "", namespace: str = "team",
+                      at: float | str | None = None) -> None:
+        """What the controller does: condition ``kind`` becomes true, its lastTransitionTime ``at`` (epoch seconds,
+        default now; a string is written as it is)."""
         obj = copy.deepcopy(self.job(name, namespace))
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        stamp = at if isinstance(at, str) else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
         conditions = [c for c in obj.setdefault("status", {}).get("conditions", []) if c["type"] != kind]
         conditions.append({"type": kind, "status": "True", "reason": reason, "message": reason,
                            "lastTransitionTime": stamp})

@@ -3,7 +3,8 @@
 moto creates, describes, lists, searches and tags training jobs, but keeps every job "Completed" from the start,
 has no StopTrainingJob, and lets a second CreateTrainingJob with the same name overwrite the first. The front, at the
 HTTP boundary (the real boto3 signs and serialises every request), adds what the service does:
-- a job's status follows what the test sets (the platform's part: starting, training, interrupted ...);
+- a job's status follows what the test sets (the platform's part: starting, training, interrupted ...), each
+  transition dated when it was set (or at the time the test gives);
 - StopTrainingJob moves a job to Stopping, then Stopped;
 - a second create of an existing name is refused, as SageMaker refuses it;
 - ``lose_next_create_reply`` creates the job but answers too late, so the client times out and retries.
@@ -30,6 +31,7 @@ class SageMakerFront:
     def __init__(self, moto_port: int) -> None:
         self.moto_port = moto_port
         self.states: dict[str, list[tuple[str, str]]] = {}  # job -> status history (newest last)
+        self.since: dict[str, list[float]] = {}  # job -> when each status of the history began (its StartTime)
         self.calls: list[str] = []
         self.received: dict[str, dict[str, Any]] = {}  # job -> the CreateTrainingJob request as the service got it
         self.stop_requests: list[str] = []
@@ -68,9 +70,12 @@ class SageMakerFront:
         self.server.server_close()
 
     # -- the platform's part, driven by the test --------------------------------------------------------
-    def set_status(self, job: str, primary: str, secondary: str) -> None:
+    def set_status(self, job: str, primary: str, secondary: str, at: float | None = None) -> None:
+        """The job moves to (primary, secondary), at ``at`` (epoch seconds; default now): the transition's
+        StartTime in SecondaryStatusTransitions, as SageMaker dates it."""
         with self._lock:
             self.states.setdefault(job, []).append((primary, secondary))
+            self.since.setdefault(job, []).append(time.time() if at is None else at)
 
     def status(self, job: str) -> tuple[str, str] | None:
         with self._lock:
@@ -137,7 +142,8 @@ class SageMakerFront:
             return
         primary, secondary = history[-1]
         job["TrainingJobStatus"], job["SecondaryStatus"] = primary, secondary
-        job["SecondaryStatusTransitions"] = [{"Status": s, "StartTime": time.time()} for _, s in history]
+        job["SecondaryStatusTransitions"] = [{"Status": s, "StartTime": at}
+                                             for (_, s), at in zip(history, self.since[name], strict=True)]
         if primary == "InProgress":
             job.pop("TrainingEndTime", None)
 

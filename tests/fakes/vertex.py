@@ -35,8 +35,10 @@ PREEMPTED_ERROR = {"code": 14, "message": "The replica workerpool0-0 was preempt
 _JOB_PATH = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+)/customJobs(?:/(\d+))?(:cancel)?$")
 
 
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+def now(at: float | None = None) -> str:
+    """A time as Vertex writes it (RFC 3339, UTC): ``at`` (epoch seconds), default now."""
+    when = datetime.now(timezone.utc) if at is None else datetime.fromtimestamp(at, timezone.utc)
+    return when.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -95,16 +97,18 @@ class VertexFake:
         self.server.server_close()
 
     # -- the platform's part, driven by the test --------------------------------------------------------
-    def set_state(self, job_id: str, state: str, error: dict[str, Any] | None = None) -> None:
+    def set_state(self, job_id: str, state: str, error: dict[str, Any] | None = None, at: float | None = None) -> None:
+        """The job moves to ``state`` at ``at`` (epoch seconds; default now): its updateTime, and its startTime
+        (the first run) or endTime, as Vertex dates them."""
         with self._lock:
             job = self.jobs[job_id]
             if state == "PREEMPTED":
                 state, error = "JOB_STATE_FAILED", PREEMPTED_ERROR
-            job["state"], job["updateTime"] = state, now()
+            job["state"], job["updateTime"] = state, now(at)
             if state == "JOB_STATE_RUNNING":
-                job.setdefault("startTime", now())
+                job.setdefault("startTime", now(at))
             if state in TERMINAL:
-                job["endTime"] = now()
+                job["endTime"] = now(at)
             if error:
                 job["error"] = error
 

@@ -184,9 +184,14 @@ class SageMakerProvider(Provider):
             value: Any = job.get(key)
             return float(value.timestamp()) if hasattr(value, "timestamp") else None
 
+        # the current secondary status's start: SageMaker's own time for the move status sees (Training, Interrupted)
+        transitions = job.get("SecondaryStatusTransitions") or []
+        last = transitions[-1] if transitions and isinstance(transitions[-1], dict) else {}
+        since: Any = last.get("StartTime") if last.get("Status") == job.get("SecondaryStatus") else None
         return JobStatus(handle=handle, name=job.get("TrainingJobName", handle.job_id), state=state, message=message,
                          created_at=stamp("CreationTime"), started_at=stamp("TrainingStartTime"),
-                         ended_at=stamp("TrainingEndTime"), output_uri=details.pop("output_uri"), details=details)
+                         ended_at=stamp("TrainingEndTime"), output_uri=details.pop("output_uri"), details=details,
+                         state_since=float(since.timestamp()) if hasattr(since, "timestamp") else None)
 
     def _describe(self, handle: JobHandle) -> JobStatus:
         return self._status(handle, self._job(handle))

@@ -40,7 +40,7 @@ from cloudtrain.providers.gcp.clients import (
 from cloudtrain.providers.gcp.images import runtime_for
 from cloudtrain.providers.gcp.machines import machine_for
 from cloudtrain.providers.gcp.schema import check_request
-from cloudtrain.providers.gcp.status import describe_details, job_state
+from cloudtrain.providers.gcp.status import describe_details, job_state, since_key
 from cloudtrain.providers.translation import PlanContext, Planned, Translation
 from cloudtrain.spec.model import JobSpec, project_options
 
@@ -232,11 +232,17 @@ class VertexProvider(Provider):
             value = job.get(key)
             return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
 
+        def since() -> float | None:  # a time the timeline may take: one it cannot read is not said
+            try:
+                return stamp(since_key(job.get("state", "")))
+            except (ValueError, TypeError, AttributeError):
+                return None
+
         details = describe_details(job)
         return JobStatus(handle=handle, name=job.get("displayName", handle.job_id), state=state, message=message,
                          created_at=stamp("createTime"), started_at=stamp("startTime"), ended_at=stamp("endTime"),
                          max_restarts=details.pop("max_restarts"), output_uri=details.pop("output_uri", None),
-                         details=details)
+                         details=details, state_since=since())
 
     def _describe(self, handle: JobHandle) -> JobStatus:
         return self._status(handle, self._job(handle))

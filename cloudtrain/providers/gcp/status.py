@@ -42,6 +42,19 @@ def job_state(state: str, error: str = "", started: bool = False) -> tuple[JobSt
     return found, f"{message}: {error}" if error and found in (JobState.FAILED, JobState.CANCELLED) else message
 
 
+def since_key(state: str) -> str:
+    """The CustomJob field that says when it entered ``state``: ``endTime`` for an end, ``startTime`` for running
+    (when it first ran: after a restart that is before the state seen between, and the timeline does not take it),
+    else ``updateTime`` (the job's newest change, which its move to this state is)."""
+    if state == "JOB_STATE_RUNNING":
+        return "startTime"
+    return "endTime" if state in _ENDED else "updateTime"
+
+
+_ENDED = {"JOB_STATE_SUCCEEDED", "JOB_STATE_PARTIALLY_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED",
+          "JOB_STATE_EXPIRED"}
+
+
 def describe_details(job: dict[str, Any]) -> dict[str, Any]:
     """The parts of a CustomJob (REST JSON) a user checks: machines, capacity, limits, where things went."""
     spec = job.get("jobSpec") or {}

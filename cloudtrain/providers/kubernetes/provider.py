@@ -33,7 +33,7 @@ from cloudtrain.providers.kubernetes.kube import Kube
 from cloudtrain.providers.kubernetes.node import RESERVED, pytorchjob_env
 from cloudtrain.providers.kubernetes.options import KubernetesOptions
 from cloudtrain.providers.kubernetes.settings import platform_setting
-from cloudtrain.providers.kubernetes.status import job_state, native_of, status_fields
+from cloudtrain.providers.kubernetes.status import job_state, native_of, since_text, status_fields
 from cloudtrain.providers.translation import PlanContext, Planned, Translation
 from cloudtrain.spec.model import JobSpec
 
@@ -233,6 +233,7 @@ class KubernetesProvider(Provider):
         return JobStatus(handle=handle, name=handle.job_id, state=state, message=message,
                          created_at=_epoch(obj["metadata"].get("creationTimestamp")), started_at=started,
                          ended_at=ended if state.terminal else None,
+                         state_since=_epoch(since_text(obj, native, state)),
                          **status_fields(obj, native, self.kube().context))
 
     def _logs(self, handle: JobHandle, follow: bool) -> Iterator[str]:

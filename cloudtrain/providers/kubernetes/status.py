@@ -77,6 +77,18 @@ def native_of(obj: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> 
                   annotations.get(ANNOTATION + "evicted") == "true", active)
 
 
+def since_text(obj: dict[str, Any], native: Native, state: JobState) -> str | None:
+    """When the job entered ``state``, as the cluster says it: the ``lastTransitionTime`` of the condition that gives
+    the state (Suspended, Running, Restarting, Complete, Failed ...); None where no condition gives it (a TrainJob runs
+    by its child Jobs, a cancel not yet suspended, a job with no condition yet)."""
+    if not native.condition or (state is JobState.RUNNING and native.condition != "Running") or \
+            state is JobState.STOPPING:
+        return None
+    found = [c for c in _true((obj.get("status") or {}).get("conditions") or []) if c.get("type") == native.condition]
+    when = found[-1].get("lastTransitionTime") if found else None
+    return when if isinstance(when, str) else None
+
+
 def disrupted(pods: list[dict[str, Any]]) -> bool:
     """A pod the cluster took away (DisruptionTarget: preemption, drain, node loss) or that ended preempted (143)."""
     for pod in pods:

@@ -312,6 +312,8 @@ class LocalProvider(Provider):
             ended_at=record.ended_at, details={"world_size": plan.get("world_size"), "job_dir": record.job_dir},
             nodes=nodes, restarts=record.attempt, max_restarts=plan.get("max_restarts", 0),
             output_uri=spec.get("output_uri"), checkpoint_uri=(spec.get("checkpoint") or {}).get("uri"),
+            # the supervisor's own time: its first start of the nodes (a restart's is its node_started event's)
+            state_since=record.started_at if record.state == "running" and not record.attempt else None,
         )
 
     def _describe(self, handle: JobHandle) -> JobStatus:

@@ -190,6 +190,8 @@ class SlurmProvider(Provider):
         return JobStatus(handle=handle, name=handle.job_id, state=state, message=message,
                          created_at=_epoch(job.get("SubmitTime")), started_at=_epoch(job.get("StartTime")),
                          ended_at=_epoch(job.get("EndTime")) if state.terminal else None, details=details,
+                         state_since=_epoch(job.get("EndTime")) if state.terminal else
+                         _epoch(job.get("StartTime")) if state is JobState.RUNNING else None,
                          restarts=restarts, max_restarts=record.get("max_restarts") or 0,
                          output_uri=record.get("output_uri"), checkpoint_uri=record.get("checkpoint_uri"))
 
