@@ -392,7 +392,8 @@ def test_a_kubernetes_job_has_its_conditions_and_its_pods_events(kube: FakeKube,
     status = p.describe(handle)
     found = story(p, handle, status)
     kinds = [e["e"] for e in found["timeline"]["events"]]
-    assert kinds[:3] == ["submitted", "staged", "state"] and kinds[-1] == "ended"
+    # the end at the platform's time for it: Kubernetes' whole seconds may put it before the pod's last lines
+    assert kinds[:3] == ["submitted", "staged", "state"] and "ended" in kinds[3:]
     assert [(e["e"], e["node"]) for e in found["timeline"]["events"] if "node" in e] == [("restored", 0),
                                                                                           ("step", 0)]
     assert found["goodput"]["preemptions"] == 1 and found["progress"]["step"] == 9

@@ -41,6 +41,7 @@ class _Event(BaseModel):
 
     e: Text
     t: Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+    node: Count | Annotated[str, Field(max_length=200, strict=True)] | None = None  # the log's tag (timeline.py)
 
 
 class _Step(_Event):

@@ -191,7 +191,7 @@ def observe(status: Any) -> None:
         # first events (cloudtrain/home/goodput.py)
         ended_at = status.ended_at if status.state.terminal and _sane(status.ended_at, stamp) else None
         since = None if status.state.terminal else _since(handle, getattr(status, "state_since", None), stamp, events)
-        at = round(float(ended_at), 3) if ended_at is not None else since
+        at = _not_before_the_rest(handle, float(ended_at), stamp, events) if ended_at is not None else since
         events.append({"e": "ended" if status.state.terminal else "state", "t": stamp if at is None else at,
                        "state": status.state.value,
                        "message": status.message[:200], **({"platform": platform} if platform else {}),
@@ -219,6 +219,14 @@ def _since(handle: str, when: Any, stamp: float, batch: list[dict[str, Any]]) ->
     times = [float(e["t"]) for e in [*events, *batch] if math.isfinite(e["t"])]
     taken = round(min(float(when), stamp), 3)
     return taken if not times or taken >= max(times) else None
+
+
+def _not_before_the_rest(handle: str, when: float, stamp: float, batch: list[dict[str, Any]]) -> float:
+    """``when``, or the newest event the home already has for the job where that is later (a platform's whole seconds
+    may put its end before the last state this machine stamped: the file stays in order)."""
+    events, _ = own_events(handle)
+    times = [float(e["t"]) for e in [*events, *batch] if math.isfinite(e["t"]) and e["t"] <= stamp]
+    return round(max([when, *times]), 3)
 
 
 def _attempt_started(handle: str, attempt: int) -> float | None:
