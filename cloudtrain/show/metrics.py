@@ -132,14 +132,15 @@ def _label(value: Any) -> str:
 
 def _number(value: Any, counter: bool) -> str | None:
     """``value`` as OpenMetrics writes a number (ints as ints, floats as Python's shortest repr: ``1.5``,
-    ``1e+21``), or None where it is no sample: not a number (text, a bool), not finite, or a negative counter."""
+    ``1e+21``), or None where it is no sample: not a number (text, a bool), not finite, or negative (a counter may
+    not be; and none of cloudtrain's figures is: a step, a rate, seconds, a ratio, dollars)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
         number = float(value)
     except OverflowError:  # an int past any float
         return None
-    if not math.isfinite(number) or (counter and number < 0):
+    if not math.isfinite(number) or number < 0:
         return None
     return str(value) if isinstance(value, int) else repr(number + 0.0)  # + 0.0: -0.0 written 0.0
 
@@ -158,9 +159,13 @@ FAMILIES: list[tuple[str, str, str, str]] = [  # name, type, unit, help
     ("cloudtrain_job_checkpoint_interval_seconds", "gauge", "seconds", "The checkpoint interval the job runs with"),
     ("cloudtrain_job_goodput_ratio", "gauge", "ratio", "Kept training time over paid node time"),
     ("cloudtrain_job_paid_seconds", "counter", "seconds", "Node time paid for (wall time of the job's legs)"),
-    ("cloudtrain_job_lost_seconds", "counter", "seconds", "Paid or waited time that kept no work, by cause"),
+    # gauges, not counters: a cause's seconds settle as the job goes on (the time since the last step report is
+    # "other" until the next report makes it kept work), so they may go down, which a counter may not
+    ("cloudtrain_job_lost_seconds", "gauge", "seconds",
+     "Paid or waited time that kept no work so far, by cause (may go down as the newest leg's figures settle)"),
     ("cloudtrain_job_cost_usd", "counter", "", "Cost so far at the job's price, USD"),
-    ("cloudtrain_job_events_ignored", "counter", "", "Event lines of the job's timeline refused as malformed"),
+    ("cloudtrain_job_events_ignored", "gauge", "",
+     "Event lines of the job's timeline refused (malformed, forged, out of the job's life) in the logs read now"),
 ]
 _COUNTERS = {name for name, kind, _, _ in FAMILIES if kind == "counter"}
 
