@@ -61,26 +61,6 @@ def test_the_goodput_benchmark_compares_auto_with_fixed_intervals_in_one_run() -
     assert "goodput x" in ratio and "cost vs on-demand" in ratio, bench.stdout
 
 
-def test_auto_takes_what_status_saw_earlier_runs_of_the_job_measure(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Once `status` worked out a run's goodput (its checkpoints and the time they blocked, its paid time and
-    preemptions), the next plan of a job of that name chooses from those figures, and says so."""
-    from cloudtrain.plan import checkpoint_interval
-
-    monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path / "home"))
-    seen = {"checkpoints": 10, "paid_s": 7200.0, "preemptions": 2, "losses_s": {"checkpoints": 50.0}}
-    checkpoint_interval.remember("train-20261127-101010-abcd", seen)
-    checkpoint_interval.remember("train-20261127-101010-abcd", seen)  # status asked again: counted once
-    checkpoint_interval.remember("train-20261127-111111-beef-r1", {**seen, "preemptions": 0})
-    assert checkpoint_interval.measured("train") == (100.0 / 20, 14400.0 / 2)
-    done = plan(tmp_path, "-p", "local", "--checkpoint-uri", (tmp_path / "s").as_uri(), "--set",
-                "checkpoint.interval=auto", "-o", "json")
-    assert done.returncode == 0, done.stderr
-    planned = json.loads(done.stdout)
-    assert planned["spec"]["checkpoint"]["interval"] == int(math.sqrt(2 * 5.0 * 7200.0))  # 268 s
-    assert any("both measured in earlier runs" in n for n in planned["notes"]), planned["notes"]
-
-
 def test_auto_with_a_stacks_own_checkpoints_says_the_stack_decides_instead_of_announcing_one(tmp_path: Path) -> None:
     """Issue 50.7: with checkpoint.dir the stack saves on its own schedule (save_steps), so an interval cloudtrain
     announced was one nothing followed. The plan says the stack decides and what to set there; no node gets one."""

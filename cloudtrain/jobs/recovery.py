@@ -342,12 +342,17 @@ def _record(state: RecoveryState, new: JobHandle, leg: int, why: str) -> None:
     state.history.append({"handle": str(new), "provider": new.provider, "region": region, "why": why, "leg": leg})
     state.leg = leg
     save(state)
-    from cloudtrain.home import timeline  # the chain's story: in the first job's timeline, and the new job's own
+    # the chain's story: in the first job's timeline, and the new job's own
+    from cloudtrain.home import measured, timeline
 
     kind = "moved" if why.startswith("moved") else "restarted"
     timeline.record(state.root, kind, to=str(new), provider=new.provider, region=region, leg=leg, why=why[:200])
-    timeline.record(str(new), "submitted", handle=str(new), provider=new.provider, region=region, leg=leg,
-                    resubmission_of=state.chain[-2] if len(state.chain) > 1 else state.root)
+    before = state.chain[-2] if len(state.chain) > 1 else state.root
+    # a restart runs what ran before (same provider, machine, nodes, spot, name: what its run measures for
+    # checkpoint.interval auto); a move's own submission recorded its own
+    same = measured.key_of(timeline.own_events(before)[0]) if kind == "restarted" else None
+    timeline.record(str(new), "submitted", handle=str(new), **{**(same or {}), "provider": new.provider},
+                    region=region, leg=leg, resubmission_of=before)
 
 
 def wait_with_recovery(provider: Provider, handle: JobHandle, *, max_restarts: int | None = None,

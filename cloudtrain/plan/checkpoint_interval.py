@@ -3,20 +3,17 @@
 Each checkpoint blocks training for a moment (C seconds); each interruption (a spot reclaim, a node failure) loses
 the work since the last checkpoint, on average half an interval, plus the restart. Young's rule (refined by Daly)
 puts the interval that minimises the sum at about ``sqrt(2 x C x M)``, M being the mean time between interruptions
-of the whole job (any node's interruption stops it). C comes from the job's earlier runs where the home measured it
-(the timeline's checkpoint events), else ``DEFAULT_COST``; M from the interruptions counted in earlier runs, else
-the assumptions below. The result is held to ``[max(FLOOR, 2 x C), max_runtime]``.
+of the whole job (any node's interruption stops it). C and M come from what the ended runs of the same job measured
+on the same provider, machine type, node count and capacity (cloudtrain/home/measured.py: C from their checkpoint
+events, M from their paid time per preemption), else from ``DEFAULT_COST`` and the assumptions below; a figure that
+is not sound is never used. The result is held to ``[max(FLOOR, 2 x C), max_runtime]``, and the plan's note names the
+bound where one set it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
-import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cloudtrain.node.durations import format_duration
@@ -40,41 +37,107 @@ class Interval:
     measured: bool  # C and M from earlier runs (else the assumptions above)
     cost_measured: bool = False
     between_measured: bool = False
+    ideal: float = 0.0  # sqrt(2 x C x M), before the bounds
+    bound: str | None = None  # the bound that set ``seconds`` ("the 1m floor", "max_runtime (2h)"), None: none did
+    runs: int = 0  # the earlier runs C and M were measured in
+    where: str = ""  # what they ran on ("local, 1 node, spot")
+    unsound: int = 0  # earlier runs of the job whose figures were not sound, not counted
+
+    def _said(self) -> str:
+        runs = f"{self.runs} earlier run{'s' if self.runs != 1 else ''} of the job" + \
+            (f" ({self.where})" if self.where else "")
+        said = {(True, True): f"both measured in {runs}",
+                (True, False): f"the checkpoint cost measured in {runs}, the interruptions assumed",
+                (False, True): f"the interruptions counted in {runs}, the checkpoint cost assumed",
+                (False, False): "both assumed until runs of the job measure them"}[self.cost_measured,
+                                                                                    self.between_measured]
+        if self.unsound:
+            said += (f"; {self.unsound} earlier run{'s' if self.unsound != 1 else ''} measured nothing sound "
+                     "(not counted)")
+        return said
+
+    def _formula(self, per: str) -> str:
+        held = f" = {format_duration(self.ideal)}, held to {self.bound}" if self.bound else ""
+        return (f"Young/Daly: sqrt(2 x {self.cost:.0f}s {per} x {format_duration(self.between)} between "
+                f"interruptions){held}")
 
     def note(self) -> str:
-        said = {(True, True): "both measured in earlier runs of the job",
-                (True, False): "the checkpoint cost measured in earlier runs, the interruptions assumed",
-                (False, True): "the interruptions counted in earlier runs, the checkpoint cost assumed",
-                (False, False): "both assumed until runs of the job measure them"}
-        return (f"{NOTE_PREFIX} {format_duration(self.seconds)} (Young/Daly: sqrt(2 x "
-                f"{self.cost:.0f}s blocked per checkpoint x {format_duration(self.between)} between "
-                f"interruptions), {said[self.cost_measured, self.between_measured]}")
+        return f"{NOTE_PREFIX} {format_duration(self.seconds)} ({self._formula('blocked per checkpoint')}), " \
+               f"{self._said()}"
 
     def stack_note(self) -> str:
         """For a job whose stack saves into checkpoint.dir on its own schedule: no interval is announced (nothing
         cloudtrain sets would change when the stack saves), only the one to set there."""
         return (f"{NOTE_PREFIX} the script's own stack decides when it saves (checkpoint.dir), so cloudtrain sets no "
                 f"interval; the one that keeps the most training is about {format_duration(self.seconds)} "
-                f"(Young/Daly: sqrt(2 x {self.cost:.0f}s per save x {format_duration(self.between)} between "
-                "interruptions; the cost of a save is measured from its files): set it in the stack (save_steps, "
-                "every_n_train_steps, eval_interval ...)")
+                f"({self._formula('per save')}; the cost of a save is measured from its files): set it in the stack "
+                "(save_steps, every_n_train_steps, eval_interval ...)")
+
+
+def _usable(value: float | None) -> float | None:
+    """A measured C or M the rule can use (finite, not negative, at most ten years), else None: assumed."""
+    from cloudtrain.home.measured import MAX_PAID_S
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and 0 <= value <= MAX_PAID_S else None
+
+
+def bounded(cost: float, between: float, max_runtime: int) -> tuple[int, float, str | None]:
+    """The interval in seconds for ``cost`` seconds blocked per checkpoint and ``between`` seconds between
+    interruptions, within ``[max(FLOOR, 2 x cost), max_runtime]``; the ideal before the bounds; the bound that set
+    it (None: the ideal itself)."""
+    ideal = math.sqrt(2.0 * cost * between)
+    low = max(float(FLOOR), 2.0 * cost)
+    if ideal > max_runtime or low > max_runtime:
+        return max(1, int(max_runtime)), ideal, f"max_runtime ({format_duration(max_runtime)})"
+    if ideal >= low:
+        return int(ideal), ideal, None
+    return int(low), ideal, (f"the {format_duration(FLOOR)} floor" if low == FLOOR else
+                             f"twice the checkpoint cost ({format_duration(low)})")
 
 
 def choose(cost: float, between: float, max_runtime: int) -> int:
-    """The interval in seconds for ``cost`` seconds blocked per checkpoint and ``between`` seconds between
-    interruptions, within ``[max(FLOOR, 2 x cost), max_runtime]``."""
-    ideal = math.sqrt(2.0 * max(cost, 0.0) * max(between, 0.0))
-    return int(max(1, min(max(ideal, FLOOR, 2.0 * cost), max_runtime)))
+    """The interval in seconds (``bounded``'s), for what is known; anything not a usable figure is assumed."""
+    c, m = _usable(cost), _usable(between)
+    return bounded(DEFAULT_COST if c is None else c, ON_DEMAND_NODE_HOURS * 3600.0 if m is None else m,
+                   max_runtime)[0]
 
 
 def auto_interval(*, spot: bool, nodes: int, max_runtime: int, cost: float | None = None,
-                  between: float | None = None) -> Interval:
-    """The interval for a job of ``nodes`` nodes; ``cost`` and ``between`` where earlier runs measured them."""
+                  between: float | None = None, runs: int = 0, where: str = "", unsound: int = 0) -> Interval:
+    """The interval for a job of ``nodes`` nodes; ``cost`` and ``between`` where earlier runs (``runs`` of them, on
+    ``where``) measured them. A figure that is not finite, is negative or past ten years is not used: assumed."""
     per_node = (SPOT_NODE_HOURS if spot else ON_DEMAND_NODE_HOURS) * 3600.0
+    cost, between = _usable(cost), _usable(between)
     c = cost if cost is not None else DEFAULT_COST
     m = between if between is not None else per_node / max(nodes, 1)
-    return Interval(choose(c, m, max_runtime), c, m, cost is not None and between is not None, cost is not None,
-                    between is not None)
+    seconds, ideal, bound = bounded(c, m, max_runtime)
+    return Interval(seconds, c, m, cost is not None and between is not None, cost is not None, between is not None,
+                    ideal, bound, runs, where, unsound)
+
+
+def measured_key(plan: Any) -> dict[str, Any]:
+    """What a run of ``plan`` measures, as its ``submitted`` event records it and the next plan looks it up
+    (cloudtrain/home/measured.py): the provider, machine type, node count, spot or not, and the job's name."""
+    machine = getattr(plan.machine, "instance_type", None)
+    return {"provider": plan.provider, "machine": machine if isinstance(machine, str) else None,
+            "nodes": plan.spec.nodes, "spot": bool(plan.spec.spot), "name": str(plan.spec.name)}
+
+
+def learned(plan: Any) -> Interval:
+    """``auto``'s interval for ``plan`` (its spec still says ``auto``), from what the ended runs of the same job on
+    the same provider, machine type, node count and capacity measured (cloudtrain/home/measured.py), else from the
+    assumptions above."""
+    from cloudtrain.home import measured
+
+    key = measured_key(plan)
+    found = measured.read(key)
+    spec = plan.spec
+    where = f"{key['provider']}{', ' + key['machine'] if key['machine'] else ''}, {key['nodes']} " \
+            f"node{'s' if key['nodes'] != 1 else ''}{', spot' if key['spot'] else ''}"
+    return auto_interval(spot=spec.spot, nodes=spec.nodes, max_runtime=spec.max_runtime, cost=found.cost,
+                         between=found.between, runs=found.runs, where=where, unsound=found.unsound)
 
 
 def submitted_fields(spec: Any, notes: list[str]) -> dict[str, Any]:
@@ -85,50 +148,3 @@ def submitted_fields(spec: Any, notes: list[str]) -> dict[str, Any]:
         return {}
     why = next((n[len(NOTE_PREFIX):].strip() for n in notes if n.startswith(NOTE_PREFIX)), None)
     return {"checkpoint_interval_s": seconds, "checkpoint_interval_from": f"auto: {why}" if why else "the spec"}
-
-
-# -- what earlier runs measured: kept per job name in the home, from the goodput `status` works out --------------
-
-_STAMP = re.compile(r"(-\d{8}-\d{6}-[0-9a-f]{4})?(-r\d+)?$")
-
-
-def _file(name: str) -> Path:
-    from cloudtrain.home.paths import cloudtrain_home
-
-    return cloudtrain_home() / "measured" / f"{name}.json"
-
-
-def remember(job_id: str, goodput: dict[str, Any]) -> None:
-    """What one job's run measured (checkpoints and the time they blocked, paid time, preemptions), under its name,
-    for the next plan of ``interval: auto``. Best effort: a home that cannot take it only means the next plan
-    assumes."""
-    name = _STAMP.sub("", job_id) or job_id
-    figures = {k: goodput.get(k) for k in ("checkpoints", "paid_s", "preemptions")}
-    figures["blocked_s"] = (goodput.get("losses_s") or {}).get("checkpoints")
-    if not all(isinstance(v, (int, float)) for v in figures.values()):
-        return
-    with contextlib.suppress(OSError, ValueError):
-        path = _file(name)
-        known = json.loads(path.read_text()) if path.exists() else {}
-        known = known if isinstance(known, dict) else {}
-        if known.get(job_id) == figures:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({**known, job_id: figures}))
-        os.replace(tmp, path)
-
-
-def measured(name: str) -> tuple[float | None, float | None]:
-    """(seconds blocked per checkpoint, mean seconds between interruptions) over the earlier runs of jobs of this
-    name, each None where none measured it (no checkpoint; no interruption yet)."""
-    try:
-        known = json.loads(_file(name).read_text())
-    except (OSError, ValueError):
-        return None, None
-    rows = [r for r in known.values() if isinstance(r, dict)] if isinstance(known, dict) else []
-    total = {k: sum(float(r.get(k) or 0) for r in rows if isinstance(r.get(k), (int, float)))
-             for k in ("checkpoints", "blocked_s", "paid_s", "preemptions")}
-    cost = total["blocked_s"] / total["checkpoints"] if total["checkpoints"] > 0 else None
-    between = total["paid_s"] / total["preemptions"] if total["preemptions"] > 0 else None
-    return cost, between

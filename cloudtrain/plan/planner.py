@@ -30,7 +30,8 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
 
     impl = get_provider(provider) if isinstance(provider, str) else provider
     spec = with_defaults(spec, impl.name)
-    spec, interval_note = _interval(spec)
+    asked = spec
+    spec, interval_note = _interval(asked, None)  # auto: the assumptions, until the plan names the machine
     contract = impl.contract(spec)  # a plugin's node contract travels in the bundle's lib/ (cloudtrain's is there)
     lib = {} if contract.node_module().startswith("cloudtrain.") else {contract.node_path(): contract.node_file()}
     shared = package is not None and not lib
@@ -39,6 +40,10 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
     assert package is not None
     try:
         plan = assemble(impl, spec, package)
+        if interval_note:  # auto: what ended runs of this job on this provider, machine and nodes measured
+            spec, interval_note = _interval(asked, plan)
+            if spec.checkpoint.interval != plan.spec.checkpoint.interval:
+                plan = assemble(impl, spec, package)
         plan.budget = budget = plan_budget(plan)  # max_cost: what it buys; refused below one hour of a list price
         # the platform holds the budget too, when nothing watches the job: its max_runtime, capped (the same
         # machines at the same rate: what the budget buys does not change)
@@ -56,16 +61,16 @@ def plan_job(spec: JobSpec, provider: str | Provider, progress: bool = True, spe
     return plan
 
 
-def _interval(spec: JobSpec) -> tuple[JobSpec, str | None]:
+def _interval(spec: JobSpec, plan: Plan | None) -> tuple[JobSpec, str | None]:
     """``checkpoint.interval: auto`` made a number of seconds for this job (the nodes get seconds), and the plan's
-    note saying what was chosen and why."""
-    from cloudtrain.plan.checkpoint_interval import AUTO, auto_interval, measured
+    note saying what was chosen and why: from what ended runs of the job measured on the machines ``plan`` names
+    (cloudtrain/home/measured.py), or assumed (no plan yet: the first assembly, which names the machine)."""
+    from cloudtrain.plan.checkpoint_interval import AUTO, auto_interval, learned
 
     if spec.checkpoint.interval != AUTO:
         return spec, None
-    cost, between = measured(str(spec.name))  # what `status` saw earlier jobs of this name measure
-    chosen = auto_interval(spot=spec.spot, nodes=spec.nodes, max_runtime=spec.max_runtime, cost=cost,
-                           between=between)
+    chosen = learned(plan) if plan is not None else \
+        auto_interval(spot=spec.spot, nodes=spec.nodes, max_runtime=spec.max_runtime)
     if spec.checkpoint.dir:  # the script's own stack saves when it decides (save_steps, every_n_train_steps ...)
         checkpoint = spec.checkpoint.model_copy(update={"interval": None})
         return spec.model_copy(update={"checkpoint": checkpoint}), chosen.stack_note()

@@ -23,7 +23,7 @@ def submit(provider: Provider, planned: Planned) -> JobHandle:
     """Send ``planned`` through ``provider._submit``, with the checks before and the records after."""
     from cloudtrain.bundle import staging
     from cloudtrain.home import timeline
-    from cloudtrain.plan.checkpoint_interval import submitted_fields
+    from cloudtrain.plan.checkpoint_interval import measured_key, submitted_fields
     from cloudtrain.plan.cost import remember
     from cloudtrain.plan.export import unset_settings
 
@@ -40,8 +40,9 @@ def submit(provider: Provider, planned: Planned) -> JobHandle:
     staging.STAGED.clear()
     handle = provider._submit(plan)
     remember(str(handle), plan)  # its rate and max_cost: what `cloudtrain cost` and the budget watcher price
-    timeline.record(str(handle), "submitted", submitted_at, handle=str(handle), provider=provider.name,
-                    nodes=plan.spec.nodes, **submitted_fields(plan.spec, plan.notes))
+    # the provider, machine, nodes, spot and name: what the job's runs measure (checkpoint.interval: auto)
+    timeline.record(str(handle), "submitted", submitted_at, handle=str(handle), **measured_key(plan),
+                    **submitted_fields(plan.spec, plan.notes))
     if staging.STAGED:
         staged = dict(staging.STAGED)
         timeline.record(str(handle), "staged", staged.pop("at"), **staged)
