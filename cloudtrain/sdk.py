@@ -142,7 +142,8 @@ class Run:
         """Write the job's report, the one HTML page `cloudtrain report` writes (its timeline, progress, goodput and
         cost; it opens offline), to ``path`` as `cloudtrain report -o` does (default ``report-<job id>.html`` here; a
         folder: that name in it; a FIFO or a device written into, never replaced); returns where it is."""
-        from cloudtrain.show.report import for_job, page, write
+        from cloudtrain.show.report import for_job, page
+        from cloudtrain.show.report_target import write
 
         data = page(*for_job(self.provider, self.handle)).encode()
         target, _regular = write(data, None if path is None else str(path), self.handle.job_id)

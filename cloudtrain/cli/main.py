@@ -173,12 +173,13 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from cloudtrain.show import report
+    from cloudtrain.show.report_target import write
 
     provider, handle = _provider_for(args.handle)
     status, found, rate = report.for_job(provider, handle)
     data = report.page(status, found, rate).encode()
     # a folder: report-JOB.html in it; a FIFO or a device (/dev/stdout, /dev/null): written into, never replaced
-    target, regular = report.write(data, args.output, handle.job_id)
+    target, regular = write(data, args.output, handle.job_id)
     print(f"wrote {target} ({len(data) / 1e6:.2f} MB): open it in a browser (it needs no network)",
           file=sys.stdout if regular else sys.stderr)  # stdout may be the page itself
     return 0
