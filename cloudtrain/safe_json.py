@@ -10,17 +10,21 @@ the node side reads its manifests and leases with it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import stat
+from array import array
 from typing import Any, Union
 
 from cloudtrain.errors import CloudtrainError
 
 MAX_BYTES = 64 << 20
 MAX_DEPTH = 64
-_OPENERS = frozenset(b"[{")
-_CLOSERS = frozenset(b"]}")
+_NOT_QUOTE_OR_BRACKET = bytes(sorted(set(range(256)) - set(b'"[]{}')))
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")
+_STEPS = bytes.maketrans(b"[]", b"\x01\xff")  # as signed bytes: +1, -1
+_PASSES = 4  # cloudtrain's own documents are gone after these; what is left is summed up
 
 Text = Union[str, bytes, bytearray]
 
@@ -31,26 +35,25 @@ class UnreadableJson(CloudtrainError, ValueError):
 
 
 def _too_deep(data: bytes, limit: int) -> bool:
-    """Whether brackets outside strings nest deeper than ``limit`` (a linear scan: only run on documents that have
-    more opening brackets than ``limit``, which cloudtrain's own never have)."""
-    depth, in_string, escaped = 0, False, False
-    for byte in data:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in _OPENERS:
-            depth += 1
-            if depth > limit:
-                return True
-        elif byte in _CLOSERS:
-            depth -= 1
-    return False
+    """Whether brackets outside strings nest deeper than ``limit``: exact for JSON, and for anything else a guess
+    either way (json then refuses it). Each step runs in C over the whole data, none ever retried: a manifest of
+    100,000 files is scanned in a fraction of its parse, and a crafted document costs a few passes over it."""
+    data = data.replace(b"\\\\", b"").replace(b'\\"', b"")  # escaped backslashes, then escaped quotes, go
+    data = data.translate(None, _NOT_QUOTE_OR_BRACKET)  # what is left of each string: its quotes, its brackets
+    data = data.replace(b'""', b"")  # the strings without a bracket (two quotes in a row: nothing changes sides)
+    if b'"' in data:
+        data = b"".join(data.split(b'"')[::2])  # the strings with one: every other piece is inside one
+    brackets = data.translate(_ONE_KIND)
+    if b"[" * (limit + 1) in brackets:  # the usual attack, at once
+        return True
+    passes = 0  # each takes the innermost pairs: what a JSON document keeps nests one level less
+    while brackets and passes < _PASSES:
+        inner = brackets.replace(b"[]", b"")
+        if len(inner) == len(brackets):  # no pair left: closers, then openers; not JSON (json says so)
+            return brackets.count(b"[") + passes > limit
+        brackets, passes = inner, passes + 1
+    deepest = max(itertools.accumulate(array("b", brackets.translate(_STEPS))), default=0)  # +1 [, -1 ]
+    return deepest + passes > limit
 
 
 def loads(text: Text, what: str, *, max_depth: int = MAX_DEPTH, remedy: str | None = None) -> Any:
@@ -77,10 +80,17 @@ def load(path: str | os.PathLike[str], what: str | None = None, *, max_depth: in
     name = what or str(path)
     try:  # O_NONBLOCK: a FIFO left in a file's place is refused below, not waited on for ever
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+        try:
+            found = os.fstat(fd)
+            if not stat.S_ISREG(found.st_mode):  # a folder too (before open() below says "Is a directory")
                 raise UnreadableJson(f"{name} is not a regular file", remedy=remedy or f"remove {path}")
-            data = f.read(MAX_BYTES + 1)
+            if found.st_size > MAX_BYTES:  # refused unread (a sparse file of terabytes costs nothing)
+                raise UnreadableJson(f"{name} is {found.st_size:,} bytes, more than cloudtrain ever writes there",
+                                     remedy=remedy or f"delete or restore {name}: cloudtrain writes it again")
+            with open(fd, "rb", closefd=False) as f:
+                data = f.read(MAX_BYTES + 1)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         raise
     except OSError as exc:

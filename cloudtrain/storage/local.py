@@ -6,6 +6,7 @@ import builtins
 import errno
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -110,7 +111,20 @@ class LocalStore:
         return local_path(uri).exists()
 
     def read_bytes(self, uri: str) -> bytes:
-        return local_path(uri).read_bytes()
+        """The object's bytes. A FIFO (or a device) in an object's place is an OSError, never waited on for ever: a
+        writer that never comes would hang whoever reads a lease or a manifest there."""
+        path = local_path(uri)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+            if not stat.S_ISREG(mode):
+                raise OSError(errno.EINVAL, "not a regular file", str(path))
+            with open(fd, "rb", closefd=False) as f:
+                return f.read()
+        finally:
+            os.close(fd)
 
     def write_bytes(self, uri: str, data: bytes) -> None:
         atomic_write(local_path(uri), lambda out: out.write(data))
