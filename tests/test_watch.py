@@ -126,7 +126,7 @@ def test_a_chain_file_or_lease_of_another_shape_in_the_store_is_named_never_a_tr
     # this home has no chain of the job: a chain file it cannot use is refused by name, with the fix
     for content, wrong in ((json.dumps({"chain": [handle]}), "root is missing"),
                            (json.dumps([handle]), "holds list, not a JSON object"),
-                           ("{not json", "is not JSON"),
+                           ("{not json", "is not valid JSON"),
                            (json.dumps({"root": handle, "max_restarts": 1, "chain": {"0": handle}}), "chain is {"),
                            (json.dumps({"root": handle, "max_restarts": "3", "chain": [handle]}),
                             "max_restarts is '3'; it must be a whole number"),

@@ -6,7 +6,6 @@ Trainer's ``trainer_state.json``). Node 0's snapshots (checkpoint_snapshots) and
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -15,6 +14,7 @@ import zipfile
 from pathlib import Path
 from typing import Dict, Iterable, NamedTuple
 
+from cloudtrain import safe_json
 from cloudtrain.checkpoint.manifest import step_of
 
 _SHARD = re.compile(r"\d+-of-\d+")  # model-00001-of-00004.safetensors: parts of one thing, not a family
@@ -96,8 +96,10 @@ def file_complete(path: Path) -> bool | None:
                 size = os.fstat(f.fileno()).st_size
                 if length > size - 8:
                     return False
-                try:
-                    header = json.loads(f.read(length))
+                if length > safe_json.MAX_BYTES:  # not read to judge it (safetensors' own limit is 100 MB)
+                    return None
+                try:  # a header nested 100,000 deep is a file cut or garbled, never a RecursionError
+                    header = safe_json.loads(f.read(length), str(path))
                     end = max([int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"] or [0])
                 except (ValueError, KeyError, TypeError, IndexError):
                     return False

@@ -10,10 +10,9 @@ there), ``partial`` (no manifest: being written, or a save cut short); each but 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from cloudtrain import storage
+from cloudtrain import safe_json, storage
 from cloudtrain.checkpoint import set_aside
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.checkpoint.manifest import MANIFEST, Checkpoint, is_dir_layout, quarantine_name, step_dir
@@ -38,7 +37,8 @@ def _row(checkpoint: Checkpoint, state: str, why: str = "") -> dict[str, Any]:
 def _quarantine_reason(refused: checkpoint_store.Refused) -> str:
     """Why a restore found it corrupt, as its quarantine marker says."""
     try:
-        marker = json.loads(storage.read_bytes(storage.join(refused.uri, quarantine_name(refused.digest))))
+        where = storage.join(refused.uri, quarantine_name(refused.digest))
+        marker = safe_json.loads(storage.read_bytes(where), where)
         return f"{refused.why}: {marker['reason']}"
     except (CloudtrainError, OSError, ValueError, KeyError, TypeError):
         return refused.why

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from cloudtrain import storage
+from cloudtrain import safe_json, storage
 from cloudtrain.backoff import SYSTEM, Clock
 from cloudtrain.errors import UserError
 
@@ -66,10 +66,15 @@ def read(uri: str) -> dict[str, Any] | None:
     """The JSON object at ``uri``; None when there is none; Unreadable when the file holds something else."""
     if not storage.exists(uri):
         return None
-    try:
-        data = json.loads(storage.read_bytes(uri))
-    except ValueError as exc:  # UnicodeDecodeError too
-        raise Unreadable(f"{uri} is not JSON ({exc})", remedy="delete it; cloudtrain writes it again") from None
+    try:  # safe_json: a file nested deeper than any cloudtrain writes, or too large, is refused like garbage
+        data = safe_json.loads(storage.read_bytes(uri), uri)
+    except safe_json.UnreadableJson as exc:
+        raise Unreadable(exc.message, remedy="delete it; cloudtrain writes it again") from None
+    except FileNotFoundError:  # gone since exists(): none
+        return None
+    except OSError as exc:  # file://: a folder, a FIFO, a file this user may not read in its place
+        raise Unreadable(f"cannot read {uri}: {exc.strerror or exc}",
+                         remedy="delete it (cloudtrain writes it again), or let this user read it") from None
     if not isinstance(data, dict):
         raise Unreadable(f"{uri} holds {type(data).__name__}, not a JSON object",
                          remedy="delete it; cloudtrain writes it again")

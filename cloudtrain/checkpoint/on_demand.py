@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain import storage
+from cloudtrain import safe_json, storage
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.checkpoint.download import Restored, fetch_verified, log_line
 from cloudtrain.checkpoint.manifest import MANIFEST, CorruptCheckpoint, checked_files, step_dir
@@ -74,9 +73,9 @@ class OnDemand:
             except Exception as exc:  # gone (retention, by another job's hand) or never whole: not loadable
                 raise CorruptCheckpoint(f"its manifest could not be read ({exc})") from exc
         try:
-            manifest = json.loads(data)
-        except ValueError as exc:
-            raise CorruptCheckpoint(f"its manifest is not JSON ({exc})") from exc
+            manifest = safe_json.loads(data, "its manifest")
+        except safe_json.UnreadableJson as exc:  # not JSON, nested or sized as no manifest is
+            raise CorruptCheckpoint(exc.message) from exc
         if not isinstance(manifest, dict):
             raise CorruptCheckpoint(f"the manifest is a {type(manifest).__name__}, not an object")
         return manifest

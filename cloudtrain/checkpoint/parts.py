@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 from urllib.parse import quote
 
-from cloudtrain import storage
+from cloudtrain import safe_json, storage
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.checkpoint.download import fetch_objects, log_line, matches
 from cloudtrain.checkpoint.files import Files, broken, containers, entry_of, marker_missing, scan, state_of
@@ -100,7 +100,7 @@ def _ask_uri(uri: str) -> str:
 def read_ask(uri: str) -> str | None:
     """Node 0's current question (ask.json), or None where there is none or it is not one."""
     try:
-        data = json.loads(storage.read_bytes(_ask_uri(uri)))
+        data = safe_json.loads(storage.read_bytes(_ask_uri(uri)), _ask_uri(uri))
     except Exception:  # none asked yet (each store says "not found" its own way), or unreadable: no question
         return None
     ask = data.get("ask") if isinstance(data, dict) else None
@@ -110,8 +110,8 @@ def read_ask(uri: str) -> str | None:
 def read_index(uri: str, node: int) -> Index | None:
     """Node ``node``'s index; None where there is none or it is not one (a hand-written or foreign file)."""
     try:
-        data = json.loads(storage.read_bytes(_index_uri(uri, node)))
-    except (CloudtrainError, OSError, ValueError):
+        data = safe_json.loads(storage.read_bytes(_index_uri(uri, node)), _index_uri(uri, node))
+    except (CloudtrainError, OSError, ValueError):  # safe_json.UnreadableJson is both
         return None
     entries = data.get("entries") if isinstance(data, dict) else None
     if not isinstance(entries, dict) or not all(isinstance(k, str) and (v is None or isinstance(v, str))
@@ -365,7 +365,7 @@ class NodeParts:
         if part in self.seen:
             return self.seen[part]
         folder = _part_uri(self.uri, entry, part)
-        manifest = json.loads(storage.read_bytes(folder + ".json"))
+        manifest = safe_json.loads(storage.read_bytes(folder + ".json"), folder + ".json")
         files = checked_files({"step": 0, "files": manifest.get("files") if isinstance(manifest, dict) else None}, 0)
         if any(not safe_relative(f["path"]) or not f["path"].startswith(entry + "/") for f in files):
             raise ValueError(f"{folder}.json lists a file outside {entry}")

@@ -10,13 +10,12 @@ checkpoints by accident: the lineage each manifest records is checked first.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain import storage
+from cloudtrain import safe_json, storage
 from cloudtrain.checkpoint import set_aside
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.checkpoint.download import Restored, download, log_line
@@ -39,8 +38,8 @@ _print = log_line
 
 def _restored_already(target: Path, checkpoint: Checkpoint) -> bool:
     try:
-        return bool(json.loads((target / MANIFEST).read_text()) == checkpoint.manifest)
-    except (OSError, ValueError, RecursionError):
+        return bool(safe_json.load(target / MANIFEST) == checkpoint.manifest)
+    except (OSError, ValueError):  # none there, or not a manifest (safe_json.UnreadableJson)
         return False
 
 

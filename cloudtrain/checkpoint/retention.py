@@ -7,14 +7,13 @@ node's disk keeps the newest folder only. Local deletes are never mirrored to th
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain import storage
+from cloudtrain import safe_json, storage
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.checkpoint.download import log_line
 from cloudtrain.checkpoint.manifest import MANIFEST, QUARANTINE_PREFIX, quarantine_name, safe_relative, step_dir
@@ -89,8 +88,8 @@ def _manifest(folder: str) -> Any:
     data = storage.with_retries(functools.partial(store.read_bytes, storage.join(folder, MANIFEST)),
                                 f"reading {folder}/{MANIFEST}")
     try:
-        return json.loads(data)
-    except (ValueError, RecursionError):
+        return safe_json.loads(data, f"{folder}/{MANIFEST}")
+    except safe_json.UnreadableJson:
         return None
 
 

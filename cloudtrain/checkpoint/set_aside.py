@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain import contract, storage
+from cloudtrain import contract, safe_json, storage
 from cloudtrain.checkpoint.manifest import Checkpoint, set_aside_name
 from cloudtrain.errors import CloudtrainError
 
@@ -64,12 +64,14 @@ def read(checkpoint: Checkpoint) -> Aside:
     """The marker of a checkpoint set aside (one the listing found). A marker that cannot be read or is not
     cloudtrain's still sets the checkpoint aside (someone meant it), and says so."""
     try:
-        data = json.loads(storage.with_retries(lambda: storage.read_bytes(marker_uri(checkpoint)),
-                                               f"reading {marker_uri(checkpoint)}", attempts=2))
+        data = safe_json.loads(storage.with_retries(lambda: storage.read_bytes(marker_uri(checkpoint)),
+                                                    f"reading {marker_uri(checkpoint)}", attempts=2),
+                               "it")
         if not isinstance(data, dict) or not isinstance(data.get("reason"), str):
             raise ValueError("not an object with a reason")
-    except (CloudtrainError, ValueError, RecursionError) as exc:
-        return Aside(checkpoint, FAILED, f"its marker {marker_uri(checkpoint)} is unreadable ({exc})")
+    except (CloudtrainError, ValueError) as exc:
+        why = exc.message if isinstance(exc, safe_json.UnreadableJson) else str(exc)  # not its fix: this one's stands
+        return Aside(checkpoint, FAILED, f"its marker {marker_uri(checkpoint)} is unreadable ({why})")
     at = data.get("at")
     return Aside(checkpoint, str(data.get("kind") or FAILED), data["reason"], str(data.get("signature") or ""),
                  float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None,

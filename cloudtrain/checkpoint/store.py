@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cloudtrain import contract, storage
+from cloudtrain import contract, safe_json, storage
 from cloudtrain.checkpoint import writer
 from cloudtrain.checkpoint.download import Restored, download, log_line
 from cloudtrain.checkpoint.manifest import (
@@ -151,11 +151,12 @@ def survey_among(uri: str, present: dict[int, set[str]], log: Log) -> Survey:
                                     f"reading {folder}/{MANIFEST}", log=log)
         digest = hashlib.sha256(data).hexdigest()
         try:
-            manifest = json.loads(data)
+            manifest = safe_json.loads(data, "it")
             files = checked_files(manifest, step)
-        except (ValueError, RecursionError) as exc:  # CorruptCheckpoint is a ValueError, json's errors too
-            skip(step, folder, "corrupt", f"unusable manifest: {exc}",
-                 f"checkpoint {folder} has an unusable manifest ({exc}); skipped", digest)
+        except ValueError as exc:  # CorruptCheckpoint is a ValueError, safe_json.UnreadableJson too
+            why = exc.message if isinstance(exc, safe_json.UnreadableJson) else str(exc)  # its fix is not this one's
+            skip(step, folder, "corrupt", f"unusable manifest: {why}",
+                 f"checkpoint {folder} has an unusable manifest ({why}); skipped", digest)
             continue
         if quarantine_name(digest) in names:
             skip(step, folder, "corrupt", "found corrupt by a restore",
@@ -296,10 +297,10 @@ def quarantine(checkpoint: Checkpoint, reason: str, log: Log = _print) -> None:
 def runtime_unpublished(local_root: Path) -> str | None:
     """What the Checkpointer left unpublished in ``local_root`` (its own account, UNPUBLISHED_MARKER), if anything."""
     try:
-        return str(json.loads((local_root / UNPUBLISHED_MARKER).read_text())["error"])
+        return str(safe_json.load(local_root / UNPUBLISHED_MARKER)["error"])
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):  # ValueError: safe_json.UnreadableJson
         return f"the Checkpointer left {local_root / UNPUBLISHED_MARKER}, unreadable: its newest save is not published"
 
 
@@ -330,8 +331,8 @@ def forget_loading(local_root: Path) -> None:
 def loading_noted(local_root: Path) -> tuple[str, int] | None:
     """(store URI, step) the Checkpointer in this folder last started to load, or None."""
     try:
-        note = json.loads((local_root / LOADING_NOTE).read_text())
+        note = safe_json.load(local_root / LOADING_NOTE)
         uri, step = note["uri"], note["step"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):  # ValueError: safe_json.UnreadableJson
         return None
     return (uri, step) if isinstance(uri, str) and isinstance(step, int) and not isinstance(step, bool) else None

@@ -71,10 +71,12 @@ def derived(name: str, key: str, build: Callable[[], Any], use: Callable[[Any], 
     import hashlib
     import json
 
+    from cloudtrain import safe_json
+
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     path = cloudtrain_home() / "cache" / f"{name}-{digest}.json"
     try:
-        return use(json.loads(path.read_text(encoding="utf-8")))
+        return use(safe_json.load(path))  # a FIFO in its place is refused, not waited on
     except Exception:  # whatever a cache of another shape (or damaged) makes ``use`` raise: built again below
         pass
     data = build()

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from cloudtrain import safe_json
 from cloudtrain.backoff import SYSTEM, Backoff, Clock
 from cloudtrain.errors import CloudtrainError, TransientError
 from cloudtrain.handles import JobHandle
@@ -121,9 +122,9 @@ def load(handle: JobHandle) -> RecoveryState | None:
     if not folder.is_dir():
         return None
     for path in sorted(folder.glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+        try:  # safe_json: one nested 100,000 deep, a gigabyte or a FIFO in a file's place is skipped like garbage
+            data = safe_json.load(path)
+        except (OSError, ValueError):  # ValueError: safe_json.UnreadableJson
             continue
         chain = data.get("chain") if isinstance(data, dict) else None
         if isinstance(chain, list) and str(handle) in chain:  # this handle's: used if whole, else refused by name

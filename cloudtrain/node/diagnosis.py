@@ -8,12 +8,11 @@ found no GPUs and exits 0. Standard library only: nodes run it before anything i
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
-from cloudtrain import contract
+from cloudtrain import contract, safe_json
 from cloudtrain.node import rank_report
 
 GPU_FIX = ("run it on a GPU provider (e.g. --provider aws --gpus A10G:1), or let the script pick its backend and "
@@ -123,7 +122,7 @@ def _error_file(path: Path) -> str | None:
     """The exception a worker recorded in its torch.distributed.elastic error file (torchrun names one in each
     worker's TORCHELASTIC_ERROR_FILE; a script whose main is wrapped in ``@record`` writes it when it raises)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = safe_json.load(path)
         message = data["message"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -40,9 +40,11 @@ def parse(text: str) -> dict[str, Any] | None:
     at = text.find(PREFIX)
     if at < 0:
         return None
-    try:
-        event = json.loads(text[at + len(PREFIX):])
-    except ValueError:
+    from cloudtrain import safe_json  # the reading side's only (workers emit)
+
+    try:  # any line a worker printed: one nested 100,000 deep is garbled, never a RecursionError
+        event = safe_json.loads(text[at + len(PREFIX):], "an event line")
+    except ValueError:  # safe_json.UnreadableJson
         return {}
     if not isinstance(event, dict) or not isinstance(event.get("e"), str) or \
             not isinstance(event.get("t"), (int, float)) or isinstance(event.get("t"), bool):

@@ -162,6 +162,10 @@ def _record(**fields: Any) -> None:
             os.unlink(tmp)  # not left behind half-written
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _int(text: str | None) -> int | None:
     return int(text) if text and text.isdigit() else None
 
@@ -173,17 +177,19 @@ def summarize(folder: Path) -> dict[str, Any] | None:
     """What this node's workers reported: how many ran, the world size they were started in, and how many trained
     alone: no group (``no_group``), a group of one in a larger world (``group_of_one``), or the job's group with
     not one collective run over it (``silent``). None if no worker reported."""
-    import json
+    from cloudtrain import safe_json
 
     reports = []
     for path in sorted(folder.glob("rank-*.json")) if folder.is_dir() else []:
         try:
-            reports.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
+            report = safe_json.load(path)
+        except (OSError, ValueError):  # gone meanwhile, or safe_json.UnreadableJson: that rank did not report
             continue
+        if isinstance(report, dict):  # a file of another shape: not a report either
+            reports.append(report)
     if not reports:
         return None
-    world = max((r.get("world_size") or 0 for r in reports), default=0)
+    world = max((r["world_size"] for r in reports if _whole(r.get("world_size"))), default=0)
     known = [r for r in reports if isinstance(r.get("joined"), int)]
     return {
         "ran": len(reports),
@@ -193,7 +199,8 @@ def summarize(folder: Path) -> dict[str, Any] | None:
         "silent": sum(1 for r in known if r["joined"] > 1 and r.get("collectives") == 0),
         "joined": sorted({r["joined"] for r in known if r["joined"] > 1}),
         "unknown": len(reports) - len(known),
-        "frameworks": sorted({name for r in reports for name in r.get("frameworks") or []}),
+        "frameworks": sorted({name for r in reports if isinstance(r.get("frameworks"), list)
+                              for name in r["frameworks"] if isinstance(name, str)}),
     }
 
 

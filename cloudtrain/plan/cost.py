@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cloudtrain import safe_json
 from cloudtrain.errors import SpecError
 from cloudtrain.home.paths import cloudtrain_home
 
@@ -275,17 +276,15 @@ _RATE_NEEDS = ("provider", "instance_type", "nodes", "capacity", "on_demand")
 def _read(handle: str) -> tuple[dict[str, Any] | None, str | None]:
     path = _path(handle)
     wrong: str | None
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # safe_json: a FIFO in its place, one nested 100,000 deep or of a gigabyte is named like one not JSON
+        data = safe_json.load(path, "it")
     except FileNotFoundError:
         return None, None
-    except (OSError, ValueError) as exc:  # unreadable, or not UTF-8
-        wrong = f"cannot be read ({exc.strerror if isinstance(exc, OSError) else 'not UTF-8 text'})"
+    except safe_json.UnreadableJson as exc:  # "it is not valid JSON (...)", "cannot read it: Permission denied"
+        said = exc.message
+        wrong = said[len("it "):] if said.startswith("it ") else "cannot be read" + said[len("cannot read it"):]
     else:
-        try:
-            wrong = _wrong(data := json.loads(text))
-        except ValueError:
-            wrong = "is not JSON"
+        wrong = _wrong(data)
         if wrong is None:
             return data, None
     return None, (f"the cost record {path} {wrong} (another version's, or edited): its price and budget are not "

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import configparser
 import functools
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from cloudtrain import registry
+from cloudtrain import registry, safe_json
 from cloudtrain.job_types import Check
 from cloudtrain.regular_files import read_text
 from cloudtrain.spec import settings as config
@@ -175,8 +174,8 @@ def shown(path: Path, home: Path) -> str:
 def json_file(path: Path, encoding: str = "utf-8") -> dict[str, Any] | None:
     """A JSON object from a file; None when absent or unreadable (the error is never shown: it may quote a secret)."""
     try:
-        data = json.loads(read_text(path, encoding=encoding))
-    except (OSError, ValueError):
+        data = safe_json.loads(read_text(path, encoding=encoding), str(path))
+    except (OSError, ValueError):  # ValueError: safe_json.UnreadableJson (nested 100,000 deep too)
         return None
     return data if isinstance(data, dict) else None
 

@@ -30,14 +30,14 @@ ENDPOINT_ENV = "CLOUDTRAIN_AZURE_ENDPOINT"
 def config_json() -> tuple[dict[str, Any], str] | None:
     """The workspace ``config.json`` as the Azure ML tools find it (``.azureml/config.json`` or ``config.json`` in
     this folder or a parent), with its path."""
-    import json
+    from cloudtrain import safe_json
 
     for folder in [Path.cwd(), *Path.cwd().parents]:
         for candidate in (folder / ".azureml" / "config.json", folder / "config.json"):
             if candidate.is_file():
                 try:
-                    data = json.loads(candidate.read_text())
-                except ValueError:
+                    data = safe_json.load(candidate)
+                except (OSError, ValueError):  # safe_json.UnreadableJson: not JSON, nested 100,000 deep ...
                     continue
                 if isinstance(data, dict) and "subscription_id" in data:
                     return data, str(candidate)

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import cloudtrain.providers.local.db_faults as db_faults
+from cloudtrain import safe_json
+from cloudtrain.errors import HomeError
 from cloudtrain.home.errors import os_problem
 
 _SCHEMA = """
@@ -71,6 +73,11 @@ _COLUMNS = [f.name for f in fields(JobRecord)]
 
 
 BUSY_SECONDS = 30  # how long a statement waits for another process's lock
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _use_wal(conn: sqlite3.Connection) -> None:
@@ -143,11 +150,23 @@ class JobDB:
             except OSError as exc:  # the home folder itself cannot be made
                 raise os_problem(exc, self.path.parent, "open the job database") from None
 
-    @staticmethod
-    def _row(row: sqlite3.Row | tuple[Any, ...]) -> JobRecord:
+    def _row(self, row: sqlite3.Row | tuple[Any, ...]) -> JobRecord:
+        """A record; its JSON columns read with safe_json and checked: one another hand or version left in another
+        shape (not JSON, nested 100,000 deep, nodes that are not a list of objects) is a HomeError naming it."""
         values = dict(zip(_COLUMNS, row, strict=True))
-        for key in _JSON_COLUMNS:
-            values[key] = json.loads(values[key])
+        for key, shape in (("nodes", list), ("plan", dict)):
+            what = f"the {key} of job {values['id']!r} in the job database {self.path}"
+            fix = (f"remove that job's record: sqlite3 {self.path} \"DELETE FROM jobs WHERE id = '{values['id']}'\" "
+                   "(its files stay in its job folder)")
+            text = values[key]
+            try:
+                found = safe_json.loads(text, what) if isinstance(text, (str, bytes)) else None
+            except safe_json.UnreadableJson as exc:
+                raise HomeError(exc.message, remedy=fix) from None
+            if not isinstance(found, shape) or (shape is list and not all(isinstance(n, dict) for n in found)):
+                wanted = "a list of objects" if shape is list else "an object"
+                raise HomeError(f"{what} is {_shown(text)}, not {wanted}", remedy=fix)
+            values[key] = found
         return JobRecord(**values)
 
     def insert(self, record: JobRecord) -> bool:

@@ -3,10 +3,10 @@ nodes' own status files when the supervisor was lost before it could record the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from cloudtrain import safe_json
 from cloudtrain.node.durations import format_duration
 from cloudtrain.node.outcome import warned_message
 from cloudtrain.node.rank_report import alone_text
@@ -25,8 +25,8 @@ def read_status(path: str | Path | None) -> dict[str, Any] | None:
     if not path:
         return None
     try:
-        status = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        status = safe_json.load(path)  # a FIFO in its place, or one nested 100,000 deep: as if none was written
+    except (OSError, ValueError):  # ValueError: safe_json.UnreadableJson
         return None
     return status if isinstance(status, dict) and isinstance(status.get("outcome"), str) else None
 

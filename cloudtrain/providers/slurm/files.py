@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from cloudtrain import safe_json
 from cloudtrain.bundle.packaging import BOOTSTRAP_NAME, BUNDLE_NAME, Package
 from cloudtrain.bundle.staging import stage_bundle
 from cloudtrain.providers.slurm.clients import Commands
@@ -67,9 +68,9 @@ class SharedFiles:
         return None if done.returncode == 3 else bytes(done.stdout)
 
     def read_json(self, path: str) -> dict[str, Any]:
-        try:
-            found = json.loads(self.read(path) or b"{}")
-        except ValueError:
+        try:  # here, safe_json.load: a FIFO in the file's place is refused, not waited on (`test -f` refuses it there)
+            found = safe_json.load(path) if not self.remote else safe_json.loads(self.read(path) or b"{}", path)
+        except (FileNotFoundError, ValueError):  # none yet; or safe_json.UnreadableJson: cut short, garbled ...
             return {}
         return found if isinstance(found, dict) else {}
 
