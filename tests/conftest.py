@@ -104,7 +104,8 @@ RUNS_PROCESSES = {"test_benchmarks.py", "test_bootstrap.py", "test_bundle_errors
 STARTS_ONE = ("test_aws.py::test_prebuilt_image_is_the_one_the_sagemaker_sdk_picks",
               "test_azure.py::test_no_workspace_and_no_credentials_are_clear", "test_export.py::test_azure_export_",
               "test_packaging.py::test_exit_guard_", "test_fidelity_table.py::", "test_kubernetes.py::test_node_fetch_",
-              "test_suite_guards.py::test_a_", "test_suite_guards.py::test_the_plan_time_")
+              "test_suite_guards.py::test_a_", "test_suite_guards.py::test_the_plan_time_",
+              "test_safe_json.py::test_watch_", "test_safe_json.py::test_status_")  # these: a local job, once
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
