@@ -267,6 +267,9 @@ def test_a_safetensors_header_or_an_event_line_of_any_shape(tmp_path: Path, what
     assert file_complete(model) is None
 
 
+ONE_JOB = pytest.mark.xdist_group("safe_json_chain")  # the cases that share the module's one local job (chain)
+
+
 class Chain(NamedTuple):
     handle: str
     store: Path
@@ -296,6 +299,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
             stop_every_job(home)
 
 
+@ONE_JOB
 def test_watch_with_a_lease_nested_100000_deep_names_it_never_a_recursion_error(chain: Chain) -> None:
     """The issue's reproduction, as a user runs it: ``cloudtrain watch`` with such a lease.json in the store gave a
     RecursionError traceback. The lease is not cloudtrain's: it holds nothing (said, naming it), and the ended chain
@@ -329,12 +333,14 @@ def _watch(chain: Chain, which: str, what: Planted) -> None:
         assert f"{path.as_uri()}" in err and "this home's copy of the chain replaces it" in err, err
 
 
+@ONE_JOB
 @pytest.mark.parametrize("what", SPECIAL, ids=SPECIAL_IDS)
 @pytest.mark.parametrize("which", WATCHED)
 def test_watch_given_a_deep_huge_empty_or_garbled_file_or_a_fifo(chain: Chain, which: str, what: Planted) -> None:
     _watch(chain, which, what)
 
 
+@ONE_JOB
 @QUICK
 @given(what=arbitrary, which=st.sampled_from(WATCHED))
 def test_watch_given_any_bytes_or_json(chain: Chain, what: Planted, which: str) -> None:
@@ -358,18 +364,21 @@ def _status(chain: Chain, which: str, what: Planted) -> None:
     clean(code, err, path)
 
 
+@ONE_JOB
 @pytest.mark.parametrize("what", SPECIAL, ids=SPECIAL_IDS)
 @pytest.mark.parametrize("which", STATUS_READS)
 def test_status_given_a_deep_huge_empty_or_garbled_file_or_a_fifo(chain: Chain, which: str, what: Planted) -> None:
     _status(chain, which, what)
 
 
+@ONE_JOB
 @QUICK
 @given(what=arbitrary, which=st.sampled_from(STATUS_READS))
 def test_status_given_any_bytes_or_json(chain: Chain, what: Planted, which: str) -> None:
     _status(chain, which, what)
 
 
+@ONE_JOB
 @QUICK
 @given(text=st.text(max_size=80) | st.sampled_from([DEEP, "[1]", "{}", "[[]]", '"x"', "null", "[{}]"]),
        column=st.sampled_from(["nodes", "plan"]))
