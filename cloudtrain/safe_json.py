@@ -2,10 +2,10 @@
 events): whatever another process, a crash or a hostile hand left there, reading it gives a value or one
 ``UnreadableJson`` that names the file and the fix, never a RecursionError or a MemoryError from deep down.
 
-Limits: ``MAX_BYTES`` (a state file is kilobytes; 64 MiB is far past any cloudtrain writes) and ``MAX_DEPTH``
-(cloudtrain's own documents nest a few levels; json's C scanner recurses once per level and fails at Python's
-recursion limit, ~1,000, with a RecursionError that may be raised far from here). Standard library only, Python 3.8:
-the node side reads its manifests and leases with it.
+Limits: ``MAX_BYTES`` (a state file is kilobytes, a manifest of a million files about 130 MB: 256 MiB is past any
+cloudtrain writes) and ``MAX_DEPTH`` (cloudtrain's own documents nest a few levels; json's C scanner recurses once
+per level and fails at Python's recursion limit, ~1,000, with a RecursionError that may be raised far from here).
+Standard library only, Python 3.8: the node side reads its manifests and leases with it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Union
 
 from cloudtrain.errors import CloudtrainError
 
-MAX_BYTES = 64 << 20
+MAX_BYTES = 256 << 20
 MAX_DEPTH = 64
 _NOT_QUOTE_OR_BRACKET = bytes(sorted(set(range(256)) - set(b'"[]{}')))
 _ONE_KIND = bytes.maketrans(b"{}", b"[]")
