@@ -67,13 +67,7 @@ def story(handle: str, lines: list[str], end: float = T0 + 18) -> tuple[dict[str
 
 def sound(figures: dict[str, Any]) -> None:
     """Every number finite and not negative, the losses no more than what was paid."""
-    def walk(value: Any) -> None:
-        if isinstance(value, dict):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            assert math.isfinite(value) and value >= 0, figures
-    walk(figures)
+    sound_numbers(figures)
     g = figures["goodput"]
     assert g["paid_s"] < 60
     paid_losses = sum(v for k, v in g["losses_s"].items() if k != "waiting" and v is not None)
@@ -321,11 +315,10 @@ def test_any_event_lines_give_sound_figures_a_parsable_exposition_and_a_page(ct_
     check()
 
 
-def sound_numbers(figures: dict[str, Any]) -> None:
-    def walk(value: Any) -> None:
-        if isinstance(value, dict):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            assert math.isfinite(value) and value >= 0, figures
-    walk(figures)
+def sound_numbers(figures: dict[str, Any], value: Any = None) -> None:
+    """Every number in ``figures`` finite and not negative."""
+    for v in (figures if value is None else value).values():
+        if isinstance(v, dict):
+            sound_numbers(figures, v)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            assert math.isfinite(v) and v >= 0, figures
