@@ -265,7 +265,9 @@ def _value() -> Any:
 def _event() -> Any:
     from hypothesis import strategies as st
 
-    kinds = st.sampled_from(sorted({*event_schema.MODELS, "state", "spot_notice", "note", "ended", "x"}))
+    from cloudtrain.home.event_models import MODELS
+
+    kinds = st.sampled_from(sorted({*MODELS, "state", "spot_notice", "note", "ended", "x"}))
     fields = st.sampled_from(["step", "total", "attempt", "blocked_s", "seconds", "load_s", "data_s", "bytes",
                               "checkpoint_interval_s", "ended_at", "restarts", "state", "node", "by", "rank"])
     return st.builds(lambda e, t, extra: {"e": e, "t": t, **extra}, kinds,

@@ -36,7 +36,8 @@ def test_the_node_side_loads_nothing_client_side() -> None:
             "cloudtrain.node.worker_echo, cloudtrain.node.process_tree, cloudtrain.node.output_upload, "
             "cloudtrain.node.spot_notice, cloudtrain.node.torchrun, cloudtrain.node.prepare, cloudtrain.node.outcome")
     names = imported_modules(code)
-    node_side = ("cloudtrain", "cloudtrain._lazy", "cloudtrain.contract", "cloudtrain.errors", "cloudtrain.backoff")
+    node_side = ("cloudtrain", "cloudtrain._lazy", "cloudtrain.contract", "cloudtrain.errors", "cloudtrain.backoff",
+                 "cloudtrain.safe_json")
     client = sorted(n for n in names if n.startswith("cloudtrain.") and n not in node_side
                     and not n.startswith(("cloudtrain.node", "cloudtrain.checkpoint", "cloudtrain.storage")))
     assert client == []

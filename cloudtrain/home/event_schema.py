@@ -20,88 +20,13 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from typing import Annotated, Any
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Any
 
 SKEW_S = 300.0  # how far a node's clock may be from this machine's before its events fall outside the job's life
-TEN_YEARS = 10 * 365 * 86400.0
 WORKER_KINDS = frozenset({"step", "checkpoint", "training_again"})
 CLIENT_KINDS = frozenset({"submitted", "staged", "state", "ended", "restarted", "moved", "preempted"})
 RESETS = frozenset({"node_started", "restored", "training_again", "preempted", "restarted", "state", "submitted"})
 STEP_CARRIERS = frozenset({"step", "checkpoint", "training_again", "restored"})
-
-Seconds = Annotated[float, Field(ge=0, le=TEN_YEARS, allow_inf_nan=False, strict=True)]
-Count = Annotated[int, Field(ge=0, le=2 ** 53, strict=True)]
-Text = Annotated[str, Field(max_length=10_000, strict=True)]
-
-
-class _Event(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    e: Text
-    t: Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
-    node: Count | Annotated[str, Field(max_length=200, strict=True)] | None = None  # the log's tag (timeline.py)
-
-
-class _Step(_Event):
-    step: Count
-    total: Annotated[int, Field(ge=1, le=2 ** 53, strict=True)] | None = None
-    data_s: Seconds | None = None
-
-
-class _Checkpoint(_Event):
-    step: Count | None = None
-    bytes: Count | None = None
-    blocked_s: Seconds | None = None
-    publish_s: Seconds | None = None
-    save_s: Seconds | None = None
-
-
-class _TrainingAgain(_Event):
-    step: Count
-    after_restore_s: Seconds | None = None
-    load_s: Seconds | None = None
-
-
-class _Restored(_Event):
-    step: Count | None = None
-    bytes: Count | None = None
-    seconds: Seconds | None = None
-
-
-class _NodeStarted(_Event):
-    rank: Count | None = None
-    nodes: Count | None = None
-    attempt: Count | None = None
-
-
-class _Submitted(_Event):
-    checkpoint_interval_s: Count | None = None
-    nodes: Count | None = None
-
-
-class _Ended(_Event):
-    ended_at: Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)] | None = None
-
-
-class _Restarted(_Event):
-    restarts: Count | None = None
-
-
-class _Preempted(_Event):
-    attempt: Count | None = None
-
-
-class _Said(_Event):
-    text: Text | None = None
-
-
-MODELS: dict[str, type[_Event]] = {
-    "step": _Step, "checkpoint": _Checkpoint, "training_again": _TrainingAgain, "restored": _Restored,
-    "node_started": _NodeStarted, "submitted": _Submitted, "ended": _Ended, "restarted": _Restarted,
-    "preempted": _Preempted, "checkpoint_dir_empty": _Said}
-
 
 def _refusal(event: dict[str, Any], source: str) -> str | None:
     """Why an event may not be taken from ``source`` ("home", "node" or "worker"), or None."""
@@ -110,8 +35,12 @@ def _refusal(event: dict[str, Any], source: str) -> str | None:
         return "not a kind a worker's runtime emits"
     if source != "home" and (kind in CLIENT_KINDS or "attempt" in event):
         return "only the platform (this client, the local supervisor) says that"
+    from pydantic import ValidationError  # here, not at import: `wait` and `list` poll without screening
+
+    from cloudtrain.home.event_models import model_of
+
     try:
-        MODELS.get(str(kind), _Event).model_validate(event)
+        model_of(str(kind)).model_validate(event)
     except ValidationError as exc:
         first = exc.errors()[0]
         return f"{'.'.join(str(p) for p in first['loc']) or 'event'}: {first['msg'].lower()}"
