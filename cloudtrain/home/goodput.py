@@ -132,9 +132,12 @@ CAUSES = ("infrastructure", "program_startup", "data_loading", "checkpoint_save"
           "wasted_progress")
 
 
-def _leg_losses(start: float, stop: float, own: list[dict[str, Any]], losses: dict[str, float]) -> tuple[
-        list[dict[str, Any]], float, float]:
-    """Add one leg's losses; (its training events, its restore's seconds, the seconds training was blocked)."""
+def _leg_losses(start: float, stop: float, own: list[dict[str, Any]], losses: dict[str, float], told: bool
+                ) -> tuple[list[dict[str, Any]], float, float]:
+    """Add one leg's losses; (its training events, its restore's seconds, the seconds training was blocked).
+    Training began at the leg's first step report, checkpoint or training again (a stack's checkpoint may carry no
+    step); a leg with none never trained where the job ``told`` of its work elsewhere (its start-up is the whole
+    leg), and is not known to have started where it never did (what follows its node's start is then ``other``)."""
     def seconds(value: Any) -> float:
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
@@ -143,8 +146,11 @@ def _leg_losses(start: float, stop: float, own: list[dict[str, Any]], losses: di
     again = next((e for e in own if e["e"] == "training_again"), None)
     trained = [e for e in own if e["e"] in ("step", "checkpoint", "training_again") and isinstance(e.get("step"), int)]
     up = next((e["t"] for e in own if e["e"] == "node_started" and "attempt" not in e), None)
-    began = trained[0]["t"] if trained else stop  # a leg that never trained spent all of it getting there
-    up = start if up is None or up > began else up
+    began = next((e["t"] for e in own if e["e"] in ("step", "checkpoint", "training_again")), stop if told else None)
+    up = start if up is None or (began is not None and up > began) else up
+    if began is None:
+        losses["infrastructure"] += up - start
+        return trained, 0.0, 0.0
     restore = min(seconds(restored.get("seconds") if restored else 0) + seconds(again.get("load_s") if again else 0),
                   max(0.0, began - up))
     losses["infrastructure"] += up - start
@@ -201,8 +207,9 @@ def summarise_chain(parts: list[tuple[list[dict[str, Any]], Any, Any]]) -> dict[
     span = steps = 0.0
     redone_steps, reached, first_step = 0, None, None
     last_rate = None
+    told = any(e["e"] in ("step", "checkpoint", "training_again") for e in events)
     for n, (start, stop, own) in enumerate(legs):
-        trained, _restore, held = _leg_losses(start, stop, own, losses)
+        trained, _restore, held = _leg_losses(start, stop, own, losses, told)
         restored = next((e for e in own if e["e"] == "restored"), None)
         begun = restored["step"] if restored and isinstance(restored.get("step"), int) else 0
         if n == 0:
