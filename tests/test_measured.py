@@ -131,6 +131,17 @@ def test_files_of_the_previous_shape_read_as_unknown(tmp_path: Path) -> None:
     assert seconds == 3 * 3600 + 27 * 60 + 50 and "both assumed until runs of the job measure them" in note, note
 
 
+def test_a_kubernetes_jobs_machine_in_words_is_a_key() -> None:
+    """Kubernetes names its machine "a node of the cluster" (its submitted event): still what the runs measure, so a
+    job there learns as one on a cloud does; a key that is not text, or a name that is no spec's, is not."""
+    from cloudtrain.home import measured
+
+    key = {"provider": "kubernetes", "machine": "a node of the cluster", "nodes": 2, "spot": False, "name": "fit"}
+    assert measured.valid_key(key)
+    assert not measured.valid_key({**key, "machine": "x\n" * 3}) and not measured.valid_key({**key, "name": "../x"})
+    assert not measured.valid_key({**key, "nodes": True})
+
+
 def test_a_folder_where_the_name_goes_is_a_file(tmp_path: Path) -> None:
     home = tmp_path / "home"
     (home / "measured").mkdir(parents=True)

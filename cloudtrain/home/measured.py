@@ -31,7 +31,7 @@ MAX_COUNT = 10**9  # checkpoints or preemptions past it: not counted by a run
 MAX_RUNS = 200  # the newest runs of one job name read at plan time (by the time their files were written)
 KEY = ("provider", "machine", "nodes", "spot", "name")
 _NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")  # a spec's name (cloudtrain/spec/model.py)
-_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/+-]{0,199}")  # a provider's name, a machine type
+_TOKEN = re.compile(r"[A-Za-z0-9][ -~]{0,199}")  # a provider's name, a machine type ("a node of the cluster")
 
 
 def key_of(events: list[dict[str, Any]]) -> dict[str, Any] | None:
