@@ -200,15 +200,19 @@ def test_an_ended_job_and_a_restart_are_stamped_when_they_happened(ct_home: Path
 
 def test_the_last_step_is_flushed_when_the_script_ends(tmp_path: Path) -> None:
     """51.8: a script that calls only report_step, 60 times inside one reporting interval: the last step reaches
-    the log when the process exits (51/60 before)."""
+    the log when the process exits (51/60 before), dated when it was reported."""
     script = tmp_path / "steps.py"
-    script.write_text("from cloudtrain.runtime import report_step\nfor i in range(1, 61):\n    report_step(i, 60)\n")
+    script.write_text("import time\nfrom cloudtrain.runtime import report_step\nfor i in range(1, 61):\n"
+                      "    report_step(i, 60)\nprint('last step at', time.time(), flush=True)\ntime.sleep(1.5)\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
                               "CLOUDTRAIN_STEP_REPORT_SECONDS": "60"})
     assert out.returncode == 0, out.stderr
-    events = [json.loads(line.split(" ", 1)[1]) for line in out.stdout.splitlines()]
+    lines = out.stdout.splitlines()
+    events = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("cloudtrain-event ")]
     assert [e["step"] for e in events] == [1, 60] and events[-1]["total"] == 60
+    last = float(next(line for line in lines if line.startswith("last step at")).split()[-1])
+    assert events[-1]["t"] <= last + 0.01  # dated when it was reported, not when the process exited 1.5 s later
 
 
 def test_a_job_whose_script_forges_events_still_has_sound_numbers(cli: Any, ct_home: Path, tmp_path: Path) -> None:

@@ -23,7 +23,8 @@ STEP_SECONDS = contract.STEP_REPORT_SECONDS  # at most one step event per this m
 
 
 def line(kind: str, **fields: Any) -> str:
-    """The log line for one event (``t``: this machine's clock, seconds since the epoch)."""
+    """The log line for one event (``t``: this machine's clock now, seconds since the epoch, unless ``fields`` say
+    when it happened)."""
     return PREFIX + json.dumps({"e": kind, "t": round(time.time(), 3), **fields}, separators=(",", ":"),
                                default=str)
 
@@ -77,7 +78,7 @@ class StepReporter:
             self.data_s += float(data_s)
         now = time.monotonic()
         if self.last is not None and now - self.last < self.every:
-            self.pending = fields
+            self.pending = {**fields, "t": round(time.time(), 3)}  # dated when reported, if emitted at exit
             return
         self.last = now
         self._emit(fields)
