@@ -28,6 +28,7 @@ CLIENT_KINDS = frozenset({"submitted", "staged", "state", "ended", "restarted", 
 RESETS = frozenset({"node_started", "restored", "training_again", "preempted", "restarted", "state", "submitted"})
 STEP_CARRIERS = frozenset({"step", "checkpoint", "training_again", "restored"})
 
+
 def _refusal(event: dict[str, Any], source: str) -> str | None:
     """Why an event may not be taken from ``source`` ("home", "node" or "worker"), or None."""
     kind = event.get("e")
