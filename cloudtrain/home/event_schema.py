@@ -9,10 +9,10 @@ A job's events come from three places (cloudtrain/home/timeline.py), trusted dif
   likes): only the kinds cloudtrain's runtime emits there (``step``, the Checkpointer's ``checkpoint``,
   ``training_again``), and only within what a worker can claim.
 
-Each kind has a schema: types (``true`` is not a step), finite numbers, non-negative durations and counts, and
-every event's ``t`` inside the job's life (submitted .. ended, plus ``SKEW_S`` for a node's clock). A step that goes
-back without a restart or restore between is refused too. An event that fails is dropped and counted by kind and
-reason, never a traceback, never a figure.
+Each kind has a schema (cloudtrain/home/event_models.py, pydantic): types (``true`` is not a step), finite numbers,
+non-negative durations and counts, and every event's ``t`` inside the job's life (submitted .. ended, plus
+``SKEW_S`` for a node's clock). A step that goes back without a restart or restore between is refused too. An event
+that fails is dropped and counted by kind and reason, never a traceback, never a figure.
 """
 
 from __future__ import annotations
