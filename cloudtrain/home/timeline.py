@@ -176,22 +176,29 @@ def observe(status: Any) -> None:
         return
     was_state, was_restarts = ([*before.split("|"), "", "0"])[:2]
     was_restarts = was_restarts if was_restarts.isdigit() else "0"
+    recorded, _ = own_events(handle)  # read once: what the home has, for the times below
     events: list[dict[str, Any]] = []
     stamp = round(time.time(), 3)
     if (status.restarts or 0) > int(was_restarts or 0):
         # when the restart happened, where this home knows it (the local supervisor's start of that attempt), else
         # when it was seen
-        began = _attempt_started(handle, status.restarts)
+        began = next((e["t"] for e in reversed(recorded)
+                      if e["e"] == "node_started" and e.get("attempt") == status.restarts), None)
         events.append({"e": "restarted", "t": began if began is not None else stamp, "restarts": status.restarts,
                        **({} if began is not None else {"seen": True})})
     if status.state.value != was_state or (not status.state.terminal and before.split("|")[2:3] != now.split("|")[2:3]):
         # an end at the platform's own end time where it gives one (a client that looks an hour later does not
-        # make the job an hour longer); a state change at the platform's own time for it (``state_since``) where it
-        # gives a sane one, else when it was seen, the platform's move to running being placed by its nodes' own
-        # first events (cloudtrain/home/goodput.py)
+        # make the job an hour longer), never before what the home has (a platform's whole seconds); a state change
+        # at the platform's own time for it (``state_since``) where it gives a sane one that is not before what the
+        # home has (Vertex's first start after a restart is not this change's), else when it was seen, the
+        # platform's move to running being placed by its nodes' own first events (cloudtrain/home/goodput.py)
+        newest = max((float(e["t"]) for e in [*recorded, *events] if math.isfinite(e["t"]) and e["t"] <= stamp),
+                     default=None)
         ended_at = status.ended_at if status.state.terminal and _sane(status.ended_at, stamp) else None
-        since = None if status.state.terminal else _since(handle, getattr(status, "state_since", None), stamp, events)
-        at = _not_before_the_rest(handle, float(ended_at), stamp, events) if ended_at is not None else since
+        told: Any = getattr(status, "state_since", None)
+        since = round(min(float(told), stamp), 3) if not status.state.terminal and _sane(told, stamp) else None
+        since = None if since is None or (newest is not None and since < newest) else since
+        at = round(max(float(ended_at), newest or 0.0), 3) if ended_at is not None else since
         events.append({"e": "ended" if status.state.terminal else "state", "t": stamp if at is None else at,
                        "state": status.state.value,
                        "message": status.message[:200], **({"platform": platform} if platform else {}),
@@ -206,33 +213,6 @@ def observe(status: Any) -> None:
 def _sane(when: Any, now: float) -> bool:
     """A platform's time that can be taken as it is: a number, not in the future, not before 2020."""
     return isinstance(when, (int, float)) and not isinstance(when, bool) and 1.5e9 < when <= now + event_schema.SKEW_S
-
-
-def _since(handle: str, when: Any, stamp: float, batch: list[dict[str, Any]]) -> float | None:
-    """The platform's time for a state change (``JobStatus.state_since``) where the timeline may take it: ``_sane``
-    (one a little ahead of this machine's clock, within the skew allowed, is taken as when it was seen) and not before
-    the last event this home recorded for the job (so the file stays in order: a time from before it, such as
-    Vertex's first start after a restart, is not this change's). Else None: the change is dated when it was seen."""
-    if not _sane(when, stamp):
-        return None
-    events, _ = own_events(handle)
-    times = [float(e["t"]) for e in [*events, *batch] if math.isfinite(e["t"])]
-    taken = round(min(float(when), stamp), 3)
-    return taken if not times or taken >= max(times) else None
-
-
-def _not_before_the_rest(handle: str, when: float, stamp: float, batch: list[dict[str, Any]]) -> float:
-    """``when``, or the newest event the home already has for the job where that is later (a platform's whole seconds
-    may put its end before the last state this machine stamped: the file stays in order)."""
-    events, _ = own_events(handle)
-    times = [float(e["t"]) for e in [*events, *batch] if math.isfinite(e["t"]) and e["t"] <= stamp]
-    return round(max([when, *times]), 3)
-
-
-def _attempt_started(handle: str, attempt: int) -> float | None:
-    """When the local supervisor started ``attempt`` (its ``node_started`` in the home's file), if it did."""
-    events, _ = own_events(handle)
-    return next((e["t"] for e in reversed(events) if e["e"] == "node_started" and e.get("attempt") == attempt), None)
 
 
 def platform_state(details: dict[str, Any]) -> dict[str, str]:
