@@ -43,6 +43,16 @@ def cli_env(home: Path) -> dict[str, str]:
     return env
 
 
+def ended_local_job(project: Path, home: Path, store: Path) -> str:
+    """A local job (real torchrun processes) that ran to its end, its checkpoints kept in ``store`` (file://)."""
+    (project / "quick.py").write_text("print('done')\n")
+    done = subprocess.run([sys.executable, "-m", "cloudtrain", "submit", "quick.py", "-p", "local", "--nodes", "1",
+                           "--procs-per-node", "1", "--checkpoint-uri", store.as_uri()],
+                          cwd=project, env=cli_env(home), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    return next(word for word in done.stderr.split() if word.startswith("local://"))
+
+
 @pytest.fixture
 def cli(ct_home: Path, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:  # noqa: F811
     """Run ``cloudtrain`` as a separate process, the way a user does."""

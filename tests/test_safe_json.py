@@ -29,20 +29,10 @@ from cloudtrain.checkpoint import lineage, set_aside
 from cloudtrain.checkpoint import restore as checkpoint_restore
 from cloudtrain.checkpoint import store as checkpoint_store
 from cloudtrain.checkpoint.manifest import MANIFEST, set_aside_name
-from tests.conftest import cli_env
+from tests.conftest import cli_env, ended_local_job
 
 DEEP = "[" * 100_000 + "]" * 100_000
 HANG_SECONDS = 30  # far past what any run here takes: one still running then is waiting on something for ever
-
-
-def _ended_local_job(project: Path, home: Path, store: Path) -> str:
-    """A local job (real torchrun processes) that ran to its end, its checkpoints kept in ``store`` (file://)."""
-    (project / "quick.py").write_text("print('done')\n")
-    done = subprocess.run([sys.executable, "-m", "cloudtrain", "submit", "quick.py", "-p", "local", "--nodes", "1",
-                           "--procs-per-node", "1", "--checkpoint-uri", store.as_uri()],
-                          cwd=project, env=cli_env(home), capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr
-    return next(word for word in done.stderr.split() if word.startswith("local://"))
 
 
 # -- the reader itself ----------------------------------------------------------------------------------------------
@@ -271,7 +261,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
         patch.setenv(contract.CONFIG, str(root / "config.yaml"))
         patch.delenv(contract.PROFILE, raising=False)
         patch.setattr(lineage, "SETTLE_SECONDS", 0.0)  # a lease's write-settle-read, at once in tests
-        handle = _ended_local_job(project, home, store)
+        handle = ended_local_job(project, home, store)
         code, err = run_cli("watch", handle, "--poll", "0.05")
         assert code == 0, err
         try:

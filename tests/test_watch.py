@@ -21,7 +21,7 @@ from cloudtrain.jobs import recovery
 from cloudtrain.jobs.watcher import Watched, watch
 from cloudtrain.plan import cost
 from cloudtrain.sdk import Job
-from tests.conftest import cli_env
+from tests.conftest import cli_env, ended_local_job
 from tests.emulators import BUCKET
 from tests.fakes.vertex import VertexFake
 
@@ -101,16 +101,6 @@ def test_writers_of_one_record_at_once_never_trip_over_each_other(ct_home: Path)
 # -- state in the store is checked before it is trusted (issue 38.9, 38.10) -----------------------------------------
 
 
-def _ended_local_job(project: Path, home: Path, store: Path) -> str:
-    """A local job (real torchrun processes) that ran to its end, its checkpoints kept in ``store`` (file://)."""
-    (project / "quick.py").write_text("print('done')\n")
-    done = subprocess.run([sys.executable, "-m", "cloudtrain", "submit", "quick.py", "-p", "local", "--nodes", "1",
-                           "--procs-per-node", "1", "--checkpoint-uri", store.as_uri()],
-                          cwd=project, env=cli_env(home), capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr
-    return next(word for word in done.stderr.split() if word.startswith("local://"))
-
-
 def _watch(project: Path, home: Path, handle: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "cloudtrain", "watch", handle, "--poll", "0.2"], cwd=project,
                           env=cli_env(home), capture_output=True, text=True, timeout=timeout)
@@ -119,7 +109,7 @@ def _watch(project: Path, home: Path, handle: str, timeout: float = 60) -> subpr
 def test_a_chain_file_or_lease_of_another_shape_in_the_store_is_named_never_a_traceback(
         project: Path, ct_home: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    handle = _ended_local_job(project, ct_home, store)
+    handle = ended_local_job(project, ct_home, store)
     folder = store / "_cloudtrain"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "lease.json").write_text('{"owner": "elsewhere", "expires": "tomorrow"}')
@@ -154,7 +144,7 @@ def test_a_chain_file_or_lease_of_another_shape_in_the_store_is_named_never_a_tr
 def test_a_lease_from_a_clock_years_ahead_or_on_an_ended_chain_blocks_no_watcher(
         project: Path, ct_home: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    handle = _ended_local_job(project, ct_home, store)
+    handle = ended_local_job(project, ct_home, store)
     lease = store / "_cloudtrain" / "lease.json"
     lease.parent.mkdir(parents=True, exist_ok=True)
     for expires in (time.time() + 10 * 365 * 86400, time.time() + 100):  # a clock years ahead; a live watcher's
@@ -189,7 +179,7 @@ def test_a_recovery_file_of_another_shape_in_the_home_is_named_never_a_traceback
         project: Path, ct_home: Path, tmp_path: Path) -> None:
     """The same check for this home's copy (status, wait --recover and watch read it): another version's or a
     hand-edited one is refused by name, exit 2, with the fix."""
-    handle = _ended_local_job(project, ct_home, tmp_path / "store")
+    handle = ended_local_job(project, ct_home, tmp_path / "store")
     kept = ct_home / "recovery" / "edited.json"
     kept.parent.mkdir(exist_ok=True)
     kept.write_text(json.dumps({"root": handle, "max_restarts": 0, "chain": [handle, "local://later-1"],
